@@ -1,0 +1,129 @@
+"""Seeds: what users push into ``<spider>:start_urls`` with ``redis-cli``.
+
+Two forms are accepted, as scrapy-redis accepts them:
+
+* a bare URL: ``redis-cli lpush quotes:start_urls https://quotes.toscrape.com/``
+* a JSON object: ``{"url": "...", "meta": {...}, "priority": 9}``, with the
+  optional keys ``callback`` (a spider method name), ``cb_kwargs`` (object),
+  ``method``, ``headers`` (object of strings) and ``body`` (string).
+
+A seed that is empty, is not valid JSON (when it starts with ``{``), is not a
+JSON object, lacks a string ``url``, has an optional key of the wrong type, or
+whose URL is not an absolute http(s) URL raises :class:`BadSeed` with the
+reason. Unknown JSON keys are reported back so the caller can warn about them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["BadSeed", "Seed", "parse_seed"]
+
+
+class BadSeed(ValueError):
+    """A seed that cannot become a request; the message says why."""
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A parsed seed, ready to become a :class:`scrapy.Request`.
+
+    :ivar url: absolute http(s) URL.
+    :ivar unknown_keys: JSON keys this parser ignored, sorted.
+    """
+
+    url: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    callback: str | None = None
+    cb_kwargs: dict[str, Any] = field(default_factory=dict)
+    method: str = "GET"
+    headers: dict[str, str] = field(default_factory=dict)
+    body: str = ""
+    unknown_keys: tuple[str, ...] = ()
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "meta": (dict,),
+    "priority": (int,),
+    "callback": (str,),
+    "cb_kwargs": (dict,),
+    "method": (str,),
+    "headers": (dict,),
+    "body": (str,),
+}
+
+
+def check_url(url: str) -> str:
+    """Return ``url`` stripped if it is an absolute http(s) URL with a host.
+
+    :raises BadSeed: otherwise, saying what is wrong.
+    """
+    url = url.strip()
+    if not url:
+        raise BadSeed("empty URL")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise BadSeed(f"malformed URL {url!r}: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise BadSeed(f"not an http(s) URL: {url!r}")
+    if not parts.hostname:
+        raise BadSeed(f"URL has no host: {url!r}")
+    return url
+
+
+def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
+    """Parse one entry of the seed list.
+
+    :param data: the raw list entry.
+    :param encoding: how to decode bytes (``REDIS_ENCODING``).
+    :raises BadSeed: the entry cannot become a request; the message says why.
+    """
+    try:
+        text = data.decode(encoding) if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise BadSeed(f"not {encoding} text: {exc}") from None
+    text = text.strip()
+    if not text:
+        raise BadSeed("empty seed")
+    if text[0] not in "{[\"":
+        return Seed(url=check_url(text))
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadSeed(f"not valid JSON ({exc}): {text[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise BadSeed(f"JSON seed must be an object, got {type(obj).__name__}")
+    url = obj.get("url")
+    if not isinstance(url, str):
+        raise BadSeed(
+            "JSON seed has no string 'url'"
+            + ("" if url is None else f" (got {type(url).__name__})")
+        )
+    for key, types in _TYPES.items():
+        if key in obj and (
+            not isinstance(obj[key], types) or isinstance(obj[key], bool)
+        ):
+            raise BadSeed(
+                f"JSON seed key {key!r} must be {types[0].__name__}, "
+                f"got {type(obj[key]).__name__}"
+            )
+    headers = obj.get("headers", {})
+    if not all(isinstance(v, str) for v in headers.values()):
+        raise BadSeed("JSON seed 'headers' values must be strings")
+    return Seed(
+        url=check_url(url),
+        meta=obj.get("meta", {}),
+        priority=obj.get("priority", 0),
+        callback=obj.get("callback"),
+        cb_kwargs=obj.get("cb_kwargs", {}),
+        method=obj.get("method", "GET").upper(),
+        headers=headers,
+        body=obj.get("body", ""),
+        unknown_keys=tuple(sorted(set(obj) - set(_TYPES) - {"url"})),
+    )
