@@ -9,8 +9,10 @@ show it and however often the site is crawled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 __all__ = ["AuthorItem", "PageItem", "QuoteItem"]
 

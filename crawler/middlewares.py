@@ -11,10 +11,10 @@ from scrapy.utils.httpobj import urlparse_cached
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
+    from typing import Self
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +54,11 @@ class SeedHostsMiddleware:
     """Keep every crawl on the hosts of the seed it started from.
 
     Each request from ``Spider.start()`` (a seed) gets ``meta["seed_hosts"]``
-    = ``[its host]`` (with the port when not the default one); when a seed's response comes from another host after
-    redirects, that host is added. Requests a callback yields inherit the list
-    and are dropped when their host is neither one of those hosts nor a
-    subdomain of one (the rule of Scrapy's ``allowed_domains``). Requests with
+    = ``[its host]`` (with the port when not the default one); when a seed's
+    response comes from another host after redirects, that host is added.
+    Requests a callback yields inherit the list and are dropped when their
+    host is neither one of those hosts nor a subdomain of one (the rule of
+    Scrapy's ``allowed_domains``). Requests with
     no ``seed_hosts`` (and whose response has none) are left alone.
 
     Works across workers with no shared state: the list travels in meta.

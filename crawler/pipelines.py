@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
@@ -15,9 +15,10 @@ from pymongo.errors import BulkWriteError, ConnectionFailure, PyMongoError
 from scrapy.exceptions import NotConfigured
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from pymongo.collection import Collection
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ class MongoPipeline:
 
     async def open_spider(self) -> None:
         """Create the client (it connects in the background) and the timer."""
+        assert self.crawler.spider is not None
+        self._spider_name: str = self.crawler.spider.name
         self.client = MongoClient(self.uri, tz_aware=True, connect=False)
         self._timer = asyncio.ensure_future(self._flush_periodically())
 
@@ -127,10 +130,10 @@ class MongoPipeline:
     async def process_item(self, item: Any) -> Any:
         """Queue ``item`` for the next bulk write; flush when the batch is full."""
         adapter = ItemAdapter(item)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         doc = adapter.asdict()
         key: tuple[str, ...] = tuple(getattr(item, "key", ()))
-        collection = getattr(item, "collection", None) or self.crawler.spider.name
+        collection = getattr(item, "collection", None) or self._spider_name
         if key:
             ident = json.dumps([doc.get(k) for k in key], default=str)
             known = self._pending.get((collection, ident))
@@ -202,19 +205,20 @@ class MongoPipeline:
             if name in keys and name not in self._indexed:
                 coll.create_index([(k, ASCENDING) for k in keys[name]], unique=True)
                 self._indexed.add(name)
+            todo = batch
             for attempt in (1, 2):
                 try:
-                    result = coll.bulk_write(batch, ordered=False)
+                    result = coll.bulk_write(todo, ordered=False)
                 except BulkWriteError as exc:
-                    batch = self._failed_ops(coll, batch, exc, retry=attempt == 1)
-                    if batch:
+                    todo = self._failed_ops(coll, todo, exc, retry=attempt == 1)
+                    if todo:
                         continue
                     break
                 except PyMongoError as exc:
                     if isinstance(exc, ConnectionFailure):
                         raise
                     logger.error("MongoDB rejected a batch for %s: %s", name, exc)
-                    stats.inc_value("mongo/write_errors", len(batch))
+                    stats.inc_value("mongo/write_errors", len(todo))
                     break
                 stats.inc_value("mongo/bulk_writes")
                 stats.inc_value("mongo/upserted", result.upserted_count)

@@ -8,11 +8,12 @@ from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.dupefilter import RFPDupeFilter
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from redis import Redis
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.utils.request import RequestFingerprinterProtocol
-    from typing_extensions import Self
 
 __all__ = ["FrontierDupeFilter"]
 

@@ -13,9 +13,10 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.frontier import serializer as json_serializer
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 

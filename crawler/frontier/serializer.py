@@ -54,7 +54,7 @@ class DecodeError(ValueError):
     """
 
 
-_PLAIN = {
+_PLAIN: dict[str, tuple[str, Any]] = {
     # Request attribute -> (short key, default value)
     "callback": ("c", None),
     "errback": ("e", None),

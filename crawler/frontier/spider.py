@@ -17,9 +17,9 @@ from crawler.frontier.seeds import BadSeed, parse_seed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+    from typing import Self
 
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
     def _room(self) -> int:
         """Requests this worker could start now (free downloader slots)."""
         engine = self.crawler.engine
-        free = self.crawler.settings.getint("CONCURRENT_REQUESTS") - len(
+        free: int = self.crawler.settings.getint("CONCURRENT_REQUESTS") - len(
             engine.downloader.active
         )
         return max(0, free)
@@ -116,7 +116,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
     def _idle_timed_out(self) -> bool:
         if self.max_idle_time <= 0 or self._pending or self._busy():
             return False
-        return time.monotonic() - self._last_activity >= self.max_idle_time
+        return bool(time.monotonic() - self._last_activity >= self.max_idle_time)
 
     def _nudge_engine(self) -> None:
         """Let the engine pull requests that other workers queued.

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
@@ -12,6 +11,9 @@ from w3lib.url import canonicalize_url
 
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import PageItem
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = ["PagesSpider"]
 
@@ -42,7 +44,9 @@ class PagesSpider(FrontierSpider):
             response.headers.get("Content-Type") or b"html"
         ):
             return
-        links = list(dict.fromkeys(link.url for link in self.link_extractor.extract_links(response)))
+        links = list(
+            dict.fromkeys(link.url for link in self.link_extractor.extract_links(response))
+        )
         text = " ".join(t.strip() for t in response.xpath(_TEXT_XPATH).getall() if t.strip())
         redirects = response.request.meta.get("redirect_urls") if response.request else None
         yield PageItem(
@@ -56,6 +60,6 @@ class PagesSpider(FrontierSpider):
             ).strip(),
             text=text,
             links=links,
-            fetched_at=datetime.now(timezone.utc),
+            fetched_at=datetime.now(UTC),
         )
         yield from response.follow_all(links)

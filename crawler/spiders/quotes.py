@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
-
-from scrapy.http import Response
+from typing import TYPE_CHECKING, Any
 
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import AuthorItem, QuoteItem
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from scrapy.http import Response, TextResponse
 
 __all__ = ["QuotesSpider"]
 
@@ -38,7 +40,7 @@ class QuotesSpider(FrontierSpider):
 
     name = "quotes"
 
-    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+    def parse(self, response: TextResponse, **kwargs: Any) -> Iterator[Any]:
         """Parse a list or tag page: quotes, then the links to follow."""
         for quote in response.css("div.quote"):
             yield QuoteItem(

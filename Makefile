@@ -1,0 +1,36 @@
+# The two commands of the README:
+#   make demo   runs the main job (a two-worker crawl) on embedded servers
+#   make test   sets up and runs the whole test suite, with ruff and mypy
+# Both create the virtualenv .venv and install what is missing, redis-server
+# included (from Debian's packages).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test lint redis-server
+
+$(VENV)/.runtime: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
+
+demo: redis-server $(VENV)/.runtime
+	$(PY) -m crawler.demo
+
+lint: $(VENV)/.dev
+	$(PY) -m ruff check crawler tests
+	$(PY) -m mypy
+
+test: redis-server lint
+	$(PY) -m pytest

@@ -1,0 +1,110 @@
+"""Shared pytest fixtures: real Redis, MongoDB and HTTP servers, no mocks.
+
+Session-scoped servers are started once and stopped at the end of the run;
+function-scoped fixtures give each test a clean view of them:
+
+- ``redis_server`` (session): a private :class:`~crawler.embedded.RedisServer`.
+- ``redis_url`` (function): its URL (db 0); ``FLUSHDB`` after each test.
+- ``mongo_uri`` (session): ``$MONGO_URI`` if set, else a private
+  :class:`~crawler.embedded.MongoServer`.
+- ``mongo_db`` (function): a fresh database name ``test_<8 hex>``, dropped
+  after the test.
+- ``replay_server`` (session): the quotes.toscrape.com capture replayed on
+  127.0.0.1 (skipped when the WARC file is missing).
+- ``site_factory`` (function): ``site_factory(pages, **kwargs)`` starts a
+  :class:`~crawler.replay.SiteServer`; all are stopped after the test.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pymongo
+import pytest
+import redis
+
+from crawler.embedded import MongoServer, RedisServer
+from crawler.replay import Page, ReplayServer, SiteServer, default_warc_path
+
+SiteFactory = Callable[..., SiteServer]
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server (no persistence) for the whole test session."""
+    with RedisServer(appendonly=False) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """URL of the session's Redis (db 0); the db is flushed after the test."""
+    yield redis_server.url
+    if redis_server.running:
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            client.flushdb()
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def mongo_uri() -> Iterator[str]:
+    """``$MONGO_URI`` when set, else the URI of a private SecantusDB server."""
+    env_uri = os.environ.get("MONGO_URI")
+    if env_uri:
+        yield env_uri
+        return
+    with MongoServer() as server:
+        yield server.uri
+
+
+@pytest.fixture
+def mongo_db(mongo_uri: str) -> Iterator[str]:
+    """Name of a fresh database (``test_<8 hex>``), dropped after the test."""
+    name = f"test_{uuid.uuid4().hex[:8]}"
+    yield name
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        mongo_uri, serverSelectionTimeoutMS=5000
+    )
+    try:
+        client.drop_database(name)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def replay_server() -> Iterator[ReplayServer]:
+    """The default WARC capture served on 127.0.0.1 for the whole session.
+
+    Tests that use it should call ``replay_server.clear_hits()`` first if
+    they count requests.
+    """
+    warc = default_warc_path()
+    if not warc.is_file():
+        pytest.skip(f"WARC capture not found at {warc} (set $CRAWLER_SITES_WARC)")
+    with ReplayServer(warc, host="127.0.0.1") as server:
+        yield server
+
+
+@pytest.fixture
+def site_factory() -> Iterator[SiteFactory]:
+    """A factory ``(pages=None, **kwargs) -> SiteServer`` of started servers.
+
+    Keyword arguments go to :class:`SiteServer` (``handler``, ``host``,
+    ``port``, ``latency``).  Every server made is stopped after the test.
+    """
+    servers: list[SiteServer] = []
+
+    def make(pages: Mapping[str, Page] | None = None, **kwargs: Any) -> SiteServer:
+        server = SiteServer(pages, **kwargs)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

@@ -1,0 +1,52 @@
+"""Parsing of seeds pushed with redis-cli (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawler.frontier.seeds import BadSeed, Seed, parse_seed
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"https://quotes.toscrape.com/", Seed(url="https://quotes.toscrape.com/")),
+        ("  http://a.example/x?y=1 \n", Seed(url="http://a.example/x?y=1")),
+        (
+            b'{"url": "https://a.example/", "meta": {"k": [1]}, "priority": 9}',
+            Seed(url="https://a.example/", meta={"k": [1]}, priority=9),
+        ),
+        (
+            '{"url": "https://a.example/", "method": "post", "body": "x=1", "extra": 1}',
+            Seed(url="https://a.example/", method="POST", body="x=1", unknown_keys=("extra",)),
+        ),
+    ],
+)
+def test_good_seeds_parse(data: bytes | str, expected: Seed) -> None:
+    assert parse_seed(data) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        ("not a url", "not an http(s) URL: 'not a url'"),
+        ("ftp://example.com/", "not an http(s) URL"),
+        ("http:///path-only", "URL has no host"),
+        ("http://a.example:99999/", "malformed URL"),
+        ('{"url": 5}', "JSON seed has no string 'url' (got int)"),
+        ('{"meta": {}}', "JSON seed has no string 'url'"),
+        ('{"url": "http://', "not valid JSON"),
+        ("[1, 2]", "JSON seed must be an object"),
+        ('{"url": "https://a.example/", "priority": "high"}', "'priority' must be int"),
+        ('{"url": "https://a.example/", "priority": true}', "'priority' must be int"),
+        ('{"url": "https://a.example/", "meta": []}', "'meta' must be dict"),
+        ('{"url": "https://a.example/", "headers": {"a": 1}}', "'headers' values"),
+        ("", "empty seed"),
+        (b"   ", "empty seed"),
+        (b"\xff\xfe", "not utf-8 text"),
+    ],
+)
+def test_bad_seeds_raise_with_the_reason(data: bytes | str, reason: str) -> None:
+    with pytest.raises(BadSeed, match=None) as info:
+        parse_seed(data)
+    assert reason in str(info.value)
