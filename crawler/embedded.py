@@ -287,7 +287,11 @@ class _ServerProcess:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # no __exit__ follows a failed __enter__
+            raise
         return self
 
     def __exit__(
@@ -317,11 +321,7 @@ class _ServerProcess:
     def _log_tail(self) -> str:
         parts = [_tail(self._log_path)]
         stdout_path = self._dir / f"{self._name}.stdout"
-        if (
-            stdout_path != self._log_path
-            and stdout_path.is_file()
-            and stdout_path.stat().st_size
-        ):
+        if stdout_path != self._log_path and stdout_path.is_file() and stdout_path.stat().st_size:
             parts.append(f"-- stdout/stderr --\n{_tail(stdout_path)}")
         return "\n".join(parts)
 
@@ -462,9 +462,7 @@ class MongoServer(_ServerProcess):
     def _prepare(self) -> None:
         self.storage_path.mkdir(parents=True, exist_ok=True)
         if not self._config_path.exists():
-            self._config_path.write_text(
-                "# empty: all settings come from the command line\n"
-            )
+            self._config_path.write_text("# empty: all settings come from the command line\n")
 
     def _command(self) -> list[str]:
         return [

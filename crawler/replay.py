@@ -21,6 +21,7 @@ import functools
 import html
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -28,10 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import FrameType, MappingProxyType, TracebackType
 from typing import Self
 
-from warcio.archiveiterator import ArchiveIterator  # type: ignore[import-untyped]
+from warcio.archiveiterator import ArchiveIterator
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,10 @@ class Hit:
     :ivar host: the ``Host`` header ("" when absent).
     :ivar client: the client address, ``"ip:port"``.
     :ivar started: :func:`time.monotonic` seconds when the request was read.
-    :ivar finished: :func:`time.monotonic` seconds when the response was sent.
-    :ivar status: the status code sent.
+    :ivar finished: :func:`time.monotonic` seconds when the response was
+        ready to send (just before its bytes are written).
+    :ivar status: the status code sent (0 if the request failed before a
+        response was ready).
     """
 
     path: str
@@ -214,9 +217,7 @@ def _not_found(path: str) -> Page:
 
 
 def _server_error() -> Page:
-    return Page(
-        500, [("Content-Type", "text/plain; charset=utf-8")], b"handler failed\n"
-    )
+    return Page(500, [("Content-Type", "text/plain; charset=utf-8")], b"handler failed\n")
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -250,10 +251,29 @@ class _Handler(BaseHTTPRequestHandler):
         site = self.server.site
         started = time.monotonic()
         site._enter()
-        status = 0
+        recorded = False
+
+        def record(status: int) -> None:
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                site._leave(
+                    Hit(
+                        path=self.path,
+                        method=self.command,
+                        host=self.headers.get("Host", ""),
+                        client=f"{self.client_address[0]}:{self.client_address[1]}",
+                        started=started,
+                        finished=time.monotonic(),
+                        status=status,
+                    )
+                )
+
         try:
             page = site._respond(self.path)
-            status = page.status
+            # Headers are buffered until end_headers(): nothing reaches the
+            # client before the hit is recorded, so a client that has its
+            # response always finds the hit in hits().
             self.send_response_only(page.status)
             names = set()
             for name, value in page.headers:
@@ -264,23 +284,14 @@ class _Handler(BaseHTTPRequestHandler):
             if "server" not in names:
                 self.send_header("Server", self.version_string())
             self.send_header("Content-Length", str(len(page.body)))
+            record(page.status)
             self.end_headers()
             if send_body:
                 self.wfile.write(page.body)
             self.wfile.flush()
             self.log_request(page.status, len(page.body))
         finally:
-            site._leave(
-                Hit(
-                    path=self.path,
-                    method=self.command,
-                    host=self.headers.get("Host", ""),
-                    client=f"{self.client_address[0]}:{self.client_address[1]}",
-                    started=started,
-                    finished=time.monotonic(),
-                    status=status,
-                )
-            )
+            record(0)
 
     def log_message(self, format: str, *args: object) -> None:
         logger.debug("%s - %s", self.address_string(), format % args)
@@ -476,9 +487,7 @@ class SiteServer:
             if page is not None:
                 return page
         page = self._pages.get(target)
-        if page is None and target.endswith(
-            "?"
-        ):  # "/x?" and "/x" are the same resource
+        if page is None and target.endswith("?"):  # "/x?" and "/x" are the same resource
             page = self._pages.get(target[:-1])
         return page if page is not None else _not_found(target)
 
@@ -516,8 +525,7 @@ class ReplayServer(SiteServer):
 
 def _page_html(title: str, description: str, text: str, links: list[str]) -> bytes:
     items = "\n".join(
-        f'    <li><a href="{html.escape(href)}">{html.escape(href)}</a></li>'
-        for href in links
+        f'    <li><a href="{html.escape(href)}">{html.escape(href)}</a></li>' for href in links
     )
     return (
         "<!doctype html>\n<html>\n<head>\n"
@@ -573,9 +581,7 @@ def generated_site(
     )
     for i in range(n_pages):
         first = i * links_per_page + 1
-        children = [
-            f"{prefix}{j}" for j in range(first, min(first + links_per_page, n_pages))
-        ]
+        children = [f"{prefix}{j}" for j in range(first, min(first + links_per_page, n_pages))]
         body = _page_html(
             f"Page {i}",
             f"Description of generated page {i}",
@@ -587,7 +593,7 @@ def generated_site(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve a WARC capture until interrupted (``python -m crawler.replay``).
+    """Serve a WARC capture until SIGINT/SIGTERM (``python -m crawler.replay``).
 
     :param argv: command-line arguments (default ``sys.argv[1:]``).
     :returns: the process exit status, 0.
@@ -602,9 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
-    parser.add_argument(
-        "--port", type=int, default=None, help="TCP port (default: a free one)"
-    )
+    parser.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
     parser.add_argument(
         "--latency", type=float, default=0.0, help="seconds to wait before each answer"
     )
@@ -612,19 +616,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server = ReplayServer(
-        args.warc, host=args.host, port=args.port, latency=args.latency
-    )
-    server.start()
-    print(
-        f"Serving {server.warc} ({len(server.pages)} pages) at {server.url}/",
-        flush=True,
-    )
+    server = ReplayServer(args.warc, host=args.host, port=args.port, latency=args.latency)
     stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Explicit handlers: a background job inherits SIGINT as ignored.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.start()
+    print(f"Serving {server.warc} ({len(server.pages)} pages) at {server.url}/", flush=True)
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        while not stop.wait(0.5):
+            pass
     finally:
         server.stop()
     return 0

@@ -9,8 +9,7 @@ import urllib.error
 import urllib.request
 from collections import Counter, deque
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pymongo
@@ -27,6 +26,9 @@ from crawler.replay import (
     generated_site,
     load_warc,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SiteFactory = Callable[..., SiteServer]
 
