@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import logging
+import random
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
+from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.response import response_status_message
+
+from crawler.frontier.scheduler import RETRY_DELAY_META
+from crawler.frontier.signals import request_dead
+from crawler.frontier.sites import on_sites, site_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
@@ -18,36 +26,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SeedHostsMiddleware"]
+__all__ = ["BackoffRetryMiddleware", "SeedHostsMiddleware", "backoff_delay", "tag_seed"]
 
 #: Request meta key holding the hosts a request's crawl may visit.
 META_KEY = "seed_hosts"
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+def tag_seed(request: Request) -> Request:
+    """Mark ``request`` as a seed: its crawl stays on its own host.
 
-
-def site_of(target: Request | Response) -> str:
-    """The host of a request or response, with its port when not the default.
-
-    ``http://Example.com:80/a`` gives ``example.com``; ``http://127.0.0.1:8080/``
-    gives ``127.0.0.1:8080``.
+    Sets ``meta["seed_hosts"]`` to ``[site_of(request)]`` unless set.
     """
-    parts = urlparse_cached(target)
-    host = (parts.hostname or "").lower()
-    try:
-        port = parts.port
-    except ValueError:
-        return host
-    if port is None or port == _DEFAULT_PORTS.get(parts.scheme):
-        return host
-    return f"{host}:{port}"
-
-
-def on_sites(target: Request | Response, sites: list[str]) -> bool:
-    """Whether ``target`` is on one of ``sites`` or a subdomain of one."""
-    site = site_of(target)
-    return bool(site) and any(site == s or site.endswith(f".{s}") for s in sites)
+    if META_KEY not in request.meta:
+        request.meta[META_KEY] = [site_of(request)]
+    return request
 
 
 class SeedHostsMiddleware:
@@ -82,12 +74,10 @@ class SeedHostsMiddleware:
         return cls(crawler)
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        """Tag each seed request with its own host."""
+        """Tag each request from ``Spider.start()`` as a seed."""
         async for item_or_request in start:
             if isinstance(item_or_request, Request):
-                host = site_of(item_or_request)
-                if host and META_KEY not in item_or_request.meta:
-                    item_or_request.meta[META_KEY] = [host]
+                tag_seed(item_or_request)
             yield item_or_request
 
     async def process_spider_output(
@@ -166,3 +156,98 @@ class SeedHostsMiddleware:
                 "Filtered offsite request to %r: %s", host, request,
                 extra={"spider": self.crawler.spider},
             )
+
+
+def backoff_delay(attempt: int, base: float, cap: float, jitter: float) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 for the first).
+
+    Exponential backoff with jitter: ``min(cap, base * 2 ** (attempt - 1))``
+    stretched by a random factor in ``[1, 1 + jitter]``, so a retry never comes
+    earlier than the configured backoff and retries of many requests spread out
+    (the "exponential backoff and jitter" scheme of AWS's architecture blog).
+    """
+    delay: float = min(cap, base * 2 ** max(0, attempt - 1))
+    return delay * (1 + random.uniform(0, jitter))  # noqa: S311 - not crypto
+
+
+def retry_after(value: bytes | None, now: datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (RFC 9110, section 10.2.3).
+
+    Accepts delay-seconds or an HTTP-date; returns None when absent or bad.
+    """
+    if not value:
+        return None
+    text = value.decode("latin-1").strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+class BackoffRetryMiddleware(RetryMiddleware):
+    """Scrapy's RetryMiddleware, with retries that wait in Redis.
+
+    What is retried is Scrapy's choice (``RETRY_HTTP_CODES``, 500, 502, 503,
+    504, 522, 524, 408 and 429 by default; ``RETRY_EXCEPTIONS``, network errors
+    and timeouts), up to ``RETRY_TIMES`` (meta ``max_retry_times``). The
+    retry, instead of going back to the queue at once, carries
+    ``meta["frontier_retry_delay"]``: the scheduler holds it in the frontier's
+    retry set that long, so any worker takes it when it is due and it
+    survives the worker that failed it. The delay is :func:`backoff_delay`
+    with ``FRONTIER_RETRY_BACKOFF_BASE`` (seconds, 1.0),
+    ``FRONTIER_RETRY_BACKOFF_MAX`` (seconds, 60.0) and
+    ``FRONTIER_RETRY_JITTER`` (fraction, 0.1), or what the response's
+    ``Retry-After`` header asks, up to ``FRONTIER_RETRY_AFTER_MAX`` (seconds,
+    600.0), when that is longer.
+
+    A request that exhausts its retries is sent with the
+    :data:`~crawler.frontier.signals.request_dead` signal, and the scheduler
+    writes it to the dead-letter queue with the reason and attempt count.
+    """
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)
+        self.base = settings.getfloat("FRONTIER_RETRY_BACKOFF_BASE", 1.0)
+        self.cap = settings.getfloat("FRONTIER_RETRY_BACKOFF_MAX", 60.0)
+        self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
+        self.after_max = settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 600.0)
+
+    def process_response(self, request: Request, response: Response) -> Any:  # type: ignore[override]
+        """Retry a response whose status is in ``RETRY_HTTP_CODES``, later."""
+        if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
+            return response
+        reason = response_status_message(response.status)
+        wait = retry_after(response.headers.get(b"Retry-After"))
+        return self._retry_later(request, reason, wait) or response
+
+    def process_exception(self, request: Request, exception: Exception) -> Any:  # type: ignore[override]
+        """Retry a download error in ``RETRY_EXCEPTIONS``, later."""
+        if isinstance(exception, self.exceptions_to_retry) and not request.meta.get(
+            "dont_retry", False
+        ):
+            return self._retry_later(request, exception, None)
+        return None
+
+    def _retry_later(
+        self, request: Request, reason: str | Exception, wait: float | None
+    ) -> Request | None:
+        retry = self._retry(request, reason)
+        if retry is None:
+            attempts = request.meta.get("retry_times", 0) + 1
+            self.crawler.signals.send_catch_log(
+                request_dead,
+                request=request,
+                reason=f"gave up after {attempts} attempts: {reason}",
+                error=str(reason),
+            )
+            return None
+        delay = backoff_delay(retry.meta["retry_times"], self.base, self.cap, self.jitter)
+        if wait is not None:
+            delay = max(delay, min(wait, self.after_max))
+        retry.meta[RETRY_DELAY_META] = delay
+        return retry

@@ -41,7 +41,11 @@ BOT_NAME = "crawler"
 SPIDER_MODULES = ["crawler.spiders"]
 NEWSPIDER_MODULE = "crawler.spiders"
 
-ADDONS: dict[str, int] = {}
+ADDONS = {
+    # FRONTIER_DELAY / FRONTIER_CONCURRENCY default to DOWNLOAD_DELAY /
+    # CONCURRENT_REQUESTS_PER_DOMAIN, held across all workers.
+    "crawler.addon.FrontierAddon": 0,
+}
 
 USER_AGENT = "crawler (+https://docs.scrapy.org/en/latest/topics/practices.html)"
 # Scrapy's RobotsTxtMiddleware fetches robots.txt once per host in every
@@ -62,6 +66,10 @@ FEED_EXPORT_ENCODING = "utf-8"
 
 #: Redis server shared by all workers of a crawl (scrapy-redis reads it).
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+# scrapy-redis's client options, merged over its defaults: fail fast when
+# Redis is down (the scheduler then waits with backoff) instead of blocking
+# the worker for scrapy-redis's 30 seconds.
+REDIS_PARAMS = {"socket_connect_timeout": 2, "socket_timeout": 10}
 #: MongoDB server that stores the items.
 MONGO_URI = os.environ.get("MONGO_URI", "mongodb://localhost:27017")
 #: MongoDB database that holds one collection per item type.
@@ -71,8 +79,9 @@ MONGO_DATABASE = os.environ.get("MONGO_DATABASE", "crawler")
 
 # The shared Redis scheduler, our subclass of scrapy_redis.scheduler.Scheduler.
 SCHEDULER = "crawler.frontier.scheduler.FrontierScheduler"
-# scrapy-redis's sorted-set priority queue, with our JSON encoding.
-SCHEDULER_QUEUE_CLASS = "crawler.frontier.queue.JsonPriorityQueue"
+# Our subclass of scrapy_redis.queue.Base: per-site FIFO queues by priority,
+# cluster-wide politeness and leases (crawler/frontier/store.py has its keys).
+SCHEDULER_QUEUE_CLASS = "crawler.frontier.queue.LeasedPriorityQueue"
 # Our subclass of scrapy_redis.dupefilter.RFPDupeFilter, using Scrapy's
 # request fingerprinter.
 DUPEFILTER_CLASS = "crawler.frontier.dupefilter.FrontierDupeFilter"
@@ -80,7 +89,7 @@ DUPEFILTER_CLASS = "crawler.frontier.dupefilter.FrontierDupeFilter"
 # still using them, and a restarted crawl resumes where it stopped.
 SCHEDULER_PERSIST = True
 # Frontier keys carry the hash tag {<spider>} (see the key table above).
-SCHEDULER_QUEUE_KEY = "{%(spider)s}:requests"
+SCHEDULER_QUEUE_KEY = "{%(spider)s}"
 SCHEDULER_DUPEFILTER_KEY = "{%(spider)s}:dupefilter"
 # Seconds a worker waits with nothing to do before it closes; 0 waits for work
 # forever. Counted from the worker's last request or response.
@@ -91,20 +100,54 @@ MAX_IDLE_TIME_BEFORE_CLOSE = int(os.environ.get("MAX_IDLE_TIME_BEFORE_CLOSE", "0
 #: Seconds an idle worker blocks on the seed list before it looks again at
 #: the shared frontier (requests other workers discovered). Default: 1.0.
 FRONTIER_IDLE_WAIT = 1.0
+#: Seconds between two requests to one site, across all workers together;
+#: None means DOWNLOAD_DELAY. Per-site overrides: FRONTIER_SITE_DELAYS, or
+#: the Redis hash {<spider>}:delay (site -> ms) while the crawl runs.
+FRONTIER_DELAY = None
+#: Requests to one site at once, across all workers; None means
+#: CONCURRENT_REQUESTS_PER_DOMAIN. Live overrides: hash {<spider>}:conc.
+FRONTIER_CONCURRENCY = None
+#: Per-site delays in seconds, e.g. {"example.com": 2.0}, written to the
+#: Redis hash {<spider>}:delay when a worker opens. Default: {}.
+FRONTIER_SITE_DELAYS: dict[str, float] = {}
+#: Per-site concurrency, e.g. {"example.com": 1}, written to the Redis hash
+#: {<spider>}:conc when a worker opens. Default: {}.
+FRONTIER_SITE_CONCURRENCY: dict[str, int] = {}
+#: Seconds a leased request stays leased without a heartbeat (workers extend
+#: their leases every third of it). A killed worker's requests are crawled
+#: again this long after it died. Default: 60.0.
+FRONTIER_LEASE_TIMEOUT = 60.0
+#: Most seeds a worker moves from <spider>:start_urls into the frontier at
+#: once, in one transaction (only while it has free download slots).
+#: Default: 1000.
+FRONTIER_SEED_BATCH = 1000
+#: Retry backoff: seconds before the first retry, doubling for each next
+#: one, up to FRONTIER_RETRY_BACKOFF_MAX, stretched by up to
+#: FRONTIER_RETRY_JITTER (a fraction) at random. Defaults: 1.0, 60.0, 0.1.
+#: Which failures are retried, and how often, are Scrapy's RETRY_* settings.
+FRONTIER_RETRY_BACKOFF_BASE = 1.0
+FRONTIER_RETRY_BACKOFF_MAX = 60.0
+FRONTIER_RETRY_JITTER = 0.1
+#: Longest Retry-After (seconds) a response can impose. Default: 600.0.
+FRONTIER_RETRY_AFTER_MAX = 600.0
 #: Follow only links to the hosts of the seed a request descends from (and
 #: their subdomains), as Scrapy's ``allowed_domains`` would. Default: True.
 FRONTIER_STAY_ON_SEED_HOSTS = True
 
 #: Items per MongoDB bulk write. Default: 500.
 MONGO_BATCH_SIZE = 500
-#: Seconds between flushes of a batch that has not filled up. Default: 1.0.
-MONGO_FLUSH_INTERVAL = 1.0
+#: Seconds between flushes of a batch that has not filled up. Default: 0.25.
+MONGO_FLUSH_INTERVAL = 0.25
 
 SPIDER_MIDDLEWARES = {
     "crawler.middlewares.SeedHostsMiddleware": 550,
 }
 
 DOWNLOADER_MIDDLEWARES = {
+    # Retries wait in Redis with exponential backoff; give-ups are dead
+    # letters. Replaces Scrapy's RetryMiddleware at its place.
+    "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    "crawler.middlewares.BackoffRetryMiddleware": 550,
     # After RedirectMiddleware (600) in process_request order, before the
     # download handler: drops redirects off the seed's hosts.
     "crawler.middlewares.SeedHostsMiddleware": 650,
@@ -115,3 +158,47 @@ ITEM_PIPELINES = {
 }
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
+
+# --- Operations: commands, cluster stats, metrics, JSON logs (issue 6) -------
+# Redis key names live in crawler/keys.py (CrawlKeys), with their table.
+
+#: Project commands: ``scrapy seed`` and ``scrapy frontier status``.
+COMMANDS_MODULE = "crawler.commands"
+
+EXTENSIONS = {
+    # Cluster-wide stats ({<spider>}:stats) and worker heartbeats
+    # ({<spider>}:workers) in Redis.
+    "crawler.extensions.ClusterStats": 500,
+    # JSON-lines log records when LOG_JSON_ENABLED is on.
+    "crawler.jsonlog.JsonLogging": 0,
+}
+
+#: Keep cluster-wide stats and the worker registry in Redis. Default: True.
+FRONTIER_STATS_ENABLED = True
+#: Seconds between a worker's heartbeats (and stats increments). Default: 5.0.
+FRONTIER_HEARTBEAT_INTERVAL = 5.0
+#: Seconds after its last heartbeat a worker stops counting as live.
+#: Default: 30.0.
+FRONTIER_WORKER_TIMEOUT = 30.0
+#: Id of this worker in {<spider>}:workers and in JSON logs; empty means
+#: ``<hostname>:<pid>``. Default: "".
+FRONTIER_WORKER_ID = os.environ.get("FRONTIER_WORKER_ID", "")
+#: Most distinct priorities ``scrapy frontier status`` and the metrics report
+#: per spider. Default: 100.
+FRONTIER_STATUS_MAX_PRIORITIES = 100
+
+#: Address the Prometheus exporter (``python -m crawler.metrics``) binds.
+#: Default: "127.0.0.1" (loopback only).
+METRICS_HOST = os.environ.get("METRICS_HOST", "127.0.0.1")
+#: Port of the Prometheus exporter. Default: 9410.
+METRICS_PORT = int(os.environ.get("METRICS_PORT", "9410"))
+
+#: Write log records as JSON lines (time, level, logger, message, worker,
+#: spider, job) instead of Scrapy's text format. Default: False.
+LOG_JSON_ENABLED = os.environ.get("LOG_JSON_ENABLED", "") in ("1", "true", "True")
+# With LOG_JSON_ENABLED=1 in the environment, Scrapy's start-up lines are JSON
+# too (the JsonLogging extension takes over once the crawler exists).
+if LOG_JSON_ENABLED:
+    from crawler.jsonlog import install_from_environment
+
+    install_from_environment()

@@ -194,7 +194,10 @@ def test_seeds_spread_over_workers(
     workers = crawl("pages", env, tmp_path, workers=2, settings={"CONCURRENT_REQUESTS": 4})
 
     assert db.pages.count_documents({}) == 40
-    read = [w.stats.get("frontier/seeds/read", 0) for w in workers]
-    assert sum(read) == 40
-    assert min(read) > 0, read
+    assert sum(w.stats.get("frontier/seeds/read", 0) for w in workers) == 40
+    # Seeds go to the shared frontier; each worker leases only what it can
+    # start, so both fetch a share of them.
+    fetched = [w.stats.get("downloader/response_count", 0) for w in workers]
+    assert sum(fetched) == 40
+    assert min(fetched) >= 5, fetched
     assert site.max_concurrency() <= 8

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
+import time
 import warnings
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.reactor import install_reactor, is_reactor_installed
 from scrapy.utils.test import get_crawler
 
-from crawler.frontier.scheduler import FrontierScheduler
+from crawler.frontier.scheduler import RETRY_DELAY_META, FrontierScheduler
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+
+# The scheduler schedules its outbox flush and heartbeat on the reactor's
+# loop; these tests send the outbox themselves.
+if not is_reactor_installed():
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
 
 
 class _Spider(Spider):
@@ -27,8 +37,10 @@ class _Spider(Spider):
 
 
 SETTINGS = {
-    "SCHEDULER_QUEUE_CLASS": "crawler.frontier.queue.JsonPriorityQueue",
-    "SCHEDULER_QUEUE_KEY": "{%(spider)s}:requests",
+    "SCHEDULER_QUEUE_CLASS": "crawler.frontier.queue.LeasedPriorityQueue",
+    "SCHEDULER_QUEUE_KEY": "{%(spider)s}",
+    "FRONTIER_DELAY": 0.0,
+    "FRONTIER_CONCURRENCY": 8,
     "SCHEDULER_DUPEFILTER_KEY": "{%(spider)s}:dupefilter",
     "DUPEFILTER_CLASS": "crawler.frontier.dupefilter.FrontierDupeFilter",
     "SCHEDULER_PERSIST": True,
@@ -42,19 +54,66 @@ def rds(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+_workers = itertools.count()
+
+
+class _Slot:
+    """Stands in for the engine's slot: the scheduler hooks remove_request."""
+
+    def remove_request(self, request: Request) -> None:
+        pass
+
+
+_opened: list[FrontierScheduler] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_heartbeats() -> Iterator[None]:
+    yield
+    while _opened:
+        beat = _opened.pop()._heartbeat
+        if beat is not None and beat.running:
+            beat.stop()
+
+
 def open_scheduler(redis_url: str, **settings: Any) -> tuple[FrontierScheduler, Any]:
-    crawler = get_crawler(_Spider, {**SETTINGS, "REDIS_URL": redis_url, **settings})
+    worker = {"FRONTIER_WORKER_ID": f"test-worker-{next(_workers)}"}
+    crawler = get_crawler(_Spider, {**SETTINGS, "REDIS_URL": redis_url, **worker, **settings})
     crawler.spider = crawler._create_spider()
     crawler.stats.open_spider()
+    crawler.engine = SimpleNamespace(_slot=_Slot())
     scheduler = build_from_crawler(FrontierScheduler, crawler)
     scheduler.open(crawler.spider)
+    _opened.append(scheduler)
     return scheduler, crawler
+
+
+def finish(scheduler: FrontierScheduler, request: Request) -> None:
+    """What the engine does once it has handled ``request``."""
+    scheduler.crawler.engine._slot.remove_request(request)
+    assert scheduler.flush_outbox()
 
 
 def test_building_the_scheduler_does_no_io() -> None:
     # Nothing listens on port 1: building must not connect (scrapy-redis pings).
     crawler = get_crawler(_Spider, {**SETTINGS, "REDIS_URL": "redis://127.0.0.1:1/0"})
     build_from_crawler(FrontierScheduler, crawler)
+
+
+def lease_all(scheduler: FrontierScheduler) -> list[Request]:
+    out = []
+    while (request := scheduler.next_request()) is not None:
+        out.append(request)
+    return out
+
+
+def wait_for_request(scheduler: FrontierScheduler, timeout: float = 5.0) -> Request:
+    """Poll until a lease is handed out (leases and retries come due by time)."""
+    deadline = time.monotonic() + timeout
+    while (request := scheduler.next_request()) is None:
+        assert time.monotonic() < deadline, "nothing became due"
+        time.sleep(0.01)
+    return request
 
 
 def test_scheduling_uses_scrapys_fingerprinter_and_no_deprecated_calls(
@@ -64,37 +123,39 @@ def test_scheduling_uses_scrapys_fingerprinter_and_no_deprecated_calls(
         warnings.simplefilter("error")
         scheduler, crawler = open_scheduler(redis_url)
         request = Request("https://a.example/x?b=2&a=1", callback=crawler.spider.parse_page)
-        assert scheduler.enqueue_request(request)
-        assert not scheduler.enqueue_request(Request("https://a.example/x?a=1&b=2"))
-        popped = scheduler.next_request()
-        assert popped is not None
+        scheduler.enqueue_request(request)
+        scheduler.enqueue_request(Request("https://a.example/x?a=1&b=2"))
+        [popped] = lease_all(scheduler)
         assert popped.callback == crawler.spider.parse_page
-        assert scheduler.next_request() is None
+        finish(scheduler, popped)
     fingerprint = crawler.request_fingerprinter.fingerprint(request)
     assert rds.smembers("{t}:dupefilter") == {fingerprint}
-    assert crawler.stats.get_value("scheduler/enqueued/redis") == 1
-    assert crawler.stats.get_value("scheduler/dequeued/redis") == 1
-    assert crawler.stats.get_value("dupefilter/filtered") == 1
+    assert rds.zcard("{t}:leases") == 0
+    stats = crawler.stats
+    assert stats.get_value("scheduler/enqueued/redis") == 1
+    assert stats.get_value("dupefilter/filtered") == 1
+    assert stats.get_value("scheduler/dequeued/redis") == 1
+    assert stats.get_value("frontier/leases/acked") == 1
 
 
-def test_a_dont_filter_request_is_queued_and_still_counts_as_seen(
-    redis_url: str, rds: redis.Redis
-) -> None:
+def test_a_dont_filter_request_is_queued_and_still_counts_as_seen(redis_url: str) -> None:
     scheduler, _ = open_scheduler(redis_url)
-    assert scheduler.enqueue_request(Request("https://a.example/", dont_filter=True))
-    assert scheduler.enqueue_request(Request("https://a.example/", dont_filter=True))
+    scheduler.enqueue_request(Request("https://a.example/", dont_filter=True))
+    scheduler.enqueue_request(Request("https://a.example/", dont_filter=True))
     # A page linking back to the seed does not fetch it again.
-    assert not scheduler.enqueue_request(Request("https://a.example/"))
-    # scrapy-redis's sorted set holds identical entries once.
-    assert rds.zcard("{t}:requests") == 1
+    scheduler.enqueue_request(Request("https://a.example/"))
+    assert len(lease_all(scheduler)) == 2
 
 
-def test_higher_priority_pops_first(redis_url: str) -> None:
-    scheduler, _ = open_scheduler(redis_url)
-    for i, priority in enumerate([0, 5, -1, 9]):
-        scheduler.enqueue_request(Request(f"https://a.example/{i}", priority=priority))
-    order = [scheduler.next_request().url for _ in range(4)]  # type: ignore[union-attr]
-    assert order == [f"https://a.example/{i}" for i in (3, 1, 0, 2)]
+def test_higher_priority_first_and_equal_priorities_in_push_order(redis_url: str) -> None:
+    scheduler, _ = open_scheduler(redis_url, FRONTIER_CONCURRENCY=100)
+    for name in "zyxwvu":
+        scheduler.enqueue_request(Request(f"https://a.example/{name}"))
+    for name in "cba":
+        scheduler.enqueue_request(Request(f"https://a.example/{name}", priority=9))
+    scheduler.enqueue_request(Request("https://b.example/low", priority=-1))
+    order = [r.url.rsplit("/", 1)[1] for r in lease_all(scheduler)]
+    assert order == ["c", "b", "a", "z", "y", "x", "w", "v", "u", "low"]
 
 
 def test_an_unencodable_request_is_refused_and_not_marked_seen(
@@ -107,24 +168,100 @@ def test_an_unencodable_request_is_refused_and_not_marked_seen(
     assert crawler.stats.get_value("scheduler/unencodable") == 1
     assert rds.scard("{t}:dupefilter") == 0
     assert scheduler.enqueue_request(Request("https://a.example/"))
+    assert len(lease_all(scheduler)) == 1
 
 
 def test_a_pickled_entry_is_dead_lettered_not_unpickled(
     redis_url: str, rds: redis.Redis
 ) -> None:
     scheduler, _ = open_scheduler(redis_url)
-    rds.zadd("{t}:requests", {pickle.dumps({"url": "https://evil.example/"}): -1})
+    evil = pickle.dumps({"url": "https://evil.example/"})
+    scheduler.queue.frontier.push(
+        evil, site="evil.example", priority=5, fingerprint=None, dont_filter=True
+    )
     scheduler.enqueue_request(Request("https://a.example/good"))
-    request = scheduler.next_request()
-    assert request is not None
+    [request] = lease_all(scheduler)
     assert request.url == "https://a.example/good"
-    [dead] = rds.lrange("{t}:requests:dead", 0, -1)
-    assert "pickled payload" in json.loads(dead)["reason"]
+    assert scheduler.flush_outbox()
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert "pickled payload" in dead["reason"]
+    # The bad entry's lease was ended; only the good request is leased.
+    assert rds.zcard("{t}:leases") == 1
 
 
-def test_closing_keeps_the_shared_frontier(redis_url: str, rds: redis.Redis) -> None:
-    scheduler, _ = open_scheduler(redis_url)
+def test_a_killed_workers_lease_expires_and_another_worker_gets_it(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    killed, _ = open_scheduler(redis_url, FRONTIER_LEASE_TIMEOUT=0.3)
+    killed.enqueue_request(Request("https://a.example/1"))
+    assert len(lease_all(killed)) == 1  # ... and the worker dies holding it.
+    other, crawler = open_scheduler(redis_url, FRONTIER_LEASE_TIMEOUT=0.3)
+    assert other.has_pending_requests()
+    request = wait_for_request(other)
+    assert request.url == "https://a.example/1"
+    assert crawler.stats.get_value("frontier/leases/returned") == 1
+    finish(other, request)
+    assert not other.has_pending_requests()
+
+
+def test_closing_gives_back_unfinished_leases_and_keeps_the_frontier(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, crawler = open_scheduler(redis_url)
     scheduler.enqueue_request(Request("https://a.example/1"))
-    scheduler.close("finished")
-    assert rds.zcard("{t}:requests") == 1
-    assert rds.scard("{t}:dupefilter") == 1
+    scheduler.enqueue_request(Request("https://a.example/2"))
+    first = scheduler.next_request()
+    assert first is not None
+    scheduler.close("shutdown")
+    assert crawler.stats.get_value("frontier/leases/released") == 1
+    assert rds.scard("{t}:dupefilter") == 2
+    other, _ = open_scheduler(redis_url)
+    assert sorted(r.url for r in lease_all(other)) == ["https://a.example/1", "https://a.example/2"]
+
+
+def test_a_retry_waits_in_redis_for_its_delay(redis_url: str, rds: redis.Redis) -> None:
+    scheduler, crawler = open_scheduler(redis_url)
+    retry = Request("https://a.example/r", dont_filter=True, meta={RETRY_DELAY_META: 0.3})
+    started = time.monotonic()
+    scheduler.enqueue_request(retry)
+    assert scheduler.next_request() is None
+    assert rds.zcard("{t}:retries") == 1
+    assert 0 < scheduler.next_due <= 0.3
+    request = wait_for_request(scheduler)
+    assert time.monotonic() - started >= 0.3
+    assert RETRY_DELAY_META not in request.meta
+    assert crawler.stats.get_value("frontier/retries/scheduled") == 1
+
+
+def test_sites_are_served_apart_by_their_delay_and_others_fill_the_gap(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, _ = open_scheduler(redis_url, FRONTIER_DELAY=0.3)
+    for i in range(2):
+        scheduler.enqueue_request(Request(f"https://slow.example/{i}"))
+    for i in range(3):
+        scheduler.enqueue_request(Request(f"https://other.example/{i}", priority=-1))
+    first = scheduler.next_request()
+    # slow.example is not due for 0.3 s: other.example is served meanwhile,
+    # though its priority is lower.
+    second = scheduler.next_request()
+    assert first is not None and second is not None
+    assert (first.url, second.url) == ("https://slow.example/0", "https://other.example/0")
+    started = time.monotonic()
+    nxt = wait_for_request(scheduler)
+    assert nxt.url == "https://slow.example/1"
+    assert time.monotonic() - started >= 0.25
+
+
+def test_a_site_gets_at_most_its_concurrency_across_workers(redis_url: str) -> None:
+    a, _ = open_scheduler(redis_url, FRONTIER_CONCURRENCY=2)
+    b, _ = open_scheduler(redis_url, FRONTIER_CONCURRENCY=2)
+    for i in range(5):
+        a.enqueue_request(Request(f"https://a.example/{i}"))
+    held = [a.next_request(), b.next_request()]
+    assert all(held)
+    assert a.next_request() is None and b.next_request() is None
+    finish(a, held[0])  # type: ignore[arg-type]
+    # b holds its fair share (2 slots, 2 live workers): the free slot is a's.
+    assert b.next_request() is None
+    assert a.next_request() is not None

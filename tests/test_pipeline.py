@@ -28,7 +28,9 @@ def db(mongo_uri: str, mongo_db: str) -> Iterator[Any]:
     client.close()
 
 
-def run(mongo_uri: str, mongo_db: str, items: list[Any], **settings: Any) -> dict[str, Any]:
+def run(
+    mongo_uri: str, mongo_db: str, items: list[Any], close_early: bool = False, **settings: Any
+) -> dict[str, Any]:
     """Open the pipeline, feed it ``items``, close it; return the stats."""
     crawler = get_crawler(
         _Spider, {"MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db, **settings}
@@ -39,9 +41,15 @@ def run(mongo_uri: str, mongo_db: str, items: list[Any], **settings: Any) -> dic
 
     async def go() -> None:
         await pipeline.open_spider()
-        for item in items:
-            await pipeline.process_item(item)
-        await pipeline.close_spider()
+        # As Scrapy does, items are processed concurrently; each returns once
+        # it is stored. Closing stores whatever is still waiting.
+        tasks = [asyncio.ensure_future(pipeline.process_item(item)) for item in items]
+        await asyncio.sleep(0)
+        if close_early:
+            await pipeline.close_spider()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        if not close_early:
+            await pipeline.close_spider()
 
     asyncio.run(go())
     return crawler.stats.get_stats()
@@ -86,7 +94,7 @@ def test_pending_writes_are_flushed_at_close(mongo_uri: str, mongo_db: str, db: 
         name="A", birth_date="1900-01-01", birth_place="X", description="d", url="u"
     )
     stats = run(
-        mongo_uri, mongo_db, [author, {"free": "form"}],
+        mongo_uri, mongo_db, [author, {"free": "form"}], close_early=True,
         MONGO_BATCH_SIZE=10_000, MONGO_FLUSH_INTERVAL=3600,
     )
     assert db.authors.count_documents({"name": "A"}) == 1

@@ -1,15 +1,15 @@
-"""The shared request queue: scrapy-redis's priority queue, JSON-encoded."""
+"""The shared request queue: per-site, priority-ordered, leased."""
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy_redis.queue import PriorityQueue
+from scrapy_redis.queue import Base
 
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.sites import site_of
+from crawler.frontier.store import Frontier, Lease, NotDue
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -17,36 +17,58 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JsonPriorityQueue"]
+__all__ = ["LeasedPriorityQueue"]
 
 
-class JsonPriorityQueue(PriorityQueue):  # type: ignore[misc]
-    """scrapy-redis's sorted-set priority queue with safe decoding.
+class LeasedPriorityQueue(Base):  # type: ignore[misc]
+    """A scrapy-redis queue over :class:`~crawler.frontier.store.Frontier`.
 
-    Requests are stored with :mod:`crawler.frontier.serializer` (JSON) unless
-    ``SCHEDULER_SERIALIZER`` names another serializer. A higher
-    ``Request.priority`` pops first (the score is ``-priority``).
+    It keeps scrapy-redis's queue interface (``push``, ``pop``, ``len``,
+    ``clear``; requests encoded by the ``serializer``, JSON by default) and
+    replaces the single sorted set of
+    :class:`scrapy_redis.queue.PriorityQueue` with:
 
-    Changes from :class:`scrapy_redis.queue.PriorityQueue`:
+    * one FIFO list per site and priority, so a higher ``Request.priority``
+      pops first and equal priorities pop in the order they were pushed
+      (scrapy-redis pops equal scores in the byte order of the encoding);
+    * sites served in order of when they are due, each at most
+      ``FRONTIER_CONCURRENCY`` at once and ``FRONTIER_DELAY`` seconds apart
+      across all workers (defaults: ``CONCURRENT_REQUESTS_PER_DOMAIN`` and
+      ``DOWNLOAD_DELAY``);
+    * leases: :meth:`lease` hands out a request with a deadline
+      (``FRONTIER_LEASE_TIMEOUT`` seconds) that the worker extends while it
+      works and ends with :meth:`ack`; expired leases go back to the queue.
 
-    * ``pop`` is one ``ZPOPMIN`` (atomic, one round trip) instead of a
-      ``MULTI``/``ZRANGE``/``ZREMRANGEBYRANK`` transaction.
-    * An entry that cannot be decoded (not our JSON, a pickled payload, a
-      callback the spider lacks) does not crash the worker: it is logged with
-      the reason and moved to the dead-letter list ``<queue key>:dead`` as a
-      JSON object ``{"entry", "reason", "time"}``; the next entry is popped.
-
-    :param server: a redis-py client (bytes responses).
-    :param spider: the spider whose callbacks requests name.
-    :param key: the sorted set's key, e.g. ``{quotes}:requests``.
-    :param serializer: module or object with ``dumps``/``loads``; default JSON.
+    :param server: a redis-py client returning bytes.
+    :param spider: the spider; its name gives the key prefix ``{<name>}:``.
+    :param key: ignored beyond scrapy-redis's interface (the prefix comes
+        from the spider's name).
+    :param serializer: module with ``dumps``/``loads``; default JSON.
+    :param dupefilter_key: the set that ``push`` records fingerprints in.
     """
 
     def __init__(
-        self, server: Redis, spider: Spider, key: str, serializer: Any = None
+        self,
+        server: Redis,
+        spider: Spider,
+        key: str,
+        serializer: Any = None,
+        dupefilter_key: str | None = None,
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
-        self.dead_key = f"{self.key}:dead"
+        settings = spider.crawler.settings
+        self.frontier = Frontier(
+            server,
+            spider.name,
+            default_delay=settings.getfloat("FRONTIER_DELAY"),
+            default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
+            lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
+        )
+        self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
+
+    def __len__(self) -> int:
+        """Requests queued, waiting for a retry, or leased."""
+        return self.frontier.pending()
 
     def encode(self, request: Request) -> bytes:
         """Encode ``request`` for the queue.
@@ -58,41 +80,36 @@ class JsonPriorityQueue(PriorityQueue):  # type: ignore[misc]
         data: bytes = self._encode_request(request)
         return data
 
-    def push_encoded(self, data: bytes, priority: int) -> None:
-        """Add an entry from :meth:`encode` with score ``-priority``."""
-        self.server.zadd(self.key, {data: -priority})
+    def decode(self, data: bytes) -> Request:
+        """Decode an entry; raises ValueError (or a subclass) when it can't."""
+        request: Request = self._decode_request(data)
+        return request
 
-    def push(self, request: Request) -> None:
-        """Encode and add ``request`` (scrapy-redis's interface)."""
-        self.push_encoded(self.encode(request), request.priority)
+    def push(self, request: Request, fingerprint: bytes | None = None) -> bool:
+        """Queue ``request``; with a fingerprint, only if it was not seen.
+
+        :returns: False when filtered as a duplicate.
+        """
+        return self.frontier.push(
+            self.encode(request),
+            site=site_of(request),
+            priority=request.priority,
+            fingerprint=fingerprint,
+            dont_filter=request.dont_filter,
+        )
+
+    def lease(self, lease_id: str) -> Lease | NotDue:
+        """Lease the best due request under ``lease_id``."""
+        return self.frontier.lease(lease_id)
 
     def pop(self, timeout: int = 0) -> Request | None:
-        """Pop the highest-priority request, or ``None`` when the queue is empty.
+        """scrapy-redis's interface: lease and acknowledge at once (no lease kept)."""
+        result = self.frontier.lease("pop:0")
+        if isinstance(result, NotDue):
+            return None
+        self.frontier.ack(["pop:0"])
+        return self.decode(result.data)
 
-        :param timeout: ignored (a sorted set has no blocking pop here).
-        """
-        while True:
-            popped = self.server.zpopmin(self.key, 1)
-            if not popped:
-                return None
-            data = popped[0][0]
-            try:
-                request: Request = self._decode_request(data)
-            except (ValueError, TypeError, KeyError) as exc:
-                self._dead_letter(data, f"{type(exc).__name__}: {exc}")
-                continue
-            return request
-
-    def _dead_letter(self, data: bytes, reason: str) -> None:
-        logger.error(
-            "Dropped an undecodable frontier entry from %s to %s: %s",
-            self.key,
-            self.dead_key,
-            reason,
-        )
-        record = {
-            "entry": data.decode("latin-1"),
-            "reason": reason,
-            "time": time.time(),
-        }
-        self.server.rpush(self.dead_key, json.dumps(record))
+    def clear(self) -> None:
+        """Delete the frontier (not the dupefilter)."""
+        self.frontier.clear()

@@ -14,6 +14,7 @@ from scrapy import Request, signals
 from scrapy_redis.spiders import RedisSpider
 
 from crawler.frontier.seeds import BadSeed, parse_seed
+from crawler.middlewares import tag_seed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -35,16 +36,18 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
     Seeds are read from ``<name>:start_urls`` (``redis_key``), in the order
     they were ``LPUSH``-ed, by a long-running :meth:`start`:
 
-    * A worker takes seeds only while its downloader has free slots
-      (``CONCURRENT_REQUESTS`` minus requests in the downloader), and no more
-      than it has room for, so seeds spread over the workers instead of
-      piling up in the first one. scrapy-redis 0.9.1 only reads seeds from
+    * A worker moves seeds into the shared frontier only while its
+      downloader has free slots, up to ``FRONTIER_SEED_BATCH`` at a time, in
+      one transaction; from there every worker leases them as it has room,
+      by priority, so seeds spread over the workers and no worker holds more
+      than it can start. scrapy-redis 0.9.1 only reads seeds from
       ``start_requests()``, which Scrapy 2.13+ no longer calls, and from the
       idle signal, seconds after the engine runs dry.
     * An idle worker blocks on the seed list (``BRPOP``, up to
-      ``FRONTIER_IDLE_WAIT`` seconds) and takes a seed as soon as it is
-      pushed; between waits it wakes its engine if other workers queued
-      requests in the shared frontier.
+      ``FRONTIER_IDLE_WAIT`` seconds, or until the scheduler's next site or
+      retry is due) and takes a seed as soon as it is pushed; between waits
+      it wakes its engine to lease what other workers queued or what became
+      due.
     * A bad seed (see :mod:`crawler.frontier.seeds`) is logged with the
       reason and skipped; the seeds read with it are crawled.
     * With ``MAX_IDLE_TIME_BEFORE_CLOSE`` > 0 the worker closes once it has had
@@ -68,7 +71,6 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._pending: deque[bytes] = deque()
         self._lock = threading.Lock()
         self._closed = False
-        self._start_done = False
         self._room_event: asyncio.Event | None = None
 
     @classmethod
@@ -84,6 +86,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         crawler.signals.connect(spider._room_freed, signal=signals.request_left_downloader)
         crawler.signals.connect(spider._return_pending, signal=signals.spider_closed)
         spider.idle_wait = crawler.settings.getfloat("FRONTIER_IDLE_WAIT", 1.0)
+        spider.seed_batch = crawler.settings.getint("FRONTIER_SEED_BATCH", 1000)
         return spider
 
     # -- activity ------------------------------------------------------------
@@ -118,40 +121,45 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             return False
         return bool(time.monotonic() - self._last_activity >= self.max_idle_time)
 
+    def _scheduler(self) -> Any:
+        slot = getattr(self.crawler.engine, "_slot", None)
+        return None if slot is None else slot.scheduler
+
     def _nudge_engine(self) -> None:
-        """Let the engine pull requests that other workers queued.
+        """Let the engine lease requests that other workers queued or that
+        became due.
 
         Scrapy's engine otherwise looks at the scheduler only after its own
         downloads finish, or every 5 seconds.
         """
         slot = getattr(self.crawler.engine, "_slot", None)
-        if slot is not None and slot.scheduler.has_pending_requests():
+        if slot is not None:
             slot.nextcall.schedule()
 
     # -- seeds -----------------------------------------------------------------
 
     async def start(self) -> AsyncIterator[Any]:
-        """Yield requests from the seed list for as long as the worker runs.
+        """Move seeds into the shared frontier for as long as the worker runs.
 
-        Returns (ending the start phase, so Scrapy may close the spider) only
-        when ``MAX_IDLE_TIME_BEFORE_CLOSE`` has passed with nothing to do.
+        Seeds are queued through ``engine.crawl`` in batches of up to
+        ``FRONTIER_SEED_BATCH``, which the scheduler sends to Redis in one
+        transaction, so a batch is ordered by priority before any worker
+        leases from it. Yields nothing itself. Returns (ending the start
+        phase, so Scrapy may close the spider) only when
+        ``MAX_IDLE_TIME_BEFORE_CLOSE`` has passed with nothing to do.
         """
         backoff = 0.0
         while not self._closed:
             try:
-                room = self._room()
-                if room and not self._pending:
-                    self._pending.extend(self._pop_seeds(room))
-                if room and self._pending:
-                    while room and self._pending:
-                        request = self.make_request_from_data(self._pending.popleft())
-                        if request is not None:
-                            room -= 1
-                            yield request
-                    continue
-                if self._idle_timed_out():
-                    break
-                if room:
+                if self._room():
+                    if not self._pending:
+                        self._pending.extend(self._pop_seeds(self.seed_batch))
+                    if self._pending:
+                        self._schedule_seeds()
+                        await asyncio.sleep(0)  # let the engine lease
+                        continue
+                    if self._idle_timed_out():
+                        break
                     self._nudge_engine()
                     await self._wait_for_seed()
                 else:
@@ -166,11 +174,21 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     extra={"spider": self},
                 )
                 await asyncio.sleep(backoff)
-        self._start_done = True
-        logger.info(
-            "Idle for %ss with nothing to do: closing", self.max_idle_time,
-            extra={"spider": self},
-        )
+        if not self._closed:
+            logger.info(
+                "Idle for %ss with nothing to do: closing", self.max_idle_time,
+                extra={"spider": self},
+            )
+        return
+        yield  # an async generator that yields nothing
+
+    def _schedule_seeds(self) -> None:
+        """Hand every pending seed to the engine, in order."""
+        engine = self.crawler.engine
+        while self._pending:
+            request = self.make_request_from_data(self._pending.popleft())
+            if request is not None:
+                engine.crawl(tag_seed(request))
 
     def _pop_seeds(self, count: int) -> list[bytes]:
         """Take up to ``count`` seeds from the list, oldest first (``RPOP``)."""
@@ -180,8 +198,19 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         return list(seeds)
 
     async def _wait_for_seed(self) -> None:
-        """Block on the seed list in a thread until a seed or the timeout."""
+        """Block on the seed list in a thread until a seed or the timeout.
+
+        The timeout is ``FRONTIER_IDLE_WAIT``, or less when the scheduler
+        knows a site or retry becomes due sooner.
+        """
         timeout = self.idle_wait
+        scheduler = self._scheduler()
+        due = getattr(scheduler, "next_due", None)
+        if due is not None and due < timeout:
+            if due < 0.01:
+                await asyncio.sleep(due)
+                return
+            timeout = due
 
         def wait() -> None:
             popped = self.server.brpop([self.redis_key], timeout=timeout)

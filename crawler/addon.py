@@ -1,0 +1,42 @@
+"""The frontier's Scrapy add-on (``ADDONS``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+__all__ = ["FrontierAddon"]
+
+#: Above every named priority (cmdline is 40): the per-worker download delay
+#: must stay 0 whatever sets DOWNLOAD_DELAY, or it would add to the cluster's.
+_OVER_CMDLINE = 50
+
+
+class FrontierAddon:
+    """Make Scrapy's per-process politeness settings hold for the cluster.
+
+    ``DOWNLOAD_DELAY`` and ``CONCURRENT_REQUESTS_PER_DOMAIN`` are the
+    defaults of ``FRONTIER_DELAY`` and ``FRONTIER_CONCURRENCY``, which the
+    frontier enforces per site across all workers together. Each worker's
+    own downloader then runs with ``DOWNLOAD_DELAY = 0``: a second, local
+    delay would only hold requests that the frontier already timed, and bunch
+    them up. Enabled in ``crawler/settings.py``.
+    """
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        """Copy the politeness settings into ``FRONTIER_*`` and zero the local delay."""
+        if settings.get("FRONTIER_DELAY") is None:
+            settings.set(
+                "FRONTIER_DELAY",
+                settings.getfloat("DOWNLOAD_DELAY"),
+                settings.getpriority("DOWNLOAD_DELAY") or 0,
+            )
+        if settings.get("FRONTIER_CONCURRENCY") is None:
+            settings.set(
+                "FRONTIER_CONCURRENCY",
+                settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+                settings.getpriority("CONCURRENT_REQUESTS_PER_DOMAIN") or 0,
+            )
+        settings.set("DOWNLOAD_DELAY", 0, _OVER_CMDLINE)

@@ -1,0 +1,43 @@
+"""``scrapy loadspill FILE...``: store items a worker spilled during an outage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from crawler.pipelines import load_spill
+
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["Command"]
+
+
+class Command(ScrapyCommand):
+    """Load spill files of :class:`~crawler.pipelines.MongoPipeline` into MongoDB.
+
+    Keyed items are upserted (so loading twice stores nothing twice); a file
+    loaded in full is renamed to ``FILE.loaded``.
+    """
+
+    requires_project = True
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return "FILE [FILE ...]"
+
+    def short_desc(self) -> str:
+        return "Store items spilled to JSON-lines files while MongoDB was down"
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if not args:
+            raise UsageError("name at least one spill file")
+        assert self.settings is not None
+        for name in args:
+            path = Path(name)
+            stored = load_spill(path, self.settings["MONGO_URI"], self.settings["MONGO_DATABASE"])
+            path.rename(path.with_name(path.name + ".loaded"))
+            print(f"{path}: stored {stored} items")

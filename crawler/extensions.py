@@ -1,0 +1,244 @@
+"""Extensions: cluster-wide stats and the worker registry in Redis."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Self
+
+from redis.exceptions import RedisError
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy_redis.connection import get_redis_from_settings
+from twisted.internet.threads import deferToThread
+
+from crawler.keys import CrawlKeys
+from crawler.status import ITEMS_STAT_PREFIX
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+    from scrapy.utils.asyncio import AsyncioLoopingCall
+    from twisted.internet.defer import Deferred
+    from twisted.internet.task import LoopingCall
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ClusterStats", "job_id", "worker_id"]
+
+
+def worker_id(settings: BaseSettings) -> str:
+    """This worker's id: ``FRONTIER_WORKER_ID``, or ``<hostname>:<pid>``."""
+    return settings.get("FRONTIER_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def job_id(crawler: Crawler) -> str | None:
+    """The scrapyd job id of this crawl, if any.
+
+    scrapyd passes it as the spider argument ``_job``; older scrapyd
+    versions set ``$SCRAPY_JOB``.
+    """
+    spider = crawler.spider
+    job = getattr(spider, "_job", None) if spider is not None else None
+    return str(job) if job else os.environ.get("SCRAPY_JOB") or None
+
+
+def _mirrored(name: str, value: Any) -> bool:
+    """Whether a local stat is summed into the cluster stats.
+
+    Integers only (datetimes and floats are per worker), and not maxima
+    (``request_depth_max``, ``memusage/max``), whose sum means nothing.
+    """
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not name.endswith("max")
+        and not name.startswith("memusage/")
+    )
+
+
+class ClusterStats:
+    """Keep cluster-wide stats and a worker registry in Redis.
+
+    * Every integer stat of this worker (``downloader/request_count``,
+      ``item_scraped_count``, ``mongo/upserted``, ...) is added to the hash
+      ``{<spider>}:stats`` with ``HINCRBY``, by the amount it grew since the
+      last heartbeat, so the hash holds the sum over every worker that ever
+      ran and survives them. Maxima and non-integer stats are left out.
+    * Each item scraped also counts in ``item_scraped_count/<collection>``
+      (the item class's ``collection``), so the status knows which MongoDB
+      collections a spider fills.
+    * The worker's heartbeat record is ``HSET`` in ``{<spider>}:workers``
+      under its id (:func:`worker_id`): JSON ``{"pid", "host", "spider",
+      "job", "started", "last_heartbeat", "pages", "items",
+      "pages_per_minute"}`` with Unix times in seconds; it is removed when
+      the spider closes. A worker whose heartbeat is older than
+      ``FRONTIER_WORKER_TIMEOUT`` counts as dead in the status.
+
+    Writes happen every ``FRONTIER_HEARTBEAT_INTERVAL`` seconds and at
+    close, in a thread (the crawl never waits on Redis), as one pipeline. A
+    failed write is logged and retried at the next heartbeat; no increment
+    is lost or counted twice unless Redis fails after applying a pipeline.
+
+    Settings: ``FRONTIER_STATS_ENABLED`` (default True; NotConfigured when
+    off), ``FRONTIER_HEARTBEAT_INTERVAL`` (seconds, default 5.0),
+    ``FRONTIER_WORKER_ID`` (default ``<hostname>:<pid>``).
+
+    Cluster-only stats: ``workers/started``, ``workers/finished``,
+    ``finish_reason/<reason>``.
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        server: Redis,
+        keys: CrawlKeys,
+        worker: str,
+        interval: float = 5.0,
+    ) -> None:
+        self.crawler = crawler
+        self.server = server
+        self.keys = keys
+        self.worker = worker
+        self.interval = interval
+        self.started = time.time()
+        self._sent: dict[str, int] = {}
+        self._inflight: Deferred[None] | None = None
+        self._task: AsyncioLoopingCall | LoopingCall | None = None
+        self._last_beat = (time.monotonic(), 0)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build the extension for ``crawler``; no Redis I/O here.
+
+        :raises NotConfigured: ``FRONTIER_STATS_ENABLED`` is off, or the
+            heartbeat interval is not positive.
+        """
+        settings = crawler.settings
+        if not settings.getbool("FRONTIER_STATS_ENABLED", True):
+            raise NotConfigured("FRONTIER_STATS_ENABLED is off")
+        interval = settings.getfloat("FRONTIER_HEARTBEAT_INTERVAL", 5.0)
+        if interval <= 0:
+            raise NotConfigured("FRONTIER_HEARTBEAT_INTERVAL must be positive")
+        ext = cls(
+            crawler,
+            get_redis_from_settings(settings),
+            CrawlKeys.for_spider(crawler.spidercls.name, settings),
+            worker_id(settings),
+            interval,
+        )
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        return ext
+
+    def spider_opened(self) -> None:
+        """Register the worker and start the heartbeat."""
+        assert self.crawler.stats is not None
+        self.started = time.time()
+        self.crawler.stats.inc_value("workers/started")
+        self._task = create_looping_call(self.beat)
+        self._task.start(self.interval, now=True)
+
+    def item_scraped(self, item: Any) -> None:
+        """Count the item in ``item_scraped_count/<collection>``."""
+        collection = getattr(item, "collection", None)
+        if isinstance(collection, str):
+            assert self.crawler.stats is not None
+            self.crawler.stats.inc_value(f"{ITEMS_STAT_PREFIX}{collection}")
+
+    def beat(self) -> None:
+        """Send the stats grown since the last beat and the heartbeat record.
+
+        Skipped while the previous write is still running.
+        """
+        if self._inflight is None:
+            self._send(final=False)
+
+    async def spider_closed(self, reason: str) -> None:
+        """Send the last increments, count the finish, unregister the worker."""
+        if self._task is not None and self._task.running:
+            self._task.stop()
+        assert self.crawler.stats is not None
+        self.crawler.stats.inc_value("workers/finished")
+        self.crawler.stats.inc_value(f"finish_reason/{reason}")
+        if self._inflight is not None:  # let it land first: no double count
+            await maybe_deferred_to_future(self._inflight)
+        await maybe_deferred_to_future(self._send(final=True))
+
+    def _send(self, *, final: bool) -> Deferred[None]:
+        deltas = self._deltas()
+        record = self._record()
+        d: Deferred[None] = deferToThread(self._write, deltas, record, final)
+        d.addCallbacks(self._sent_ok, self._sent_failed, callbackArgs=(deltas,))
+        self._inflight = d
+        return d
+
+    def _deltas(self) -> dict[str, int]:
+        """How much each mirrored stat grew since it was last sent."""
+        assert self.crawler.stats is not None
+        deltas = {}
+        for name, value in self.crawler.stats.get_stats().items():
+            if _mirrored(name, value):
+                delta = value - self._sent.get(name, 0)
+                if delta:
+                    deltas[name] = delta
+        return deltas
+
+    def _record(self) -> dict[str, Any]:
+        assert self.crawler.stats is not None
+        stats = self.crawler.stats
+        now = time.monotonic()
+        pages = int(stats.get_value("response_received_count", 0))
+        then, pages_then = self._last_beat
+        rate = (pages - pages_then) * 60.0 / (now - then) if now > then else 0.0
+        self._last_beat = (now, pages)
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "spider": self.keys.spider,
+            "job": job_id(self.crawler),
+            "started": self.started,
+            "last_heartbeat": time.time(),
+            "pages": pages,
+            "items": int(stats.get_value("item_scraped_count", 0)),
+            "pages_per_minute": round(rate, 1),
+        }
+
+    def _write(self, deltas: dict[str, int], record: dict[str, Any], final: bool) -> None:
+        """One pipeline: the increments, then the heartbeat (in a thread)."""
+        pipe = self.server.pipeline(transaction=False)
+        for name, delta in deltas.items():
+            pipe.hincrby(self.keys.stats, name, delta)
+        if final:
+            pipe.hdel(self.keys.workers, self.worker)
+        else:
+            pipe.hset(self.keys.workers, self.worker, json.dumps(record))
+        pipe.execute()
+
+    def _sent_ok(self, _: None, deltas: dict[str, int]) -> None:
+        self._inflight = None
+        for name, delta in deltas.items():
+            self._sent[name] = self._sent.get(name, 0) + delta
+
+    def _sent_failed(self, failure: Any) -> None:
+        self._inflight = None
+        if failure.check(RedisError):
+            logger.warning(
+                "Could not send cluster stats to Redis (will retry): %s",
+                failure.value,
+                extra={"spider": self.crawler.spider},
+            )
+            return
+        logger.error(
+            "Cluster stats failed: %s",
+            failure.getErrorMessage(),
+            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+            extra={"spider": self.crawler.spider},
+        )

@@ -1,0 +1,181 @@
+-- lease.lua: hand the best due request to a worker, under a lease.
+--
+-- Before choosing, it returns expired leases to their queues and moves due
+-- retries into theirs, a bounded number each call, so any worker does this
+-- housekeeping and no separate daemon is needed.
+--
+-- A site is a candidate when its due time has passed, it has fewer leases
+-- than its concurrency, and this worker holds fewer than its fair share of
+-- them (the concurrency divided among the live workers, rounded up); among the first ARGV[6] candidates in due order, the
+-- one whose best queued priority is highest wins (ties: earliest due). In a
+-- site, a higher priority pops first, and equal priorities pop first in,
+-- first out (one list per site and priority).
+--
+-- KEYS[1]  {s}:wait     zset site -> ms when the site may be served next
+-- KEYS[2]  {s}:leases   zset lease id -> deadline, ms
+-- KEYS[3]  {s}:ldata    hash lease id -> "priority\tsite\tencoded request"
+-- KEYS[4]  {s}:active   hash site -> requests leased now
+-- KEYS[5]  {s}:due      hash site -> ms before which the site is not served
+-- KEYS[6]  {s}:retries  zset "priority\tsite\tencoded request" -> due, ms
+-- KEYS[7]  {s}:delay    hash site -> delay override, ms (settings, live edits)
+-- KEYS[8]  {s}:conc     hash site -> concurrency override
+-- KEYS[9]  {s}:count    string: requests queued (all sites)
+-- KEYS[10] {s}:slow     hash site -> adaptive extra delay, ms
+-- KEYS[11] {s}:alive    zset worker id -> ms of its last lease or heartbeat
+-- KEYS[12] {s}:wactive  hash "worker\tsite" -> requests the worker has leased
+-- ARGV[1]  key prefix "{s}:"
+-- ARGV[2]  lease id for the request handed out
+-- ARGV[3]  lease duration, ms
+-- ARGV[4]  default delay per site, ms
+-- ARGV[5]  default concurrency per site
+-- ARGV[6]  most candidate sites compared per call
+-- ARGV[7]  most expired leases and due retries handled per call
+-- ARGV[8]  the worker's id (lease ids are "<worker id>:<n>")
+-- ARGV[9]  ms to wait before asking again when all queued work is on sites
+--          at their concurrency
+-- Times are the Redis server's clock (TIME), ms.
+-- Returns {data, site, expired, retried} when a request is leased, or
+-- {false, ms until a site is due or -1 when none has work, expired, retried}.
+local P = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap_default = tonumber(ARGV[5])
+local batch = tonumber(ARGV[7])
+local worker = ARGV[8]
+local lease_ms = tonumber(ARGV[3])
+
+-- This worker is alive; workers silent for a lease's length are not.
+redis.call('ZADD', KEYS[11], now, worker)
+redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now - lease_ms)
+local live = math.max(1, redis.call('ZCARD', KEYS[11]))
+
+local function worker_of(id)
+  local last = 0
+  local i = string.find(id, ':', 1, true)
+  while i do last = i; i = string.find(id, ':', i + 1, true) end
+  return string.sub(id, 1, last - 1)
+end
+
+local function cap_of(site)
+  return tonumber(redis.call('HGET', KEYS[8], site) or cap_default)
+end
+
+-- Make `site` a candidate again if it has work and room.
+local function wake(site)
+  if redis.call('EXISTS', P .. 'lv:' .. site) == 0 then
+    redis.call('ZREM', KEYS[1], site)
+    return
+  end
+  local active = tonumber(redis.call('HGET', KEYS[4], site) or '0')
+  if active < cap_of(site) then
+    local due = tonumber(redis.call('HGET', KEYS[5], site) or '0')
+    if due < now then due = now end
+    redis.call('ZADD', KEYS[1], 'NX', due, site)
+  end
+end
+
+local function enqueue_front(prio, site, data)
+  redis.call('RPUSH', P .. 'q:' .. site .. ':' .. prio, data)
+  redis.call('ZADD', P .. 'lv:' .. site, -tonumber(prio), prio)
+  redis.call('INCR', KEYS[9])
+end
+
+local function enqueue_back(prio, site, data)
+  redis.call('LPUSH', P .. 'q:' .. site .. ':' .. prio, data)
+  redis.call('ZADD', P .. 'lv:' .. site, -tonumber(prio), prio)
+  redis.call('INCR', KEYS[9])
+end
+
+local function split(entry)
+  local t1 = string.find(entry, '\t', 1, true)
+  local t2 = string.find(entry, '\t', t1 + 1, true)
+  return string.sub(entry, 1, t1 - 1), string.sub(entry, t1 + 1, t2 - 1),
+         string.sub(entry, t2 + 1)
+end
+
+-- 1. Expired leases go back to the front of their queue.
+-- Requeued in reverse, so that they keep their order at the front.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+for i = #expired, 1, -1 do
+  local id = expired[i]
+  local entry = redis.call('HGET', KEYS[3], id)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  if entry then
+    local prio, site, data = split(entry)
+    if tonumber(redis.call('HINCRBY', KEYS[4], site, -1)) <= 0 then
+      redis.call('HDEL', KEYS[4], site)
+    end
+    local wkey = worker_of(id) .. '\t' .. site
+    if tonumber(redis.call('HINCRBY', KEYS[12], wkey, -1)) <= 0 then
+      redis.call('HDEL', KEYS[12], wkey)
+    end
+    enqueue_front(prio, site, data)
+    wake(site)
+  end
+end
+
+-- 2. Due retries join the back of their queue.
+local retries = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, batch)
+for _, entry in ipairs(retries) do
+  redis.call('ZREM', KEYS[6], entry)
+  local prio, site, data = split(entry)
+  enqueue_back(prio, site, data)
+  wake(site)
+end
+
+-- 3. Choose a site.
+local cands = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0,
+                         tonumber(ARGV[6]))
+local best, best_level, best_score = nil, nil, nil
+for _, site in ipairs(cands) do
+  local head = redis.call('ZRANGE', P .. 'lv:' .. site, 0, 0, 'WITHSCORES')
+  local share = math.ceil(cap_of(site) / live)
+  local mine = tonumber(redis.call('HGET', KEYS[12], worker .. '\t' .. site) or '0')
+  if #head == 0 then
+    redis.call('ZREM', KEYS[1], site)
+  elseif mine >= share then
+    -- this worker has its share of the site; others may take the rest
+  else
+    local score = tonumber(head[2])
+    if best_score == nil or score < best_score then
+      best, best_level, best_score = site, head[1], score
+    end
+  end
+end
+if best == nil then
+  local wait = -1
+  local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
+  if wait < 0 and tonumber(redis.call('GET', KEYS[9]) or '0') > 0 then
+    -- work is queued on sites at their concurrency: look again soon
+    wait = tonumber(ARGV[9])
+  end
+  local rnext = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  if #rnext > 0 then
+    local rwait = math.max(0, tonumber(rnext[2]) - now)
+    if wait < 0 or rwait < wait then wait = rwait end
+  end
+  return {false, wait, #expired, #retries}
+end
+
+-- 4. Lease the head of that site's best queue.
+local qkey = P .. 'q:' .. best .. ':' .. best_level
+local data = redis.call('RPOP', qkey)
+if redis.call('LLEN', qkey) == 0 then
+  redis.call('ZREM', P .. 'lv:' .. best, best_level)
+end
+redis.call('DECR', KEYS[9])
+local active = tonumber(redis.call('HINCRBY', KEYS[4], best, 1))
+redis.call('HINCRBY', KEYS[12], worker .. '\t' .. best, 1)
+local delay = tonumber(redis.call('HGET', KEYS[7], best) or ARGV[4])
+delay = delay + tonumber(redis.call('HGET', KEYS[10], best) or '0')
+local due = now + delay
+redis.call('HSET', KEYS[5], best, due)
+redis.call('ZREM', KEYS[1], best)
+if active < cap_of(best) and redis.call('EXISTS', P .. 'lv:' .. best) == 1 then
+  redis.call('ZADD', KEYS[1], due, best)
+end
+redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], best_level .. '\t' .. best .. '\t' .. data)
+return {data, best, #expired, #retries}

@@ -1,0 +1,272 @@
+"""The frontier's Redis data model and its atomic operations.
+
+One crawl (one spider) keeps these keys, all with the hash tag ``{<spider>}``
+so that each Lua script touches a single Redis Cluster slot:
+
+==================================  ======  ==========================================
+key                                 type    holds
+==================================  ======  ==========================================
+``{s}:q:<site>:<priority>``         list    queued requests of one site and priority,
+                                            oldest at the right (FIFO)
+``{s}:lv:<site>``                   zset    the site's non-empty priorities, score
+                                            ``-priority``
+``{s}:wait``                        zset    sites with work and a free slot, scored by
+                                            the time (ms) they may be served next
+``{s}:due``                         hash    site -> ms before which it is not served
+``{s}:active``                      hash    site -> requests leased now
+``{s}:count``                       string  requests queued, all sites
+``{s}:leases``                      zset    lease id -> deadline (ms)
+``{s}:ldata``                       hash    lease id -> ``priority\\tsite\\trequest``
+``{s}:retries``                     zset    ``priority\\tsite\\trequest`` -> due (ms)
+``{s}:dead``                        list    dead letters, JSON objects
+``{s}:delay`` / ``{s}:conc``        hash    per-site delay (ms) / concurrency overrides,
+                                            editable while the crawl runs
+``{s}:slow``                        hash    per-site adaptive extra delay (ms)
+``{s}:alive``                       zset    worker id -> ms of its last lease call
+``{s}:wactive``                     hash    ``worker\tsite`` -> leases the worker holds
+``{s}:dupefilter``                  set     request fingerprints
+==================================  ======  ==========================================
+
+A *site* is a host, with its port when that is not the scheme's default
+(``example.com``, ``127.0.0.2:8080``). Times are milliseconds of the Redis
+server's clock (``TIME``, read inside the scripts), so workers with skewed
+clocks agree. The scripts live in ``crawler/frontier/lua/``, one file each,
+with a comment on every key and argument.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.commands.core import Script
+
+__all__ = ["Frontier", "Lease", "NotDue", "frontier_prefix"]
+
+#: Highest and lowest priorities kept apart; larger ones are clamped.
+PRIORITY_LIMIT = 1_000_000
+
+
+def frontier_prefix(spider_name: str) -> str:
+    """The key prefix of a spider's frontier: ``{<name>}:``."""
+    return f"{{{spider_name}}}:"
+
+
+def _script(redis: Redis, name: str) -> Script:
+    source = resources.files("crawler.frontier").joinpath("lua", name).read_text()
+    return redis.register_script(source)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A request handed to this worker until it is acknowledged.
+
+    :ivar data: the encoded request.
+    :ivar site: the site it belongs to.
+    :ivar lease_id: the id to acknowledge.
+    :ivar expired: leases of others this call returned to the queue.
+    :ivar retried: due retries this call moved into the queue.
+    """
+
+    data: bytes
+    site: str
+    lease_id: str
+    expired: int
+    retried: int
+
+
+@dataclass(frozen=True)
+class NotDue:
+    """Nothing can be leased now.
+
+    :ivar wait: seconds until a site or a retry becomes due, or None when
+        nothing is queued or waiting to be retried.
+    """
+
+    wait: float | None
+    expired: int
+    retried: int
+
+
+class Frontier:
+    """Atomic frontier operations for one spider, each one Redis round trip.
+
+    :param redis: a redis-py client returning bytes.
+    :param spider_name: the spider; keys are ``{<name>}:...``.
+    :param default_delay: seconds between two requests to one site, across
+        all workers, unless ``{s}:delay`` overrides it for the site.
+    :param default_concurrency: requests to one site at once, across all
+        workers, unless ``{s}:conc`` overrides it.
+    :param lease_timeout: seconds a lease lasts without a heartbeat.
+    :param candidates: due sites compared for priority per lease.
+    :param housekeeping: expired leases and due retries handled per lease.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        spider_name: str,
+        *,
+        default_delay: float = 0.0,
+        default_concurrency: int = 8,
+        lease_timeout: float = 60.0,
+        candidates: int = 32,
+        housekeeping: int = 50,
+    ) -> None:
+        self.redis = redis
+        self.prefix = frontier_prefix(spider_name)
+        self.default_delay_ms = round(default_delay * 1000)
+        self.default_concurrency = default_concurrency
+        self.lease_timeout_ms = int(lease_timeout * 1000)
+        self.candidates = candidates
+        self.housekeeping = housekeeping
+        #: ms to wait before leasing again when every site with queued work
+        #: is at its concurrency (an ack elsewhere frees a slot).
+        self.recheck_ms = 50
+        self._push = _script(redis, "push.lua")
+        self._lease = _script(redis, "lease.lua")
+        self._ack = _script(redis, "ack.lua")
+        self._extend = _script(redis, "extend.lua")
+        self._retry = _script(redis, "retry.lua")
+
+    def key(self, name: str) -> str:
+        """The full key of ``name``, e.g. ``key("wait") == "{s}:wait"``."""
+        return self.prefix + name
+
+    def push(
+        self,
+        data: bytes,
+        *,
+        site: str,
+        priority: int,
+        fingerprint: bytes | None,
+        dont_filter: bool,
+        client: Any = None,
+    ) -> bool:
+        """Queue an encoded request unless its fingerprint was seen.
+
+        :param fingerprint: recorded in the dupefilter; None skips it.
+        :param dont_filter: queue even when the fingerprint was seen.
+        :param client: a redis-py pipeline to queue the call on (its result,
+            1 or 0, then comes from ``execute()``); default: run it now.
+        :returns: False when filtered as a duplicate.
+        """
+        k = self.key
+        queued = self._push(
+            keys=[k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count")],
+            args=[
+                self.prefix,
+                fingerprint or b"",
+                "1" if dont_filter else "0",
+                site,
+                _clamp(priority),
+                data,
+                self.default_concurrency,
+            ],
+            client=client,
+        )
+        return bool(queued)
+
+    def push_retry(
+        self, data: bytes, *, site: str, priority: int, delay: float, client: Any = None
+    ) -> None:
+        """Hold an encoded request in ``{s}:retries`` for ``delay`` seconds."""
+        entry = f"{_clamp(priority)}\t{site}\t".encode() + data
+        self._retry(
+            keys=[self.key("retries")], args=[entry, int(delay * 1000)], client=client
+        )
+
+    def lease(self, lease_id: str) -> Lease | NotDue:
+        """Lease the best due request (see ``lua/lease.lua``).
+
+        :param lease_id: unique id for the lease, ``<worker id>:<n>``; a
+            worker takes at most its fair share of a site's concurrency (the
+            concurrency divided among workers that leased within a lease's
+            length, rounded up).
+        """
+        k = self.key
+        result = self._lease(
+            keys=[
+                k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
+                k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
+                k("alive"), k("wactive"),
+            ],
+            args=[
+                self.prefix,
+                lease_id,
+                self.lease_timeout_ms,
+                self.default_delay_ms,
+                self.default_concurrency,
+                self.candidates,
+                self.housekeeping,
+                lease_id.rsplit(":", 1)[0],
+                self.recheck_ms,
+            ],
+        )
+        if result[0] is None:
+            wait = None if int(result[1]) < 0 else int(result[1]) / 1000
+            return NotDue(wait, int(result[2]), int(result[3]))
+        return Lease(
+            result[0], result[1].decode(), lease_id, int(result[2]), int(result[3])
+        )
+
+    def ack(self, lease_ids: list[str], client: Any = None) -> int:
+        """End leases; returns how many were still held."""
+        if not lease_ids:
+            return 0
+        k = self.key
+        ended = self._ack(
+            keys=[
+                k("wait"), k("leases"), k("ldata"), k("active"), k("due"), k("conc"),
+                k("wactive"),
+            ],
+            args=[self.prefix, self.default_concurrency, *lease_ids],
+            client=client,
+        )
+        return 0 if client is not None else int(ended)
+
+    def extend(self, lease_ids: list[str]) -> int:
+        """Push the deadlines of held leases ``lease_timeout`` past now.
+
+        Leases that already expired are not revived. Returns how many were
+        extended.
+        """
+        if not lease_ids:
+            return 0
+        n = self._extend(keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids])
+        return int(n)
+
+    def release(self, lease_ids: list[str], client: Any = None) -> None:
+        """Give leases back: they expire now and the next lease requeues them."""
+        if lease_ids:
+            self._extend(keys=[self.key("leases")], args=[0, *lease_ids], client=client)
+
+    def dead_letter(self, record: dict[str, Any], client: Any = None) -> None:
+        """Append a JSON dead letter to ``{s}:dead``."""
+        (client or self.redis).rpush(self.key("dead"), json.dumps(record, default=str))
+
+    def pending(self) -> int:
+        """Requests queued, waiting to be retried, or leased (one round trip)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.key("count"))
+            pipe.zcard(self.key("retries"))
+            pipe.zcard(self.key("leases"))
+            queued, retries, leases = pipe.execute()
+        return int(queued or 0) + int(retries) + int(leases)
+
+    def clear(self) -> None:
+        """Delete every key of the frontier except the dupefilter."""
+        keys = list(self.redis.scan_iter(match=self.prefix.replace("{", "\\{").replace(
+            "}", "\\}") + "*", count=1000))
+        keep = self.key("dupefilter").encode()
+        doomed = [key for key in keys if key != keep]
+        for i in range(0, len(doomed), 500):
+            self.redis.delete(*doomed[i : i + 500])
+
+
+def _clamp(priority: int) -> int:
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, int(priority)))

@@ -1,0 +1,224 @@
+"""Prometheus exporter of the crawl's cluster-wide figures.
+
+Run it next to Redis and MongoDB, once for the whole cluster::
+
+    python -m crawler.metrics                      # 127.0.0.1:9410
+    python -m crawler.metrics --host 0.0.0.0 --port 9410
+
+Each scrape reads the figures afresh through :class:`crawler.status.StatusReader`
+(the same code as ``scrapy frontier status``), so the two always agree.
+Metrics (all gauges unless said; ``spider``, ``worker``, ``collection``,
+``priority``, ``key``, ``stat`` are labels):
+
+====================================================  ==========================================
+metric                                                what
+====================================================  ==========================================
+``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
+``crawler_seeds_waiting{spider}``                     seeds in ``<spider>:start_urls``
+``crawler_requests_queued{spider}``                   requests in the frontier
+``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority
+``crawler_requests_leased{spider}``                   requests leased (0 without leases)
+``crawler_requests_leased_by_worker{spider,worker}``  the same, per worker
+``crawler_retries_waiting{spider}``                   requests waiting for a retry
+``crawler_dead_letters{spider,key}``                  entries per dead-letter list
+``crawler_urls_seen{spider}``                         fingerprints in the dupefilter
+``crawler_items_stored{collection}``                  documents per MongoDB collection
+``crawler_workers_live{spider}``                      workers with a recent heartbeat
+``crawler_worker_pages_per_minute{spider,worker}``    per live worker
+``crawler_worker_pages{spider,worker}``               responses received, per live worker
+``crawler_worker_items{spider,worker}``               items scraped, per live worker
+``crawler_worker_last_heartbeat_timestamp_seconds``   Unix time, per live worker
+``crawler_pages_crawled_total{spider}``               counter: ``response_received_count``
+``crawler_items_scraped_total{spider}``               counter: ``item_scraped_count``
+``crawler_stats_total{spider,stat}``                  counter: every cluster-wide stat
+``crawler_status_read_seconds``                       time the last reading took
+====================================================  ==========================================
+
+Settings: ``METRICS_HOST`` (default ``127.0.0.1``), ``METRICS_PORT`` (default
+9410), and those of :mod:`crawler.status`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from crawler.status import StatusReader
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StatusCollector", "main", "serve"]
+
+
+class StatusCollector(Collector):
+    """A prometheus-client collector that reads :class:`ClusterStatus` per scrape.
+
+    :param reader: the status reader (its connections are reused).
+    """
+
+    def __init__(self, reader: StatusReader) -> None:
+        self.reader = reader
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the status and yield the metric families of the module table."""
+        began = time.monotonic()
+        status = self.reader.read()
+        took = time.monotonic() - began
+
+        up = GaugeMetricFamily("crawler_up", "Whether the server could be read", labels=["server"])
+        for server in ("redis", "mongodb"):
+            up.add_metric([server], 0.0 if server in status.errors else 1.0)
+        yield up
+
+        def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        seeds = gauge("crawler_seeds_waiting", "Seeds waiting in <spider>:start_urls", ["spider"])
+        queued = gauge("crawler_requests_queued", "Requests in the shared frontier", ["spider"])
+        by_priority = gauge(
+            "crawler_requests_queued_by_priority",
+            "Requests in the shared frontier, per request priority",
+            ["spider", "priority"],
+        )
+        leased = gauge("crawler_requests_leased", "Requests leased by workers", ["spider"])
+        leased_by = gauge(
+            "crawler_requests_leased_by_worker",
+            "Requests leased, per worker",
+            ["spider", "worker"],
+        )
+        retries = gauge("crawler_retries_waiting", "Requests waiting for a retry", ["spider"])
+        dead = gauge("crawler_dead_letters", "Entries per dead-letter list", ["spider", "key"])
+        seen = gauge("crawler_urls_seen", "Request fingerprints in the dupefilter", ["spider"])
+        live = gauge("crawler_workers_live", "Workers with a recent heartbeat", ["spider"])
+        rate = gauge(
+            "crawler_worker_pages_per_minute",
+            "Pages per minute over the last heartbeat interval, per live worker",
+            ["spider", "worker"],
+        )
+        pages = gauge(
+            "crawler_worker_pages", "Responses received, per live worker", ["spider", "worker"]
+        )
+        items = gauge(
+            "crawler_worker_items", "Items scraped, per live worker", ["spider", "worker"]
+        )
+        beat = gauge(
+            "crawler_worker_last_heartbeat_timestamp_seconds",
+            "Unix time of the last heartbeat, per live worker",
+            ["spider", "worker"],
+        )
+        crawled = CounterMetricFamily(
+            "crawler_pages_crawled", "Responses received by all workers", labels=["spider"]
+        )
+        scraped = CounterMetricFamily(
+            "crawler_items_scraped", "Items scraped by all workers", labels=["spider"]
+        )
+        stats = CounterMetricFamily(
+            "crawler_stats", "Cluster-wide Scrapy stats", labels=["spider", "stat"]
+        )
+        for name, spider in status.spiders.items():
+            seeds.add_metric([name], spider.seeds)
+            queued.add_metric([name], spider.queued)
+            for priority, count in spider.queued_by_priority.items():
+                by_priority.add_metric([name, str(priority)], count)
+            leased.add_metric([name], spider.leases or 0)
+            for worker, count in spider.leases_by_worker.items():
+                leased_by.add_metric([name, worker], count)
+            retries.add_metric([name], spider.retries or 0)
+            for key, count in spider.dead_letters.items():
+                dead.add_metric([name, key], count)
+            seen.add_metric([name], spider.seen)
+            live.add_metric([name], len(spider.live_workers))
+            for w in spider.live_workers:
+                rate.add_metric([name, w.id], w.pages_per_minute)
+                pages.add_metric([name, w.id], w.pages)
+                items.add_metric([name, w.id], w.items)
+                beat.add_metric([name, w.id], w.last_heartbeat)
+            crawled.add_metric([name], spider.stats.get("response_received_count", 0))
+            scraped.add_metric([name], spider.stats.get("item_scraped_count", 0))
+            for stat, value in sorted(spider.stats.items()):
+                stats.add_metric([name, stat], value)
+        stored = gauge("crawler_items_stored", "Documents per MongoDB collection", ["collection"])
+        for collection, count in status.items.items():
+            stored.add_metric([collection], count)
+        yield from (seeds, queued, by_priority, leased, leased_by, retries, dead, seen)
+        yield from (stored, live, rate, pages, items, beat, crawled, scraped, stats)
+        yield GaugeMetricFamily(
+            "crawler_status_read_seconds", "Seconds the last status reading took", value=took
+        )
+
+
+def serve(reader: StatusReader, host: str, port: int) -> tuple[Any, threading.Thread]:
+    """Serve ``/metrics`` for ``reader`` on ``host:port`` in a daemon thread.
+
+    :returns: ``(server, thread)``; call ``server.shutdown()`` to stop.
+    :raises OSError: the address cannot be bound.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(reader))
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return server, thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the exporter until SIGINT or SIGTERM.
+
+    :returns: the exit status (0).
+    """
+    from scrapy.utils.project import get_project_settings  # noqa: PLC0415
+
+    settings = get_project_settings()
+    parser = argparse.ArgumentParser(
+        prog="python -m crawler.metrics", description="Prometheus exporter of the crawl"
+    )
+    parser.add_argument(
+        "--host",
+        default=settings.get("METRICS_HOST", "127.0.0.1"),
+        help="address to bind (default: METRICS_HOST, 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=settings.getint("METRICS_PORT", 9410),
+        help="port to bind (default: METRICS_PORT, 9410)",
+    )
+    parser.add_argument(
+        "--spider",
+        action="append",
+        default=None,
+        help="spider to report (repeatable; default: every spider of the project)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="log level (default: INFO)")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(
+        level=opts.log_level.upper(), format="%(asctime)s [%(name)s] %(levelname)s: %(message)s"
+    )
+    reader = StatusReader.from_settings(settings, opts.spider)
+    server, _ = serve(reader, opts.host, opts.port)
+    logger.info("Serving metrics on http://%s:%d/metrics", opts.host, opts.port)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    server.shutdown()
+    reader.close()
+    logger.info("Metrics exporter stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

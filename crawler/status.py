@@ -1,0 +1,463 @@
+"""The figures of a running crawl, read from Redis and MongoDB.
+
+Shared by ``scrapy frontier status`` (:mod:`crawler.commands.frontier`) and
+the Prometheus exporter (:mod:`crawler.metrics`), so both report the same
+numbers. Nothing read from Redis is unpickled: heartbeats and leases are
+JSON, stats are integers.
+
+Usage::
+
+    reader = StatusReader.from_settings(get_project_settings())
+    status = reader.read()          # ClusterStatus
+    status.as_dict()                # the JSON of ``scrapy frontier status --json``
+    reader.close()
+
+Settings: ``FRONTIER_WORKER_TIMEOUT`` (seconds since its last heartbeat after
+which a worker is no longer live, default 30.0),
+``FRONTIER_STATUS_MAX_PRIORITIES`` (distinct priorities reported per
+spider, default 100), ``MONGO_URI``, ``MONGO_DATABASE``, ``REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+from redis.exceptions import RedisError
+from scrapy_redis.connection import get_redis_from_settings
+
+from crawler import items as items_module
+from crawler.keys import CrawlKeys
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ClusterStatus",
+    "SpiderStatus",
+    "StatusReader",
+    "WorkerStatus",
+    "item_collections",
+    "queued_by_priority",
+    "site_queues_by_priority",
+]
+
+#: Prefix of the per-collection item counters in ``{<spider>}:stats``.
+ITEMS_STAT_PREFIX = "item_scraped_count/"
+
+
+def item_collections() -> list[str]:
+    """Names of the collections the item classes of :mod:`crawler.items` fill.
+
+    :returns: sorted names, e.g. ``["authors", "pages", "quotes"]``.
+    """
+    names = set()
+    for _, obj in inspect.getmembers(items_module, inspect.isclass):
+        collection = getattr(obj, "collection", None)
+        if isinstance(collection, str):
+            names.add(collection)
+    return sorted(names)
+
+
+@dataclass
+class WorkerStatus:
+    """One worker's last heartbeat (see :mod:`crawler.extensions`).
+
+    :ivar id: worker id, ``<host>:<pid>`` unless configured.
+    :ivar started: Unix time the worker opened its spider.
+    :ivar last_heartbeat: Unix time of its last heartbeat.
+    :ivar pages: responses received by this worker.
+    :ivar items: items scraped by this worker.
+    :ivar pages_per_minute: rate over the last heartbeat interval.
+    :ivar live: last heartbeat less than ``FRONTIER_WORKER_TIMEOUT`` ago.
+    :ivar age: seconds since the last heartbeat.
+    """
+
+    id: str
+    pid: int | None = None
+    host: str = ""
+    job: str | None = None
+    started: float | None = None
+    last_heartbeat: float = 0.0
+    pages: int = 0
+    items: int = 0
+    pages_per_minute: float = 0.0
+    live: bool = False
+    age: float = 0.0
+
+
+@dataclass
+class SpiderStatus:
+    """What Redis and MongoDB hold for one spider.
+
+    :ivar seeds: seeds waiting in ``<spider>:start_urls``.
+    :ivar queued: requests in the frontier (``ZCARD``).
+    :ivar queued_by_priority: request priority -> requests queued, highest
+        priority first; at most ``FRONTIER_STATUS_MAX_PRIORITIES`` entries
+        (``queued_by_priority_truncated`` tells when there were more).
+    :ivar leases: requests leased by workers, or None when there is no
+        leases key; ``leases_by_worker`` when the leases say who holds them.
+    :ivar retries: requests waiting to be retried, or None (no such key).
+    :ivar dead_letters: dead-letter key -> entries, for the keys present.
+    :ivar seen: fingerprints in the dupefilter (URLs seen).
+    :ivar items: collection -> documents stored, for the collections this
+        spider's items went to (known from its cluster stats).
+    :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
+    :ivar workers: every worker in the registry, live ones first.
+    """
+
+    spider: str
+    keys: dict[str, str]
+    seeds: int = 0
+    queued: int = 0
+    queued_by_priority: dict[int, int] = field(default_factory=dict)
+    queued_by_priority_truncated: bool = False
+    leases: int | None = None
+    leases_by_worker: dict[str, int] = field(default_factory=dict)
+    retries: int | None = None
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    seen: int = 0
+    items: dict[str, int] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    workers: list[WorkerStatus] = field(default_factory=list)
+
+    @property
+    def live_workers(self) -> list[WorkerStatus]:
+        """The workers whose heartbeat is recent."""
+        return [w for w in self.workers if w.live]
+
+
+@dataclass
+class ClusterStatus:
+    """The whole cluster at one moment.
+
+    :ivar time: Unix time of the reading.
+    :ivar spiders: spider name -> :class:`SpiderStatus`.
+    :ivar items: collection -> documents stored (every known collection).
+    :ivar errors: ``"redis"``/``"mongodb"`` -> error message, for the
+        servers that could not be read (their figures are then missing).
+    """
+
+    time: float
+    spiders: dict[str, SpiderStatus] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (priorities become string keys)."""
+        spiders: dict[str, Any] = {}
+        for name, spider in self.spiders.items():
+            data = asdict(spider)
+            data["queued_by_priority"] = {str(p): n for p, n in spider.queued_by_priority.items()}
+            data["workers_live"] = len(spider.live_workers)
+            spiders[name] = data
+        return {
+            "time": self.time,
+            "spiders": spiders,
+            "items": dict(self.items),
+            "errors": dict(self.errors),
+        }
+
+
+def queued_by_priority(client: Redis, key: str, limit: int = 100) -> tuple[dict[int, int], bool]:
+    """Count the requests of the frontier ``key`` per priority.
+
+    Walks the distinct scores with ``ZRANGEBYSCORE ... LIMIT 0 1`` and counts
+    each with ``ZCOUNT``: two round trips per distinct priority, whatever
+    the size of the frontier.
+
+    :param client: a redis-py client.
+    :param key: the frontier zset (score ``-priority``).
+    :param limit: most distinct priorities to report.
+    :returns: ``({priority: count}, truncated)``, highest priority first.
+    :raises redis.exceptions.RedisError: Redis failed.
+    """
+    counts: dict[int, int] = {}
+    first = client.zrange(key, 0, 0, withscores=True)
+    if not first:
+        return counts, False
+    score = float(first[0][1])
+    while True:
+        if len(counts) >= limit:
+            return counts, True
+        pipe = client.pipeline(transaction=False)
+        pipe.zcount(key, score, score)
+        pipe.zrangebyscore(key, f"({score!r}", "+inf", start=0, num=1, withscores=True)
+        count, following = pipe.execute()
+        counts[int(-score)] = int(count)
+        if not following:
+            return counts, False
+        score = float(following[0][1])
+
+
+#: Redis type -> the command that gives its size.
+_SIZE_COMMANDS = {
+    "list": "llen",
+    "zset": "zcard",
+    "set": "scard",
+    "hash": "hlen",
+    "stream": "xlen",
+}
+
+
+def site_queues_by_priority(client: Redis, prefix: str, chunk: int = 1000) -> dict[int, int]:
+    """Count the requests of the leased frontier per priority.
+
+    The frontier keeps one list per site and priority, ``<prefix><site>:<priority>``
+    (see :mod:`crawler.frontier.store`); they are found with ``SCAN`` and
+    measured with pipelined ``LLEN``, ``chunk`` at a time.
+
+    :param prefix: e.g. ``{quotes}:q:``.
+    :returns: ``{priority: count}``.
+    :raises redis.exceptions.RedisError: Redis failed.
+    """
+    counts: dict[int, int] = {}
+    pattern = prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+    batch: list[tuple[int, bytes]] = []
+
+    def measure() -> None:
+        pipe = client.pipeline(transaction=False)
+        for _, key in batch:
+            pipe.llen(key)
+        for (priority, _), size in zip(batch, pipe.execute(), strict=True):
+            counts[priority] = counts.get(priority, 0) + int(size)
+        batch.clear()
+
+    for key in client.scan_iter(match=pattern, count=chunk):
+        try:
+            priority = int(_decode(key).rpartition(":")[2])
+        except ValueError:
+            continue
+        batch.append((priority, key))
+        if len(batch) >= chunk:
+            measure()
+    if batch:
+        measure()
+    return counts
+
+
+def _short(exc: Exception) -> str:
+    """``Type: message``, cut to its first 200 characters (pymongo's are long)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _decode(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class StatusReader:
+    """Reads :class:`ClusterStatus` from Redis and MongoDB.
+
+    Build it with :meth:`from_settings`; it makes no connection until
+    :meth:`read`, and keeps its connections between reads (for
+    ``--watch`` and the exporter). Call :meth:`close` when done.
+
+    :param redis: a redis-py client.
+    :param mongo: a pymongo client, or None to skip MongoDB.
+    :param database: the MongoDB database holding the items.
+    :param spiders: spider names to report by default.
+    :param settings: settings the key names come from (see
+        :meth:`crawler.keys.CrawlKeys.for_spider`).
+    :param worker_timeout: seconds after a heartbeat a worker stays live.
+    :param max_priorities: distinct priorities reported per spider.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        mongo: MongoClient[dict[str, Any]] | None,
+        database: str,
+        spiders: list[str],
+        *,
+        settings: BaseSettings | None = None,
+        worker_timeout: float = 30.0,
+        max_priorities: int = 100,
+    ) -> None:
+        self.redis = redis
+        self.mongo = mongo
+        self.database = database
+        self.spiders = spiders
+        self.settings = settings
+        self.worker_timeout = worker_timeout
+        self.max_priorities = max_priorities
+
+    @classmethod
+    def from_settings(
+        cls, settings: BaseSettings, spiders: list[str] | None = None
+    ) -> StatusReader:
+        """Build a reader from project settings, without connecting.
+
+        :param spiders: names to report; default: every spider of the
+            project's spider loader.
+        """
+        if spiders is None:
+            from scrapy.spiderloader import get_spider_loader  # noqa: PLC0415
+
+            spiders = sorted(get_spider_loader(settings).list())
+        uri = settings.get("MONGO_URI")
+        mongo: MongoClient[dict[str, Any]] | None = None
+        if uri:
+            mongo = MongoClient(uri, connect=False, serverSelectionTimeoutMS=3000, tz_aware=True)
+        return cls(
+            get_redis_from_settings(settings),
+            mongo,
+            settings.get("MONGO_DATABASE", "crawler"),
+            spiders,
+            settings=settings,
+            worker_timeout=settings.getfloat("FRONTIER_WORKER_TIMEOUT", 30.0),
+            max_priorities=settings.getint("FRONTIER_STATUS_MAX_PRIORITIES", 100),
+        )
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.redis.close()
+        if self.mongo is not None:
+            self.mongo.close()
+
+    def read(self, spiders: list[str] | None = None, now: float | None = None) -> ClusterStatus:
+        """Read the figures of ``spiders`` (default: the reader's spiders).
+
+        A server that cannot be read is named in ``errors`` with the reason;
+        the figures it holds are left at their defaults. Never raises for a
+        server error.
+
+        :param now: Unix time used for worker liveness (default: now).
+        """
+        now = time.time() if now is None else now
+        status = ClusterStatus(time=now)
+        for name in spiders if spiders is not None else self.spiders:
+            keys = CrawlKeys.for_spider(name, self.settings)
+            spider = SpiderStatus(spider=name, keys=keys.as_dict())
+            status.spiders[name] = spider
+            if "redis" in status.errors:
+                continue
+            try:
+                self._read_redis(spider, keys, now)
+            except RedisError as exc:
+                status.errors["redis"] = _short(exc)
+        collections = set(item_collections())
+        for spider in status.spiders.values():
+            collections.update(
+                s.removeprefix(ITEMS_STAT_PREFIX)
+                for s in spider.stats
+                if s.startswith(ITEMS_STAT_PREFIX)
+            )
+        if self.mongo is None:
+            status.errors["mongodb"] = "MONGO_URI is not set"
+        else:
+            try:
+                status.items = self._count_items(sorted(collections))
+            except PyMongoError as exc:
+                status.errors["mongodb"] = _short(exc)
+        for spider in status.spiders.values():
+            for stat in spider.stats:
+                if stat.startswith(ITEMS_STAT_PREFIX):
+                    collection = stat.removeprefix(ITEMS_STAT_PREFIX)
+                    if collection in status.items:
+                        spider.items[collection] = status.items[collection]
+        return status
+
+    def _read_redis(self, spider: SpiderStatus, keys: CrawlKeys, now: float) -> None:
+        client = self.redis
+        optional = [keys.leases, keys.retries, keys.requests_dead, keys.dead]
+        pipe = client.pipeline(transaction=False)
+        pipe.llen(keys.seeds)
+        pipe.zcard(keys.requests)
+        pipe.get(keys.count)
+        pipe.scard(keys.dupefilter)
+        pipe.hgetall(keys.stats)
+        pipe.hgetall(keys.workers)
+        for key in optional:
+            pipe.type(key)
+        seeds, legacy, leased_model, seen, stats, workers, *kinds = pipe.execute()
+        spider.seeds, spider.seen = int(seeds), int(seen)
+        spider.queued = int(legacy) + int(leased_model or 0)
+        spider.stats = {}
+        for name, value in stats.items():
+            try:
+                spider.stats[_decode(name)] = int(value)
+            except ValueError:
+                continue
+        spider.workers = self._workers(workers, now)
+        if legacy:
+            spider.queued_by_priority, spider.queued_by_priority_truncated = queued_by_priority(
+                client, keys.requests, self.max_priorities
+            )
+        if int(leased_model or 0):
+            for priority, count in site_queues_by_priority(client, keys.queues).items():
+                spider.queued_by_priority[priority] = (
+                    spider.queued_by_priority.get(priority, 0) + count
+                )
+            spider.queued_by_priority = dict(
+                sorted(spider.queued_by_priority.items(), reverse=True)
+            )
+        sizes: dict[str, int] = {}
+        pipe = client.pipeline(transaction=False)
+        present = []
+        for key, kind in zip(optional, kinds, strict=True):
+            command = _SIZE_COMMANDS.get(_decode(kind))
+            if command is not None:
+                present.append(key)
+                getattr(pipe, command)(key)
+        for key, size in zip(present, pipe.execute(), strict=True):
+            sizes[key] = int(size)
+        spider.leases = sizes.get(keys.leases)
+        spider.retries = sizes.get(keys.retries)
+        spider.dead_letters = {k: sizes[k] for k in (keys.requests_dead, keys.dead) if k in sizes}
+        kinds_by_key = dict(zip(optional, (_decode(k) for k in kinds), strict=True))
+        if kinds_by_key.get(keys.leases) == "zset":
+            spider.leases_by_worker = self._leases_by_worker(keys.leases)
+
+    def _leases_by_worker(self, key: str) -> dict[str, int]:
+        """Count leases per worker: a lease id is ``<worker id>:<n>``."""
+        counts: dict[str, int] = {}
+        for member, _ in self.redis.zscan_iter(key, count=1000):
+            worker = _decode(member).rpartition(":")[0]
+            if worker:
+                counts[worker] = counts.get(worker, 0) + 1
+        return counts
+
+    def _workers(self, records: dict[bytes, bytes], now: float) -> list[WorkerStatus]:
+        workers = []
+        for raw_id, raw in records.items():
+            try:
+                record = json.loads(raw)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                logger.warning("Skipped a worker record that is not JSON: %r", raw[:100])
+                continue
+            if not isinstance(record, dict):
+                continue
+            beat = float(record.get("last_heartbeat") or 0.0)
+            age = max(0.0, now - beat)
+            workers.append(
+                WorkerStatus(
+                    id=_decode(raw_id),
+                    pid=record.get("pid"),
+                    host=str(record.get("host", "")),
+                    job=record.get("job"),
+                    started=record.get("started"),
+                    last_heartbeat=beat,
+                    pages=int(record.get("pages") or 0),
+                    items=int(record.get("items") or 0),
+                    pages_per_minute=float(record.get("pages_per_minute") or 0.0),
+                    live=age <= self.worker_timeout,
+                    age=age,
+                )
+            )
+        workers.sort(key=lambda w: (not w.live, w.id))
+        return workers
+
+    def _count_items(self, collections: list[str]) -> dict[str, int]:
+        assert self.mongo is not None
+        db = self.mongo[self.database]
+        return {name: db[name].estimated_document_count() for name in collections}

@@ -1,0 +1,329 @@
+"""``scrapy frontier status`` and the metrics exporter read what Redis and MongoDB hold.
+
+The frontier is filled by hand (real Redis, real MongoDB) with every kind of
+key the status knows, so each figure is checked against a known value; the
+crawl-driven checks are in ``test_ops_scrapyd.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+import redis
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from crawler.embedded import free_port
+from crawler.replay import Page
+from crawler.status import StatusReader, queued_by_priority
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
+
+
+@pytest.fixture
+def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "MONGO_URI": mongo_uri,
+        "MONGO_DATABASE": mongo_db,
+    }
+
+
+@pytest.fixture
+def filled(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, Any]:
+    """A frontier and item store with known contents."""
+    now = time.time()
+    client: redis.Redis = redis.Redis.from_url(redis_url)
+    mongo: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri)
+    try:
+        client.lpush("quotes:start_urls", *[f"https://s{i}.example/" for i in range(3)])
+        client.zadd(
+            "{quotes}:requests",
+            {f'{{"u":"https://q.example/{i}"}}': -(i % 3) for i in range(10)},
+        )
+        client.zadd("{quotes}:requests", {'{"u":"https://q.example/urgent"}': -100})
+        client.sadd("{quotes}:dupefilter", *[os.urandom(20) for _ in range(25)])
+        client.rpush("{quotes}:requests:dead", json.dumps({"entry": "x", "reason": "r"}))
+        client.rpush("{quotes}:dead", "a", "b")
+        client.zadd("{quotes}:retries", {"r1": now + 60})
+        # The leased frontier (crawler/frontier/store.py): per-site lists,
+        # a count, leases named <worker id>:<n>.
+        client.rpush("{quotes}:q:a.example:5", "r1", "r2")
+        client.rpush("{quotes}:q:b.example:8080:0", "r3")
+        client.set("{quotes}:count", 3)
+        client.zadd("{quotes}:leases", {"n1:1:1": now, "n1:1:2": now, "n2:7:1": now})
+        client.hset(
+            "{quotes}:workers",
+            mapping={
+                "n1:1": json.dumps(
+                    {
+                        "pid": 1,
+                        "host": "n1",
+                        "job": "j1",
+                        "started": now - 100,
+                        "last_heartbeat": now - 1,
+                        "pages": 40,
+                        "items": 30,
+                        "pages_per_minute": 120.0,
+                    }
+                ),
+                "n2:7": json.dumps(
+                    {
+                        "pid": 7,
+                        "host": "n2",
+                        "job": None,
+                        "started": now - 900,
+                        "last_heartbeat": now - 600,
+                        "pages": 5,
+                        "items": 1,
+                        "pages_per_minute": 0.0,
+                    }
+                ),
+            },
+        )
+        client.hset(
+            "{quotes}:stats",
+            mapping={
+                "response_received_count": 45,
+                "item_scraped_count": 31,
+                "item_scraped_count/quotes": 31,
+            },
+        )
+        db = mongo[mongo_db]
+        db.quotes.insert_many([{"text": f"q{i}", "author": "a"} for i in range(12)])
+        db.authors.insert_many([{"name": f"a{i}"} for i in range(4)])
+    finally:
+        client.close()
+        mongo.close()
+    return {"now": now}
+
+
+def test_status_json_reports_every_figure_redis_and_mongodb_hold(
+    filled: dict[str, Any], env: dict[str, str]
+) -> None:
+    result = subprocess.run(
+        [PYTHON, "-m", "scrapy", "frontier", "status", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["errors"] == {}
+    assert set(status["spiders"]) == {"pages", "quotes"}  # from the spider loader
+    quotes = status["spiders"]["quotes"]
+    assert quotes["seeds"] == 3
+    assert quotes["queued"] == 11 + 3
+    assert quotes["queued_by_priority"] == {"100": 1, "5": 2, "2": 3, "1": 3, "0": 5}
+    assert list(quotes["queued_by_priority"]) == ["100", "5", "2", "1", "0"]
+    assert quotes["seen"] == 25
+    assert quotes["leases"] == 3
+    assert quotes["leases_by_worker"] == {"n1:1": 2, "n2:7": 1}
+    assert quotes["retries"] == 1
+    assert quotes["dead_letters"] == {"{quotes}:requests:dead": 1, "{quotes}:dead": 2}
+    assert quotes["items"] == {"quotes": 12}
+    assert quotes["stats"]["response_received_count"] == 45
+    assert quotes["workers_live"] == 1
+    live, stale = quotes["workers"]
+    assert (live["id"], live["live"], live["pages_per_minute"], live["job"]) == (
+        "n1:1",
+        True,
+        120.0,
+        "j1",
+    )
+    assert (stale["id"], stale["live"]) == ("n2:7", False)
+    assert status["items"] == {"authors": 4, "pages": 0, "quotes": 12}
+    pages = status["spiders"]["pages"]
+    assert (pages["queued"], pages["leases"], pages["retries"], pages["dead_letters"]) == (
+        0,
+        None,
+        None,
+        {},
+    )
+
+
+def test_status_table_names_each_figure(filled: dict[str, Any], env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [PYTHON, "-m", "scrapy", "frontier", "status", "quotes"],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "160"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for text in (
+        "seeds waiting",
+        "requests queued",
+        "by priority 100: 1, 5: 2, 2: 3, 1: 3, 0: 5",
+        "requests leased",
+        "retries waiting",
+        "dead letters",
+        "URLs seen",
+        "items in quotes",
+        "live workers",
+        "n1:1",
+        "120",
+    ):
+        assert text in result.stdout
+
+
+def test_status_reports_an_unreachable_mongodb_and_still_reads_redis(
+    filled: dict[str, Any], env: dict[str, str]
+) -> None:
+    env = {**env, "MONGO_URI": f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=500"}
+    result = subprocess.run(
+        [PYTHON, "-m", "scrapy", "frontier", "status", "quotes", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    status = json.loads(result.stdout)
+    assert "mongodb" in status["errors"] and "redis" not in status["errors"]
+    assert status["spiders"]["quotes"]["queued"] == 14
+
+
+def test_metrics_endpoint_serves_the_status_figures(
+    filled: dict[str, Any], env: dict[str, str]
+) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "crawler.metrics", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+                break
+            except requests.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"exporter did not answer: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+                time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    assert proc.returncode == 0
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("crawler_up", server="redis") == 1
+    assert value("crawler_up", server="mongodb") == 1
+    assert value("crawler_seeds_waiting", spider="quotes") == 3
+    assert value("crawler_requests_queued", spider="quotes") == 14
+    assert value("crawler_requests_queued_by_priority", spider="quotes", priority="2") == 3
+    assert value("crawler_requests_leased", spider="quotes") == 3
+    assert value("crawler_requests_leased_by_worker", spider="quotes", worker="n1:1") == 2
+    assert value("crawler_retries_waiting", spider="quotes") == 1
+    assert value("crawler_dead_letters", spider="quotes", key="{quotes}:dead") == 2
+    assert value("crawler_urls_seen", spider="quotes") == 25
+    assert value("crawler_items_stored", collection="quotes") == 12
+    assert value("crawler_items_stored", collection="authors") == 4
+    assert value("crawler_workers_live", spider="quotes") == 1
+    assert value("crawler_worker_pages_per_minute", spider="quotes", worker="n1:1") == 120
+    assert ("crawler_worker_pages", (("spider", "quotes"), ("worker", "n2:7"))) not in samples
+    assert value("crawler_pages_crawled_total", spider="quotes") == 45
+    assert value("crawler_items_scraped_total", spider="quotes") == 31
+    assert value("crawler_stats_total", spider="quotes", stat="item_scraped_count/quotes") == 31
+
+
+def test_exporter_binds_loopback_by_default() -> None:
+    from crawler import settings
+
+    assert settings.METRICS_HOST == "127.0.0.1" or os.environ.get("METRICS_HOST")
+
+
+def test_queued_by_priority_stops_at_the_limit(redis_url: str) -> None:
+    client: redis.Redis = redis.Redis.from_url(redis_url)
+    try:
+        client.zadd("{x}:requests", {f"r{i}": -i for i in range(10)})
+        assert queued_by_priority(client, "{x}:requests", limit=3) == ({9: 1, 8: 1, 7: 1}, True)
+        assert queued_by_priority(client, "{x}:requests")[1] is False
+        assert queued_by_priority(client, "{nothing}:requests") == ({}, False)
+    finally:
+        client.close()
+
+
+def test_worker_records_that_are_not_json_are_skipped_not_unpickled(
+    redis_url: str, mongo_uri: str
+) -> None:
+    client: redis.Redis = redis.Redis.from_url(redis_url)
+    client.hset("{quotes}:workers", "evil", b"\x80\x04\x95pickle")
+    reader = StatusReader(
+        client, pymongo.MongoClient(mongo_uri, connect=False), "unused", ["quotes"]
+    )
+    try:
+        assert reader.read().spiders["quotes"].workers == []
+    finally:
+        reader.close()
+
+
+def test_json_logs_put_worker_spider_and_job_on_every_line(
+    site_factory: Any, env: dict[str, str]
+) -> None:
+    site = site_factory({"/": Page(200, [("Content-Type", "text/html")], b"<html></html>")})
+    subprocess.run(
+        [PYTHON, "-m", "scrapy", "seed", "quotes", site.url_for("/")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "scrapy",
+            "crawl",
+            "quotes",
+            "-a",
+            "_job=job-42",
+            "-s",
+            "MAX_IDLE_TIME_BEFORE_CLOSE=1",
+        ],
+        cwd=ROOT,
+        env={**env, "LOG_JSON_ENABLED": "1", "FRONTIER_WORKER_ID": "w-test"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    assert len(records) > 5
+    for record in records:
+        assert {"time", "level", "logger", "message"} <= set(record)
+        assert record["worker"] == "w-test"
+    assert all(r["spider"] == "quotes" for r in records[5:])
+    assert any(r["message"] == "Spider opened" and r["job"] == "job-42" for r in records)
+    assert any("Dumping Scrapy stats" in r["message"] for r in records)
