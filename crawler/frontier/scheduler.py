@@ -13,11 +13,11 @@ from redis.exceptions import RedisError
 from scrapy import signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
-from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.scheduler import Scheduler
 
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.connection import cluster_enabled, get_redis
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import NotDue
@@ -121,7 +121,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         kwargs["dupefilter"] = build_from_crawler(
             load_object(settings["DUPEFILTER_CLASS"]), crawler
         )
-        scheduler = cls(server=get_redis_from_settings(settings), **kwargs)
+        scheduler = cls(server=get_redis(settings), **kwargs)
         scheduler.stats = crawler.stats
         scheduler.crawler = crawler
         scheduler.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
@@ -137,9 +137,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._down_until = 0.0
         self._backoff = 0.0
         self._heartbeat: Any = None
-        #: Seconds until a site or retry becomes due, from the last empty
-        #: lease (None: nothing queued); the spider uses it to wake the engine.
-        self.next_due: float | None = None
+        self._due_at: float | None = None
 
     # -- life cycle --------------------------------------------------------------
 
@@ -156,7 +154,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             key=self.queue_key % {"spider": spider.name},
             serializer=self.serializer,
             dupefilter_key=self.df.key,
+            bloom=getattr(self.df, "bloom", None),
         )
+        if cluster_enabled(self.crawler.settings) and hasattr(spider, "server"):
+            # scrapy-redis's setup_redis gave the spider a standalone client
+            # (unused yet, no I/O): it reads the seed list through one that
+            # follows the cluster's slots instead.
+            spider.server = get_redis(self.crawler.settings)
         self._apply_site_settings()
         self._hook_engine()
         signals_ = self.crawler.signals
@@ -285,7 +289,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if result.expired:
                 self.stats.inc_value("frontier/leases/returned", result.expired)
             if isinstance(result, NotDue):
-                self.next_due = result.wait
+                self._due_at = None if result.wait is None else time.monotonic() + result.wait
                 return None
             try:
                 request = self.queue.decode(result.data)
@@ -295,6 +299,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._leases[request] = lease_id
             self.stats.inc_value("scheduler/dequeued/redis")
             return request
+
+    @property
+    def next_due(self) -> float | None:
+        """Seconds until a site or retry becomes due, as the last lease that
+        found nothing due reported (None: nothing was queued then). The spider
+        sleeps that long before it wakes the engine."""
+        if self._due_at is None:
+            return None
+        return max(0.0, self._due_at - time.monotonic())
 
     def _finished(self, request: Request) -> None:
         lease_id = self._leases.pop(request, None)
