@@ -14,9 +14,9 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import maybe_deferred_to_future
-from scrapy_redis.connection import get_redis_from_settings
 from twisted.internet.threads import deferToThread
 
+from crawler.frontier.connection import get_redis
 from crawler.keys import CrawlKeys
 from crawler.status import ITEMS_STAT_PREFIX
 
@@ -128,7 +128,7 @@ class ClusterStats:
             raise NotConfigured("FRONTIER_HEARTBEAT_INTERVAL must be positive")
         ext = cls(
             crawler,
-            get_redis_from_settings(settings),
+            get_redis(settings),
             CrawlKeys.for_spider(crawler.spidercls.name, settings),
             worker_id(settings),
             interval,

@@ -48,11 +48,9 @@ ADDONS = {
 }
 
 USER_AGENT = "crawler (+https://docs.scrapy.org/en/latest/topics/practices.html)"
-# Scrapy's RobotsTxtMiddleware fetches robots.txt once per host in every
-# worker, outside the shared frontier, so N workers fetch it N times. Off until
-# robots.txt is fetched once for the whole cluster; turn it on per crawl with
-# -s ROBOTSTXT_OBEY=True.
-ROBOTSTXT_OBEY = False
+# robots.txt is fetched once per site for the whole cluster, and its
+# Crawl-delay holds for all workers (crawler.politeness).
+ROBOTSTXT_OBEY = True
 
 CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 8
@@ -107,6 +105,21 @@ FRONTIER_DELAY = None
 #: Requests to one site at once, across all workers; None means
 #: CONCURRENT_REQUESTS_PER_DOMAIN. Live overrides: hash {<spider>}:conc.
 FRONTIER_CONCURRENCY = None
+#: A site's delay is stretched by this fraction so that the jitter between
+#: leasing a request and its reaching the site never brings two requests
+#: closer than the delay. Default: 0.1.
+FRONTIER_DELAY_MARGIN = 0.1
+#: Seconds a robots.txt stored in Redis is used before one worker fetches it
+#: again (with ROBOTSTXT_OBEY). Default: 86400.
+FRONTIER_ROBOTS_TTL = 86400.0
+#: Slow a site down for all workers on 429/503 and slow responses (see
+#: crawler/politeness.py): on/off, first extra delay, largest extra delay
+#: and the latency (seconds) that counts as slow. Defaults: True, 1.0,
+#: 60.0, 5.0.
+FRONTIER_ADAPTIVE_ENABLED = True
+FRONTIER_ADAPTIVE_START = 1.0
+FRONTIER_ADAPTIVE_MAX = 60.0
+FRONTIER_ADAPTIVE_LATENCY = 5.0
 #: Per-site delays in seconds, e.g. {"example.com": 2.0}, written to the
 #: Redis hash {<spider>}:delay when a worker opens. Default: {}.
 FRONTIER_SITE_DELAYS: dict[str, float] = {}
@@ -148,6 +161,11 @@ DOWNLOADER_MIDDLEWARES = {
     # letters. Replaces Scrapy's RetryMiddleware at its place.
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "crawler.middlewares.BackoffRetryMiddleware": 550,
+    # robots.txt once per cluster, replacing Scrapy's at its place.
+    "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+    "crawler.politeness.SharedRobotsTxtMiddleware": 100,
+    # 429/503 and slow responses slow the site down for every worker.
+    "crawler.politeness.AdaptiveSlowdownMiddleware": 560,
     # After RedirectMiddleware (600) in process_request order, before the
     # download handler: drops redirects off the seed's hosts.
     "crawler.middlewares.SeedHostsMiddleware": 650,
@@ -202,3 +220,23 @@ if LOG_JSON_ENABLED:
     from crawler.jsonlog import install_from_environment
 
     install_from_environment()
+
+# --- Scale: Bloom-filter dupefilter and Redis Cluster (issue 5) -------------
+# The Bloom filter is one setting away:
+#   DUPEFILTER_CLASS = "crawler.frontier.bloom.BloomDupeFilter"
+# It keeps the bitmap {<spider>}:bloom (sharded as {<spider>}:bloom:<i> past
+# 2^32 bits) instead of the set {<spider>}:dupefilter; see
+# crawler/frontier/bloom.py.
+
+#: URLs the Bloom filter is sized for; past it the false-positive rate climbs
+#: above FRONTIER_BLOOM_ERROR_RATE. Changing it (or the rate) needs a new
+#: filter: delete {<spider>}:bloom. Default: 10,000,000 (about 18 MB).
+FRONTIER_BLOOM_CAPACITY = 10_000_000
+#: Chance that a URL never seen is taken for a duplicate (and not crawled)
+#: while the filter holds at most FRONTIER_BLOOM_CAPACITY URLs; 0.001 costs
+#: 14.4 bits (1.8 bytes) per URL. Default: 0.001.
+FRONTIER_BLOOM_ERROR_RATE = 0.001
+#: REDIS_URL names one node of a Redis Cluster (database 0); every client is
+#: then a cluster client (crawler/frontier/connection.py). From the
+#: environment variable of the same name ("1" or "true"). Default: False.
+FRONTIER_REDIS_CLUSTER = os.environ.get("FRONTIER_REDIS_CLUSTER", "") in ("1", "true", "True")

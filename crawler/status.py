@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from redis.exceptions import RedisError
-from scrapy_redis.connection import get_redis_from_settings
 
 from crawler import items as items_module
+from crawler.frontier.connection import get_redis
 from crawler.keys import CrawlKeys
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ class StatusReader:
         if uri:
             mongo = MongoClient(uri, connect=False, serverSelectionTimeoutMS=3000, tz_aware=True)
         return cls(
-            get_redis_from_settings(settings),
+            get_redis(settings),
             mongo,
             settings.get("MONGO_DATABASE", "crawler"),
             spiders,

@@ -28,6 +28,7 @@ import redis
 
 from crawler.embedded import MongoServer, RedisServer
 from crawler.replay import Page, ReplayServer, SiteServer, default_warc_path
+from tests.cluster import RedisClusterServers
 
 SiteFactory = Callable[..., SiteServer]
 
@@ -108,3 +109,20 @@ def site_factory() -> Iterator[SiteFactory]:
     yield make
     for server in servers:
         server.stop()
+
+
+# --- Redis Cluster (issue 5) -------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A real three-master Redis Cluster on loopback ports, for the session."""
+    with RedisClusterServers(masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterServers) -> Iterator[str]:
+    """URL of one node of the session's cluster; every master is flushed after."""
+    yield redis_cluster.url
+    redis_cluster.flushall()

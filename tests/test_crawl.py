@@ -197,7 +197,9 @@ def test_seeds_spread_over_workers(
     assert sum(w.stats.get("frontier/seeds/read", 0) for w in workers) == 40
     # Seeds go to the shared frontier; each worker leases only what it can
     # start, so both fetch a share of them.
-    fetched = [w.stats.get("downloader/response_count", 0) for w in workers]
-    assert sum(fetched) == 40
+    fetched = [w.stats.get("response_received_count", 0) for w in workers]
+    # Each page once, and robots.txt once for the cluster.
+    assert sorted(h.path for h in site.hits()) == sorted(["/robots.txt", *pages])
+    assert sum(fetched) == 41
     assert min(fetched) >= 5, fetched
     assert site.max_concurrency() <= 8

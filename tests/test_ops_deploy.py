@@ -142,9 +142,9 @@ def test_grafana_dashboard_uses_only_exported_metrics(
     assert {"crawler_pages_crawled_total", "crawler_workers_live"} <= used
 
 
-def test_deploy_targets_snippet_reads_credentials_from_the_environment() -> None:
+def test_deploy_targets_read_credentials_from_the_environment() -> None:
     config = configparser.ConfigParser(interpolation=None)
-    config.read(DEPLOY / "scrapy.cfg.targets")
+    config.read(DEPLOY.parent / "scrapy.cfg")
     targets = [s for s in config.sections() if s.startswith("deploy:")]
     assert len(targets) >= 3
     for section in targets:

@@ -25,8 +25,8 @@ from rich.progress import (
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
-from scrapy_redis.connection import get_redis_from_settings
 
+from crawler.frontier.connection import get_redis
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.keys import CrawlKeys
 
@@ -214,7 +214,7 @@ class Command(ScrapyCommand):
         if opts.batch_size < 1:
             raise UsageError("--batch-size must be positive", print_help=False)
         key = CrawlKeys.for_spider(spider, self.settings).seeds
-        pusher = SeedPusher(get_redis_from_settings(self.settings), key, opts.batch_size)
+        pusher = SeedPusher(get_redis(self.settings), key, opts.batch_size)
         invalid = 0
 
         def push(source: str, lines: Iterable[bytes | str]) -> None:

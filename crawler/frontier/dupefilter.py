@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from scrapy_redis.connection import get_redis_from_settings
 from scrapy_redis.dupefilter import RFPDupeFilter
+
+from crawler.frontier.connection import get_redis
 
 if TYPE_CHECKING:
     from typing import Self
@@ -65,7 +66,7 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
         }
         assert crawler.request_fingerprinter is not None
         return cls(
-            get_redis_from_settings(settings),
+            get_redis(settings),
             key,
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,

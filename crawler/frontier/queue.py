@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from redis import Redis
     from scrapy import Request, Spider
 
+    from crawler.frontier.bloom import BloomFilter
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["LeasedPriorityQueue"]
@@ -45,6 +47,9 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         from the spider's name).
     :param serializer: module with ``dumps``/``loads``; default JSON.
     :param dupefilter_key: the set that ``push`` records fingerprints in.
+    :param bloom: a Bloom filter to record fingerprints in instead (set by
+        the scheduler when the dupefilter is a
+        :class:`~crawler.frontier.bloom.BloomDupeFilter`).
     """
 
     def __init__(
@@ -54,6 +59,8 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         key: str,
         serializer: Any = None,
         dupefilter_key: str | None = None,
+        *,
+        bloom: BloomFilter | None = None,
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         settings = spider.crawler.settings
@@ -63,6 +70,9 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             default_delay=settings.getfloat("FRONTIER_DELAY"),
             default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
             lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
+            delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
+            robots_gate=settings.getbool("ROBOTSTXT_OBEY"),
+            bloom=bloom,
         )
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
 

@@ -61,7 +61,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     names: ``SCHEDULER_PERSIST``, ``SCHEDULER_FLUSH_ON_START``,
     ``SCHEDULER_SERIALIZER`` (default here: JSON; never pickle unless named).
 
-    **Leases.** :meth:`next_request` leases a request; the lease ends (one
+    **Leases.** :meth:`next_request` leases a request. Its site's download
+    slot (politeness) is freed when the download ends; the lease ends (one
     ``ack``) when Scrapy's engine has finished with the request: its response
     went through the callback, every item it yielded went through the item
     pipelines (:class:`~crawler.pipelines.MongoPipeline` returns only once an
@@ -166,6 +167,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         signals_ = self.crawler.signals
         signals_.connect(self._on_request_dead, signal=request_dead)
         signals_.connect(self._on_spider_error, signal=signals.spider_error)
+        signals_.connect(self._download_ended, signal=signals.request_left_downloader)
         self._heartbeat = create_looping_call(self._beat)
         self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
         if self.flush_on_start:
@@ -308,6 +310,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self._due_at is None:
             return None
         return max(0.0, self._due_at - time.monotonic())
+
+    def _download_ended(self, request: Request, **kwargs: Any) -> None:
+        lease_id = self._leases.get(request)
+        if lease_id is not None:
+            frontier = self.queue.frontier
+            self._write("release", lambda pipe: frontier.release_slots([lease_id], client=pipe))
 
     def _finished(self, request: Request) -> None:
         lease_id = self._leases.pop(request, None)

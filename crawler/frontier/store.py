@@ -22,7 +22,11 @@ key                                 type    holds
 ``{s}:delay`` / ``{s}:conc``        hash    per-site delay (ms) / concurrency overrides,
                                             editable while the crawl runs
 ``{s}:slow``                        hash    per-site adaptive extra delay (ms)
+``{s}:rdelay``                      hash    per-site robots.txt Crawl-delay (ms)
+``{s}:robots``                      hash    per-site robots.txt, ``fetched\nbody``
 ``{s}:alive``                       zset    worker id -> ms of its last lease call
+``{s}:lslot``                       hash    lease id -> 1 while its download holds a
+                                            slot of its site
 ``{s}:wactive``                     hash    ``worker\tsite`` -> leases the worker holds
 ``{s}:dupefilter``                  set     request fingerprints
 ==================================  ======  ==========================================
@@ -44,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from redis import Redis
     from redis.commands.core import Script
+
+    from crawler.frontier.bloom import BloomFilter
 
 __all__ = ["Frontier", "Lease", "NotDue", "frontier_prefix"]
 
@@ -104,6 +110,15 @@ class Frontier:
     :param lease_timeout: seconds a lease lasts without a heartbeat.
     :param candidates: due sites compared for priority per lease.
     :param housekeeping: expired leases and due retries handled per lease.
+    :param delay_margin: a site's delay is stretched by this fraction, so that
+        the jitter between a lease and its request reaching the site never
+        brings two requests closer than the delay.
+    :param robots_gate: serve a site one request at a time until its
+        robots.txt is in ``{s}:robots`` (set when robots.txt is obeyed, so
+        that its Crawl-delay holds from the first request on).
+    :param bloom: record fingerprints in this Bloom filter
+        (:class:`~crawler.frontier.bloom.BloomFilter`) instead of the set
+        ``{s}:dupefilter``.
     """
 
     def __init__(
@@ -116,14 +131,20 @@ class Frontier:
         lease_timeout: float = 60.0,
         candidates: int = 32,
         housekeeping: int = 50,
+        bloom: BloomFilter | None = None,
+        delay_margin: float = 0.1,
+        robots_gate: bool = False,
     ) -> None:
         self.redis = redis
+        self.bloom = bloom
         self.prefix = frontier_prefix(spider_name)
         self.default_delay_ms = round(default_delay * 1000)
         self.default_concurrency = default_concurrency
         self.lease_timeout_ms = int(lease_timeout * 1000)
         self.candidates = candidates
         self.housekeeping = housekeeping
+        self.delay_margin = delay_margin
+        self.robots_gate = robots_gate
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency (an ack elsewhere frees a slot).
         self.recheck_ms = 50
@@ -132,6 +153,7 @@ class Frontier:
         self._ack = _script(redis, "ack.lua")
         self._extend = _script(redis, "extend.lua")
         self._retry = _script(redis, "retry.lua")
+        self._release_slots = _script(redis, "release.lua")
 
     def key(self, name: str) -> str:
         """The full key of ``name``, e.g. ``key("wait") == "{s}:wait"``."""
@@ -149,15 +171,20 @@ class Frontier:
     ) -> bool:
         """Queue an encoded request unless its fingerprint was seen.
 
-        :param fingerprint: recorded in the dupefilter; None skips it.
+        :param fingerprint: recorded in the dupefilter (the set, or the
+            Bloom filter's bits when the frontier has one); None skips it.
         :param dont_filter: queue even when the fingerprint was seen.
         :param client: a redis-py pipeline to queue the call on (its result,
             1 or 0, then comes from ``execute()``); default: run it now.
         :returns: False when filtered as a duplicate.
         """
         k = self.key
+        dedup_key, mode = k("dupefilter"), list[Any]()
+        if self.bloom is not None and fingerprint:
+            dedup_key, offsets = self.bloom.locate(fingerprint)
+            mode = ["bloom", self.bloom.size, offsets]
         queued = self._push(
-            keys=[k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count")],
+            keys=[dedup_key, k("wait"), k("active"), k("due"), k("conc"), k("count")],
             args=[
                 self.prefix,
                 fingerprint or b"",
@@ -166,6 +193,7 @@ class Frontier:
                 _clamp(priority),
                 data,
                 self.default_concurrency,
+                *mode,
             ],
             client=client,
         )
@@ -193,7 +221,7 @@ class Frontier:
             keys=[
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
-                k("alive"), k("wactive"),
+                k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
             ],
             args=[
                 self.prefix,
@@ -205,6 +233,8 @@ class Frontier:
                 self.housekeeping,
                 lease_id.rsplit(":", 1)[0],
                 self.recheck_ms,
+                self.delay_margin,
+                "1" if self.robots_gate else "0",
             ],
         )
         if result[0] is None:
@@ -222,12 +252,35 @@ class Frontier:
         ended = self._ack(
             keys=[
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"), k("conc"),
-                k("wactive"),
+                k("wactive"), k("lslot"),
             ],
             args=[self.prefix, self.default_concurrency, *lease_ids],
             client=client,
         )
         return 0 if client is not None else int(ended)
+
+    def release_slots(self, lease_ids: list[str], client: Any = None) -> int:
+        """Free the download slots of leases whose download has ended.
+
+        The leases stay until :meth:`ack`; a site's concurrency counts
+        downloads in flight, not responses being processed. Returns how many
+        slots were freed (0 when queued on a pipeline).
+        """
+        if not lease_ids:
+            return 0
+        k = self.key
+        freed = self._release_slots(
+            keys=[
+                k("wait"), k("ldata"), k("active"), k("due"), k("conc"), k("wactive"),
+                k("lslot"), k("robots"),
+            ],
+            args=[
+                self.prefix, self.default_concurrency, "1" if self.robots_gate else "0",
+                *lease_ids,
+            ],
+            client=client,
+        )
+        return 0 if client is not None else int(freed)
 
     def extend(self, lease_ids: list[str]) -> int:
         """Push the deadlines of held leases ``lease_timeout`` past now.

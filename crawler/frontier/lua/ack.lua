@@ -1,6 +1,7 @@
 -- ack.lua: end leases whose request was processed (or finally failed).
--- Frees each lease's slot on its site and makes the site a candidate again.
--- A lease that already expired (and went back to the queue) is ignored.
+-- Frees each lease's download slot on its site if release.lua has not, and
+-- makes the site a candidate again. A lease that already expired (and went
+-- back to the queue) is ignored.
 --
 -- KEYS[1]  {s}:wait     zset site -> ms when the site may be served next
 -- KEYS[2]  {s}:leases   zset lease id -> deadline, ms
@@ -9,6 +10,7 @@
 -- KEYS[5]  {s}:due      hash site -> ms before which the site is not served
 -- KEYS[6]  {s}:conc     hash site -> concurrency override
 -- KEYS[7]  {s}:wactive  hash "worker\tsite" -> requests the worker has leased
+-- KEYS[8]  {s}:lslot    hash lease id -> 1 while the lease holds a download slot
 -- ARGV[1]  key prefix "{s}:"
 -- ARGV[2]  default concurrency per site
 -- ARGV[3..] lease ids
@@ -27,13 +29,16 @@ for i = 3, #ARGV do
     local t1 = string.find(entry, '\t', 1, true)
     local t2 = string.find(entry, '\t', t1 + 1, true)
     local site = string.sub(entry, t1 + 1, t2 - 1)
-    local worker = string.match(id, '^(.*):[^:]*$')
-    local wkey = worker .. '\t' .. site
-    if tonumber(redis.call('HINCRBY', KEYS[7], wkey, -1)) <= 0 then
-      redis.call('HDEL', KEYS[7], wkey)
+    local active = tonumber(redis.call('HGET', KEYS[4], site) or '0')
+    if redis.call('HDEL', KEYS[8], id) == 1 then
+      local worker = string.match(id, '^(.*):[^:]*$')
+      local wkey = worker .. '\t' .. site
+      if tonumber(redis.call('HINCRBY', KEYS[7], wkey, -1)) <= 0 then
+        redis.call('HDEL', KEYS[7], wkey)
+      end
+      active = tonumber(redis.call('HINCRBY', KEYS[4], site, -1))
+      if active <= 0 then redis.call('HDEL', KEYS[4], site); active = 0 end
     end
-    local active = tonumber(redis.call('HINCRBY', KEYS[4], site, -1))
-    if active <= 0 then redis.call('HDEL', KEYS[4], site); active = 0 end
     if redis.call('EXISTS', P .. 'lv:' .. site) == 1 then
       local cap = tonumber(redis.call('HGET', KEYS[6], site) or ARGV[2])
       if active < cap then

@@ -23,6 +23,10 @@
 -- KEYS[10] {s}:slow     hash site -> adaptive extra delay, ms
 -- KEYS[11] {s}:alive    zset worker id -> ms of its last lease or heartbeat
 -- KEYS[12] {s}:wactive  hash "worker\tsite" -> requests the worker has leased
+-- KEYS[13] {s}:rdelay   hash site -> robots.txt Crawl-delay, ms
+-- KEYS[14] {s}:lslot    hash lease id -> 1 while the lease holds a download
+--                       slot of its site (released when the download ends)
+-- KEYS[15] {s}:robots   hash site -> robots.txt as stored by the workers
 -- ARGV[1]  key prefix "{s}:"
 -- ARGV[2]  lease id for the request handed out
 -- ARGV[3]  lease duration, ms
@@ -33,6 +37,11 @@
 -- ARGV[8]  the worker's id (lease ids are "<worker id>:<n>")
 -- ARGV[9]  ms to wait before asking again when all queued work is on sites
 --          at their concurrency
+-- ARGV[10] pacing margin: a site's delay is stretched by this fraction, so
+--          that jitter between lease and request never brings two requests
+--          closer than the delay
+-- ARGV[11] "1" when robots.txt is obeyed: a site whose robots.txt is not
+--          known yet is served one request at a time
 -- Times are the Redis server's clock (TIME), ms.
 -- Returns {data, site, expired, retried} when a request is leased, or
 -- {false, ms until a site is due or -1 when none has work, expired, retried}.
@@ -56,7 +65,9 @@ local function worker_of(id)
   return string.sub(id, 1, last - 1)
 end
 
+local robots = ARGV[11] == '1'
 local function cap_of(site)
+  if robots and redis.call('HEXISTS', KEYS[15], site) == 0 then return 1 end
   return tonumber(redis.call('HGET', KEYS[8], site) or cap_default)
 end
 
@@ -103,12 +114,14 @@ for i = #expired, 1, -1 do
   redis.call('HDEL', KEYS[3], id)
   if entry then
     local prio, site, data = split(entry)
-    if tonumber(redis.call('HINCRBY', KEYS[4], site, -1)) <= 0 then
-      redis.call('HDEL', KEYS[4], site)
-    end
-    local wkey = worker_of(id) .. '\t' .. site
-    if tonumber(redis.call('HINCRBY', KEYS[12], wkey, -1)) <= 0 then
-      redis.call('HDEL', KEYS[12], wkey)
+    if redis.call('HDEL', KEYS[14], id) == 1 then
+      if tonumber(redis.call('HINCRBY', KEYS[4], site, -1)) <= 0 then
+        redis.call('HDEL', KEYS[4], site)
+      end
+      local wkey = worker_of(id) .. '\t' .. site
+      if tonumber(redis.call('HINCRBY', KEYS[12], wkey, -1)) <= 0 then
+        redis.call('HDEL', KEYS[12], wkey)
+      end
     end
     enqueue_front(prio, site, data)
     wake(site)
@@ -169,13 +182,15 @@ redis.call('DECR', KEYS[9])
 local active = tonumber(redis.call('HINCRBY', KEYS[4], best, 1))
 redis.call('HINCRBY', KEYS[12], worker .. '\t' .. best, 1)
 local delay = tonumber(redis.call('HGET', KEYS[7], best) or ARGV[4])
+delay = math.max(delay, tonumber(redis.call('HGET', KEYS[13], best) or '0'))
 delay = delay + tonumber(redis.call('HGET', KEYS[10], best) or '0')
-local due = now + delay
+local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
 redis.call('HSET', KEYS[5], best, due)
 redis.call('ZREM', KEYS[1], best)
 if active < cap_of(best) and redis.call('EXISTS', P .. 'lv:' .. best) == 1 then
   redis.call('ZADD', KEYS[1], due, best)
 end
 redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[2])
+redis.call('HSET', KEYS[14], ARGV[2], 1)
 redis.call('HSET', KEYS[3], ARGV[2], best_level .. '\t' .. best .. '\t' .. data)
 return {data, best, #expired, #retries}

@@ -1,0 +1,1 @@
+"""A stock scrapy-redis project, run beside ours for side-by-side figures."""
