@@ -72,6 +72,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._closed = False
         self._room_event: asyncio.Event | None = None
+        self._brpop: asyncio.Future[None] | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -198,32 +199,33 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         return list(seeds)
 
     async def _wait_for_seed(self) -> None:
-        """Block on the seed list in a thread until a seed or the timeout.
+        """Wait for a seed (``BRPOP`` in a thread) or for work to come due.
 
-        The timeout is ``FRONTIER_IDLE_WAIT``, or less when the scheduler
-        knows a site or retry becomes due sooner.
+        One ``BRPOP`` of up to ``FRONTIER_IDLE_WAIT`` seconds is kept in
+        flight; when the scheduler knows that a site or a retry becomes due
+        sooner, the wait ends then, on the event loop's timer (Redis times
+        out blocked clients only ten times a second).
+
+        :raises redis.exceptions.RedisError: the ``BRPOP`` failed.
         """
-        timeout = self.idle_wait
-        scheduler = self._scheduler()
-        due = getattr(scheduler, "next_due", None)
-        if due is not None and due < timeout:
-            if due < 0.01:
-                await asyncio.sleep(due)
-                return
-            timeout = due
+        if self._brpop is None or self._brpop.done():
+            self._brpop = asyncio.ensure_future(asyncio.to_thread(self._block_on_seeds))
+        due = getattr(self._scheduler(), "next_due", None)
+        timeout = self.idle_wait if due is None else min(due, self.idle_wait)
+        done, _ = await asyncio.wait({self._brpop}, timeout=timeout)
+        if done:
+            self._brpop.result()  # raises what the thread raised
 
-        def wait() -> None:
-            popped = self.server.brpop([self.redis_key], timeout=timeout)
-            if not popped:
+    def _block_on_seeds(self) -> None:
+        popped = self.server.brpop([self.redis_key], timeout=self.idle_wait)
+        if not popped:
+            return
+        with self._lock:
+            if self._closed:
+                self.server.rpush(self.redis_key, popped[1])
                 return
-            with self._lock:
-                if self._closed:
-                    self.server.rpush(self.redis_key, popped[1])
-                    return
-                self.crawler.stats.inc_value("frontier/seeds/read")
-                self._pending.append(popped[1])
-
-        await asyncio.to_thread(wait)
+            self.crawler.stats.inc_value("frontier/seeds/read")
+            self._pending.append(popped[1])
 
     async def _wait_for_room(self) -> None:
         """Wait until a request leaves the downloader (or 1 second)."""
