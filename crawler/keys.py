@@ -4,29 +4,36 @@
 carry the hash tag ``{<spider>}`` so they live in one Redis Cluster slot; the
 seed list keeps scrapy-redis's name, which users type into ``redis-cli``.
 
-==============================  ======  =========================================
-key                             type    what it holds
-==============================  ======  =========================================
-``<spider>:start_urls``         list    seeds (bare URL or JSON), ``LPUSH``-ed
-``{<spider>}:requests``         zset    the first frontier, JSON requests scored
-                                        by ``-priority`` (read if present)
-``{<spider>}:count``            string  requests queued in the leased frontier
-``{<spider>}:q:<site>:<prio>``  list    the leased frontier's queue of one site
-                                        and priority (crawler/frontier/store.py)
-``{<spider>}:dupefilter``       set     fingerprints of every request scheduled
-``{<spider>}:requests:dead``    list    undecodable frontier entries (JSON)
-``{<spider>}:dead``             list    dead letters (requests given up on)
-``{<spider>}:leases``           zset    lease id (``<worker>:<n>``) -> deadline
-``{<spider>}:retries``          zset    requests waiting to be retried (optional)
-``{<spider>}:stats``            hash    cluster-wide stats, stat name -> integer,
-                                        kept with ``HINCRBY``
-``{<spider>}:workers``          hash    worker id -> JSON heartbeat record
-==============================  ======  =========================================
+==================================  ======  ==========================================
+key                                 type    what it holds
+==================================  ======  ==========================================
+``<spider>:start_urls``             list    seeds (bare URL or JSON), ``LPUSH``-ed
+``{<spider>}:q:<site>:<priority>``  list    queued requests of one site and priority
+                                            (JSON), oldest at the right
+``{<spider>}:count``                string  requests queued, all sites
+``{<spider>}:wait``                 zset    sites with work and a free slot, scored
+                                            by the time (ms) they may be served next
+``{<spider>}:leases``               zset    lease id (``<worker id>:<n>``) -> deadline
+                                            (ms)
+``{<spider>}:retries``              zset    requests waiting for their retry time
+``{<spider>}:dead``                 list    dead letters, JSON objects (requests given
+                                            up on, undecodable frontier entries)
+``{<spider>}:dupefilter``           set     fingerprints of every request scheduled
+``{<spider>}:bloom``                string  with the Bloom dupefilter
+                                            (:mod:`crawler.frontier.bloom`) instead of
+                                            ``{<spider>}:dupefilter``: its bitmap
+                                            (``{<spider>}:bloom:<n>`` when sharded)
+``{<spider>}:stats``                hash    cluster-wide stats, stat name -> integer,
+                                            kept with ``HINCRBY``
+``{<spider>}:workers``              hash    worker id -> JSON heartbeat record
+==================================  ======  ==========================================
 
-Use :meth:`CrawlKeys.for_spider` to get the keys a crawl with given settings
-uses (it honours ``SCHEDULER_DUPEFILTER_KEY`` and ``REDIS_START_URLS_KEY``),
-or the module functions for the defaults. The frontier's own keys are fixed
-by :mod:`crawler.frontier.store` (prefix ``{<spider>}:``).
+The frontier keeps more keys (per-site state, lease data, robots.txt); its
+full table is in :mod:`crawler.frontier.store` (``crawler/frontier/store.py``),
+which fixes their names (prefix ``{<spider>}:``). Use
+:meth:`CrawlKeys.for_spider` to get the keys a crawl with given settings uses
+(it honours ``SCHEDULER_DUPEFILTER_KEY`` and ``REDIS_START_URLS_KEY``), or the
+module functions for the defaults.
 """
 
 from __future__ import annotations
@@ -39,11 +46,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrawlKeys",
+    "bloom_key",
+    "count_key",
     "dead_key",
     "dupefilter_key",
     "leases_key",
-    "requests_dead_key",
-    "requests_key",
     "retries_key",
     "seeds_key",
     "stats_key",
@@ -52,7 +59,6 @@ __all__ = [
 
 #: Default patterns (``%(spider)s``/``%(name)s`` is the spider's name).
 SEEDS = "%(name)s:start_urls"
-REQUESTS = "{%(spider)s}:requests"
 DUPEFILTER = "{%(spider)s}:dupefilter"
 
 
@@ -61,23 +67,23 @@ def seeds_key(spider: str) -> str:
     return SEEDS % {"name": spider}
 
 
-def requests_key(spider: str) -> str:
-    """``{<spider>}:requests``: the frontier sorted set."""
-    return REQUESTS % {"spider": spider}
-
-
 def dupefilter_key(spider: str) -> str:
     """``{<spider>}:dupefilter``: the set of fingerprints seen."""
     return DUPEFILTER % {"spider": spider}
 
 
-def requests_dead_key(spider: str) -> str:
-    """``{<spider>}:requests:dead``: frontier entries that could not be decoded."""
-    return f"{requests_key(spider)}:dead"
+def bloom_key(spider: str) -> str:
+    """``{<spider>}:bloom``: the Bloom dupefilter's bitmap (``:<n>`` shards)."""
+    return f"{{{spider}}}:bloom"
+
+
+def count_key(spider: str) -> str:
+    """``{<spider>}:count``: requests queued in the frontier, all sites."""
+    return f"{{{spider}}}:count"
 
 
 def dead_key(spider: str) -> str:
-    """``{<spider>}:dead``: requests given up on (dead letters)."""
+    """``{<spider>}:dead``: dead letters (requests given up on, undecodable entries)."""
     return f"{{{spider}}}:dead"
 
 
@@ -103,15 +109,20 @@ def workers_key(spider: str) -> str:
 
 @dataclass(frozen=True)
 class CrawlKeys:
-    """Every Redis key of one spider's crawl (see the module table)."""
+    """The Redis keys of one spider's crawl (see the module table).
+
+    ``queues`` is the prefix of the per-site queues, ``{<spider>}:q:``;
+    ``bloom`` the Bloom dupefilter's bitmap, which exists only when that
+    dupefilter is used (``dupefilter`` is then absent).
+    """
 
     spider: str
     seeds: str
-    requests: str
     count: str
+    wait: str
     queues: str
     dupefilter: str
-    requests_dead: str
+    bloom: str
     dead: str
     leases: str
     retries: str
@@ -133,11 +144,11 @@ class CrawlKeys:
         return cls(
             spider=spider,
             seeds=seeds % {"name": spider},
-            requests=requests_key(spider),
-            count=f"{{{spider}}}:count",
+            count=count_key(spider),
+            wait=f"{{{spider}}}:wait",
             queues=f"{{{spider}}}:q:",
             dupefilter=dupefilter % {"spider": spider},
-            requests_dead=requests_dead_key(spider),
+            bloom=bloom_key(spider),
             dead=dead_key(spider),
             leases=leases_key(spider),
             retries=retries_key(spider),

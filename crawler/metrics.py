@@ -15,13 +15,16 @@ metric                                                what
 ====================================================  ==========================================
 ``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
 ``crawler_seeds_waiting{spider}``                     seeds in ``<spider>:start_urls``
-``crawler_requests_queued{spider}``                   requests in the frontier
-``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority
-``crawler_requests_leased{spider}``                   requests leased (0 without leases)
+``crawler_requests_queued{spider}``                   requests queued (``{<spider>}:count``)
+``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority (the
+                                                      ``FRONTIER_STATUS_MAX_PRIORITIES``
+                                                      highest priorities)
+``crawler_requests_leased{spider}``                   requests leased by workers
 ``crawler_requests_leased_by_worker{spider,worker}``  the same, per worker
 ``crawler_retries_waiting{spider}``                   requests waiting for a retry
-``crawler_dead_letters{spider,key}``                  entries per dead-letter list
-``crawler_urls_seen{spider}``                         fingerprints in the dupefilter
+``crawler_dead_letters{spider,key}``                  dead letters; ``key`` is ``{<spider>}:dead``
+``crawler_urls_seen{spider}``                         fingerprints in the dupefilter set; no
+                                                      sample with the Bloom dupefilter
 ``crawler_items_stored{collection}``                  documents per MongoDB collection
 ``crawler_workers_live{spider}``                      workers with a recent heartbeat
 ``crawler_worker_pages_per_minute{spider,worker}``    per live worker
@@ -85,10 +88,10 @@ class StatusCollector(Collector):
             return GaugeMetricFamily(name, doc, labels=labels)
 
         seeds = gauge("crawler_seeds_waiting", "Seeds waiting in <spider>:start_urls", ["spider"])
-        queued = gauge("crawler_requests_queued", "Requests in the shared frontier", ["spider"])
+        queued = gauge("crawler_requests_queued", "Requests queued in the frontier", ["spider"])
         by_priority = gauge(
             "crawler_requests_queued_by_priority",
-            "Requests in the shared frontier, per request priority",
+            "Requests queued in the frontier, per request priority",
             ["spider", "priority"],
         )
         leased = gauge("crawler_requests_leased", "Requests leased by workers", ["spider"])
@@ -98,8 +101,12 @@ class StatusCollector(Collector):
             ["spider", "worker"],
         )
         retries = gauge("crawler_retries_waiting", "Requests waiting for a retry", ["spider"])
-        dead = gauge("crawler_dead_letters", "Entries per dead-letter list", ["spider", "key"])
-        seen = gauge("crawler_urls_seen", "Request fingerprints in the dupefilter", ["spider"])
+        dead = gauge("crawler_dead_letters", "Dead letters in {<spider>}:dead", ["spider", "key"])
+        seen = gauge(
+            "crawler_urls_seen",
+            "Request fingerprints in the dupefilter set (none with the Bloom dupefilter)",
+            ["spider"],
+        )
         live = gauge("crawler_workers_live", "Workers with a recent heartbeat", ["spider"])
         rate = gauge(
             "crawler_worker_pages_per_minute",
@@ -131,13 +138,13 @@ class StatusCollector(Collector):
             queued.add_metric([name], spider.queued)
             for priority, count in spider.queued_by_priority.items():
                 by_priority.add_metric([name, str(priority)], count)
-            leased.add_metric([name], spider.leases or 0)
+            leased.add_metric([name], spider.leases)
             for worker, count in spider.leases_by_worker.items():
                 leased_by.add_metric([name, worker], count)
-            retries.add_metric([name], spider.retries or 0)
-            for key, count in spider.dead_letters.items():
-                dead.add_metric([name, key], count)
-            seen.add_metric([name], spider.seen)
+            retries.add_metric([name], spider.retries)
+            dead.add_metric([name, spider.keys["dead"]], spider.dead_letters)
+            if spider.seen is not None:  # a Bloom filter cannot count its URLs
+                seen.add_metric([name], spider.seen)
             live.add_metric([name], len(spider.live_workers))
             for w in spider.live_workers:
                 rate.add_metric([name, w.id], w.pages_per_minute)

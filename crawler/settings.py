@@ -13,23 +13,10 @@ environment        setting                        default
 ``MONGO_DATABASE`` ``MONGO_DATABASE``             ``crawler``
 =================  =============================  ==========================
 
-Redis keys of one crawl (``<spider>`` is the spider's name):
-
-=============================  ======  ==========================================
-key                            type    what it holds
-=============================  ======  ==========================================
-``<spider>:start_urls``        list    seeds, pushed with ``LPUSH`` (bare URL or
-                                       JSON); workers take them from the right,
-                                       so seeds are read in the order pushed
-``{<spider>}:requests``        zset    the frontier: encoded requests (JSON),
-                                       scored by ``-priority``
-``{<spider>}:dupefilter``      set     request fingerprints (20 raw bytes each)
-                                       of every request ever scheduled
-=============================  ======  ==========================================
-
-The frontier keys share the hash tag ``{<spider>}`` so that keys touched
-together live in one slot on Redis Cluster; the seed list keeps scrapy-redis's
-name, which users type into ``redis-cli``.
+Redis keys: every key of a crawl but the seed list ``<spider>:start_urls``
+carries the hash tag ``{<spider>}``, so that keys touched together live in one
+Redis Cluster slot. The tables are in ``crawler/keys.py`` (every key) and
+``crawler/frontier/store.py`` (the frontier).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Usage::
 
 Settings: ``FRONTIER_WORKER_TIMEOUT`` (seconds since its last heartbeat after
 which a worker is no longer live, default 30.0),
-``FRONTIER_STATUS_MAX_PRIORITIES`` (distinct priorities reported per
-spider, default 100), ``MONGO_URI``, ``MONGO_DATABASE``, ``REDIS_URL``.
+``FRONTIER_STATUS_MAX_PRIORITIES`` (how many of the highest priorities
+``queued_by_priority`` reports per spider, default 100), ``MONGO_URI``,
+``MONGO_DATABASE``, ``REDIS_URL``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ __all__ = [
     "StatusReader",
     "WorkerStatus",
     "item_collections",
-    "queued_by_priority",
     "site_queues_by_priority",
 ]
 
@@ -99,16 +99,26 @@ class WorkerStatus:
 class SpiderStatus:
     """What Redis and MongoDB hold for one spider.
 
+    Figures of keys that do not exist are 0.
+
+    :ivar keys: the spider's key names by role (:meth:`CrawlKeys.as_dict`).
     :ivar seeds: seeds waiting in ``<spider>:start_urls``.
-    :ivar queued: requests in the frontier (``ZCARD``).
-    :ivar queued_by_priority: request priority -> requests queued, highest
-        priority first; at most ``FRONTIER_STATUS_MAX_PRIORITIES`` entries
-        (``queued_by_priority_truncated`` tells when there were more).
-    :ivar leases: requests leased by workers, or None when there is no
-        leases key; ``leases_by_worker`` when the leases say who holds them.
-    :ivar retries: requests waiting to be retried, or None (no such key).
-    :ivar dead_letters: dead-letter key -> entries, for the keys present.
-    :ivar seen: fingerprints in the dupefilter (URLs seen).
+    :ivar queued: requests queued in the frontier, all sites: the counter
+        ``{<spider>}:count``.
+    :ivar queued_by_priority: request priority -> requests queued, summed
+        over the per-site lists ``{<spider>}:q:<site>:<priority>``, highest
+        priority first; only the ``FRONTIER_STATUS_MAX_PRIORITIES`` highest
+        priorities (``queued_by_priority_truncated`` tells when there were
+        more). Empty when ``queued`` is 0.
+    :ivar leases: requests leased by workers (``ZCARD {<spider>}:leases``).
+    :ivar leases_by_worker: worker id -> leases it holds (a lease id is
+        ``<worker id>:<n>``).
+    :ivar retries: requests waiting to be retried (``ZCARD {<spider>}:retries``).
+    :ivar dead_letters: dead letters in ``{<spider>}:dead`` (requests given up
+        on and undecodable frontier entries).
+    :ivar seen: fingerprints in the dupefilter set (URLs seen), or None when
+        the crawl uses the Bloom dupefilter (``{<spider>}:bloom`` exists and
+        the set does not): a Bloom filter cannot count its URLs.
     :ivar items: collection -> documents stored, for the collections this
         spider's items went to (known from its cluster stats).
     :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
@@ -121,11 +131,11 @@ class SpiderStatus:
     queued: int = 0
     queued_by_priority: dict[int, int] = field(default_factory=dict)
     queued_by_priority_truncated: bool = False
-    leases: int | None = None
+    leases: int = 0
     leases_by_worker: dict[str, int] = field(default_factory=dict)
-    retries: int | None = None
-    dead_letters: dict[str, int] = field(default_factory=dict)
-    seen: int = 0
+    retries: int = 0
+    dead_letters: int = 0
+    seen: int | None = 0
     items: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     workers: list[WorkerStatus] = field(default_factory=list)
@@ -166,47 +176,6 @@ class ClusterStatus:
             "items": dict(self.items),
             "errors": dict(self.errors),
         }
-
-
-def queued_by_priority(client: Redis, key: str, limit: int = 100) -> tuple[dict[int, int], bool]:
-    """Count the requests of the frontier ``key`` per priority.
-
-    Walks the distinct scores with ``ZRANGEBYSCORE ... LIMIT 0 1`` and counts
-    each with ``ZCOUNT``: two round trips per distinct priority, whatever
-    the size of the frontier.
-
-    :param client: a redis-py client.
-    :param key: the frontier zset (score ``-priority``).
-    :param limit: most distinct priorities to report.
-    :returns: ``({priority: count}, truncated)``, highest priority first.
-    :raises redis.exceptions.RedisError: Redis failed.
-    """
-    counts: dict[int, int] = {}
-    first = client.zrange(key, 0, 0, withscores=True)
-    if not first:
-        return counts, False
-    score = float(first[0][1])
-    while True:
-        if len(counts) >= limit:
-            return counts, True
-        pipe = client.pipeline(transaction=False)
-        pipe.zcount(key, score, score)
-        pipe.zrangebyscore(key, f"({score!r}", "+inf", start=0, num=1, withscores=True)
-        count, following = pipe.execute()
-        counts[int(-score)] = int(count)
-        if not following:
-            return counts, False
-        score = float(following[0][1])
-
-
-#: Redis type -> the command that gives its size.
-_SIZE_COMMANDS = {
-    "list": "llen",
-    "zset": "zcard",
-    "set": "scard",
-    "hash": "hlen",
-    "stream": "xlen",
-}
 
 
 def site_queues_by_priority(client: Redis, prefix: str, chunk: int = 1000) -> dict[int, int]:
@@ -269,7 +238,8 @@ class StatusReader:
     :param settings: settings the key names come from (see
         :meth:`crawler.keys.CrawlKeys.for_spider`).
     :param worker_timeout: seconds after a heartbeat a worker stays live.
-    :param max_priorities: distinct priorities reported per spider.
+    :param max_priorities: how many of the highest priorities
+        ``queued_by_priority`` reports per spider.
     """
 
     def __init__(
@@ -328,8 +298,9 @@ class StatusReader:
         """Read the figures of ``spiders`` (default: the reader's spiders).
 
         A server that cannot be read is named in ``errors`` with the reason;
-        the figures it holds are left at their defaults. Never raises for a
-        server error.
+        the figures it holds are left at their defaults. A Redis key of
+        another type than the frontier's (``WRONGTYPE``) counts as Redis
+        failing. Never raises for a server error.
 
         :param now: Unix time used for worker liveness (default: now).
         """
@@ -369,19 +340,21 @@ class StatusReader:
 
     def _read_redis(self, spider: SpiderStatus, keys: CrawlKeys, now: float) -> None:
         client = self.redis
-        optional = [keys.leases, keys.retries, keys.requests_dead, keys.dead]
         pipe = client.pipeline(transaction=False)
         pipe.llen(keys.seeds)
-        pipe.zcard(keys.requests)
         pipe.get(keys.count)
+        pipe.zcard(keys.leases)
+        pipe.zcard(keys.retries)
+        pipe.llen(keys.dead)
         pipe.scard(keys.dupefilter)
+        pipe.exists(keys.bloom, f"{keys.bloom}:0")  # one bitmap, or the first shard
         pipe.hgetall(keys.stats)
         pipe.hgetall(keys.workers)
-        for key in optional:
-            pipe.type(key)
-        seeds, legacy, leased_model, seen, stats, workers, *kinds = pipe.execute()
-        spider.seeds, spider.seen = int(seeds), int(seen)
-        spider.queued = int(legacy) + int(leased_model or 0)
+        seeds, count, leases, retries, dead, seen, bloom, stats, workers = pipe.execute()
+        spider.seeds = int(seeds)
+        spider.queued = int(count or 0)
+        spider.leases, spider.retries, spider.dead_letters = int(leases), int(retries), int(dead)
+        spider.seen = None if int(bloom) and not int(seen) else int(seen)
         spider.stats = {}
         for name, value in stats.items():
             try:
@@ -389,33 +362,12 @@ class StatusReader:
             except ValueError:
                 continue
         spider.workers = self._workers(workers, now)
-        if legacy:
-            spider.queued_by_priority, spider.queued_by_priority_truncated = queued_by_priority(
-                client, keys.requests, self.max_priorities
-            )
-        if int(leased_model or 0):
-            for priority, count in site_queues_by_priority(client, keys.queues).items():
-                spider.queued_by_priority[priority] = (
-                    spider.queued_by_priority.get(priority, 0) + count
-                )
-            spider.queued_by_priority = dict(
-                sorted(spider.queued_by_priority.items(), reverse=True)
-            )
-        sizes: dict[str, int] = {}
-        pipe = client.pipeline(transaction=False)
-        present = []
-        for key, kind in zip(optional, kinds, strict=True):
-            command = _SIZE_COMMANDS.get(_decode(kind))
-            if command is not None:
-                present.append(key)
-                getattr(pipe, command)(key)
-        for key, size in zip(present, pipe.execute(), strict=True):
-            sizes[key] = int(size)
-        spider.leases = sizes.get(keys.leases)
-        spider.retries = sizes.get(keys.retries)
-        spider.dead_letters = {k: sizes[k] for k in (keys.requests_dead, keys.dead) if k in sizes}
-        kinds_by_key = dict(zip(optional, (_decode(k) for k in kinds), strict=True))
-        if kinds_by_key.get(keys.leases) == "zset":
+        if spider.queued:
+            by_priority = site_queues_by_priority(client, keys.queues)
+            counts = sorted(((p, n) for p, n in by_priority.items() if n), reverse=True)
+            spider.queued_by_priority = dict(counts[: self.max_priorities])
+            spider.queued_by_priority_truncated = len(counts) > self.max_priorities
+        if spider.leases:
             spider.leases_by_worker = self._leases_by_worker(keys.leases)
 
     def _leases_by_worker(self, key: str) -> dict[str, int]:

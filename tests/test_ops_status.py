@@ -1,12 +1,14 @@
 """``scrapy frontier status`` and the metrics exporter read what Redis and MongoDB hold.
 
-The frontier is filled by hand (real Redis, real MongoDB) with every kind of
-key the status knows, so each figure is checked against a known value; the
-crawl-driven checks are in ``test_ops_scrapyd.py``.
+The frontier is filled through :class:`crawler.frontier.store.Frontier` (real
+Redis, real MongoDB) with every kind of key the status knows, so each figure
+is checked against a known value; the crawl-driven checks are in
+``test_ops_scrapyd.py``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -21,13 +23,39 @@ import pytest
 import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
+from crawler.commands.frontier import render
 from crawler.embedded import free_port
+from crawler.frontier.bloom import BloomFilter
+from crawler.frontier.store import Frontier, Lease
+from crawler.metrics import StatusCollector
 from crawler.replay import Page
-from crawler.status import StatusReader, queued_by_priority
+from crawler.status import StatusReader
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
+
+
+def body(url: str) -> bytes:
+    """A request as the frontier stores it (compact JSON)."""
+    return f'{{"u":"{url}"}}'.encode()
+
+
+def push(frontier: Frontier, url: str, site: str, priority: int) -> None:
+    """Queue ``url`` unfiltered, as the scheduler does for a request."""
+    assert frontier.push(
+        body(url), site=site, priority=priority, fingerprint=None, dont_filter=True
+    )
+
+
+def queued_count(redis_url: str, spider: str = "quotes") -> int:
+    """``GET {<spider>}:count``: what the frontier says it holds."""
+    client: redis.Redis = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.get(f"{{{spider}}}:count") or 0)
+    finally:
+        client.close()
 
 
 @pytest.fixture
@@ -48,21 +76,30 @@ def filled(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, Any]:
     mongo: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri)
     try:
         client.lpush("quotes:start_urls", *[f"https://s{i}.example/" for i in range(3)])
-        client.zadd(
-            "{quotes}:requests",
-            {f'{{"u":"https://q.example/{i}"}}': -(i % 3) for i in range(10)},
+        frontier = Frontier(client, "quotes")
+        # Three leases, named <worker id>:<n>: two held by worker n1:1, one by
+        # n2:7. They are queued and leased before anything else is queued, so
+        # the leases take exactly these.
+        for i in range(3):
+            push(frontier, f"https://l.example/{i}", "l.example", 0)
+        for lease_id in ("n1:1:1", "n1:1:2", "n2:7:1"):
+            assert isinstance(frontier.lease(lease_id), Lease)
+        # Queued: 14 requests on three sites (one with a port), priorities
+        # 100: 1, 5: 2, 2: 3, 1: 3, 0: 5.
+        for i in range(10):
+            push(frontier, f"https://q.example/{i}", "q.example", i % 3)
+        push(frontier, "https://q.example/urgent", "q.example", 100)
+        push(frontier, "https://a.example/1", "a.example", 5)
+        push(frontier, "https://a.example/2", "a.example", 5)
+        push(frontier, "https://b.example:8080/", "b.example:8080", 0)
+        frontier.push_retry(body("https://q.example/later"), site="q.example", priority=0, delay=60)
+        # Dead letters: an undecodable frontier entry and two requests given up on.
+        frontier.dead_letter(
+            {"url": None, "reason": "undecodable frontier entry", "attempts": 0, "entry": "x"}
         )
-        client.zadd("{quotes}:requests", {'{"u":"https://q.example/urgent"}': -100})
+        for url in ("https://q.example/a", "https://q.example/b"):
+            frontier.dead_letter({"url": url, "reason": "r", "attempts": 3, "request": None})
         client.sadd("{quotes}:dupefilter", *[os.urandom(20) for _ in range(25)])
-        client.rpush("{quotes}:requests:dead", json.dumps({"entry": "x", "reason": "r"}))
-        client.rpush("{quotes}:dead", "a", "b")
-        client.zadd("{quotes}:retries", {"r1": now + 60})
-        # The leased frontier (crawler/frontier/store.py): per-site lists,
-        # a count, leases named <worker id>:<n>.
-        client.rpush("{quotes}:q:a.example:5", "r1", "r2")
-        client.rpush("{quotes}:q:b.example:8080:0", "r3")
-        client.set("{quotes}:count", 3)
-        client.zadd("{quotes}:leases", {"n1:1:1": now, "n1:1:2": now, "n2:7:1": now})
         client.hset(
             "{quotes}:workers",
             mapping={
@@ -110,7 +147,7 @@ def filled(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, Any]:
 
 
 def test_status_json_reports_every_figure_redis_and_mongodb_hold(
-    filled: dict[str, Any], env: dict[str, str]
+    filled: dict[str, Any], env: dict[str, str], redis_url: str
 ) -> None:
     result = subprocess.run(
         [PYTHON, "-m", "scrapy", "frontier", "status", "--json"],
@@ -127,14 +164,14 @@ def test_status_json_reports_every_figure_redis_and_mongodb_hold(
     assert set(status["spiders"]) == {"pages", "quotes"}  # from the spider loader
     quotes = status["spiders"]["quotes"]
     assert quotes["seeds"] == 3
-    assert quotes["queued"] == 11 + 3
+    assert quotes["queued"] == queued_count(redis_url) == 14
     assert quotes["queued_by_priority"] == {"100": 1, "5": 2, "2": 3, "1": 3, "0": 5}
     assert list(quotes["queued_by_priority"]) == ["100", "5", "2", "1", "0"]
     assert quotes["seen"] == 25
     assert quotes["leases"] == 3
     assert quotes["leases_by_worker"] == {"n1:1": 2, "n2:7": 1}
     assert quotes["retries"] == 1
-    assert quotes["dead_letters"] == {"{quotes}:requests:dead": 1, "{quotes}:dead": 2}
+    assert quotes["dead_letters"] == 3
     assert quotes["items"] == {"quotes": 12}
     assert quotes["stats"]["response_received_count"] == 45
     assert quotes["workers_live"] == 1
@@ -150,10 +187,11 @@ def test_status_json_reports_every_figure_redis_and_mongodb_hold(
     pages = status["spiders"]["pages"]
     assert (pages["queued"], pages["leases"], pages["retries"], pages["dead_letters"]) == (
         0,
-        None,
-        None,
-        {},
+        0,
+        0,
+        0,
     )
+    assert (pages["queued_by_priority"], pages["seen"], pages["leases_by_worker"]) == ({}, 0, {})
 
 
 def test_status_table_names_each_figure(filled: dict[str, Any], env: dict[str, str]) -> None:
@@ -184,7 +222,7 @@ def test_status_table_names_each_figure(filled: dict[str, Any], env: dict[str, s
 
 
 def test_status_reports_an_unreachable_mongodb_and_still_reads_redis(
-    filled: dict[str, Any], env: dict[str, str]
+    filled: dict[str, Any], env: dict[str, str], redis_url: str
 ) -> None:
     env = {**env, "MONGO_URI": f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=500"}
     result = subprocess.run(
@@ -199,7 +237,7 @@ def test_status_reports_an_unreachable_mongodb_and_still_reads_redis(
     assert result.returncode == 1
     status = json.loads(result.stdout)
     assert "mongodb" in status["errors"] and "redis" not in status["errors"]
-    assert status["spiders"]["quotes"]["queued"] == 14
+    assert status["spiders"]["quotes"]["queued"] == queued_count(redis_url) == 14
 
 
 def test_metrics_endpoint_serves_the_status_figures(
@@ -244,7 +282,7 @@ def test_metrics_endpoint_serves_the_status_figures(
     assert value("crawler_requests_leased", spider="quotes") == 3
     assert value("crawler_requests_leased_by_worker", spider="quotes", worker="n1:1") == 2
     assert value("crawler_retries_waiting", spider="quotes") == 1
-    assert value("crawler_dead_letters", spider="quotes", key="{quotes}:dead") == 2
+    assert value("crawler_dead_letters", spider="quotes", key="{quotes}:dead") == 3
     assert value("crawler_urls_seen", spider="quotes") == 25
     assert value("crawler_items_stored", collection="quotes") == 12
     assert value("crawler_items_stored", collection="authors") == 4
@@ -264,13 +302,59 @@ def test_exporter_binds_loopback_by_default() -> None:
 
 def test_queued_by_priority_stops_at_the_limit(redis_url: str) -> None:
     client: redis.Redis = redis.Redis.from_url(redis_url)
+    frontier = Frontier(client, "x")
+    for i in range(10):
+        push(frontier, f"https://x{i % 2}.example/{i}", f"x{i % 2}.example", i)
+
+    def read(**kwargs: Any) -> dict[str, Any]:
+        spiders = StatusReader(client, None, "unused", ["x", "nothing"], **kwargs).read().spiders
+        return {
+            name: (s.queued, s.queued_by_priority, s.queued_by_priority_truncated)
+            for name, s in spiders.items()
+        }
+
     try:
-        client.zadd("{x}:requests", {f"r{i}": -i for i in range(10)})
-        assert queued_by_priority(client, "{x}:requests", limit=3) == ({9: 1, 8: 1, 7: 1}, True)
-        assert queued_by_priority(client, "{x}:requests")[1] is False
-        assert queued_by_priority(client, "{nothing}:requests") == ({}, False)
+        limited = read(max_priorities=3)
+        assert limited["x"] == (queued_count(redis_url, "x"), {9: 1, 8: 1, 7: 1}, True)
+        assert limited["x"][0] == 10
+        assert read()["x"] == (10, {p: 1 for p in range(9, -1, -1)}, False)
+        assert list(read()["x"][1]) == list(range(9, -1, -1))
+        assert read()["nothing"] == (0, {}, False)
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("max_bits", [2**32, 4096], ids=["one-bitmap", "sharded"])
+def test_urls_seen_is_unknown_with_the_bloom_dupefilter(redis_url: str, max_bits: int) -> None:
+    client: redis.Redis = redis.Redis.from_url(redis_url)
+    bloom = BloomFilter.for_capacity("{b}:bloom", 1000, 0.01, max_bits=max_bits)
+    assert (bloom.shards > 1) == (max_bits == 4096)
+    frontier = Frontier(client, "b", bloom=bloom)
+    for i in range(50):
+        url = f"https://b.example/{i}"
+        assert frontier.push(
+            body(url), site="b.example", priority=0, fingerprint=os.urandom(20), dont_filter=False
+        )
+    assert not client.exists("{b}:dupefilter")
+    reader = StatusReader(client, None, "unused", ["b", "nothing"])
+    try:
+        status = reader.read()
+        assert status.spiders["b"].seen is None
+        assert status.spiders["b"].queued == 50
+        assert status.spiders["nothing"].seen == 0  # neither a set nor a Bloom filter
+        assert status.as_dict()["spiders"]["b"]["seen"] is None
+        samples = [
+            sample
+            for family in StatusCollector(reader).collect()
+            for sample in family.samples
+            if sample.name == "crawler_urls_seen"
+        ]
+        assert [s.labels["spider"] for s in samples] == ["nothing"]
+        console = Console(width=160, record=True, file=io.StringIO())
+        console.print(render(status))
+        assert "unknown" in console.export_text()
+    finally:
+        reader.close()
 
 
 def test_worker_records_that_are_not_json_are_skipped_not_unpickled(

@@ -49,15 +49,14 @@ def _spider_table(spider: SpiderStatus) -> Table:
     table.add_row(
         "requests queued", str(spider.queued), by_priority and f"by priority {by_priority}"
     )
-    leases = "-" if spider.leases is None else str(spider.leases)
     per_worker = ", ".join(f"{w}: {n}" for w, n in sorted(spider.leases_by_worker.items()))
-    table.add_row("requests leased", leases, per_worker)
-    table.add_row("retries waiting", "-" if spider.retries is None else str(spider.retries), "")
-    dead = sum(spider.dead_letters.values())
-    table.add_row(
-        "dead letters", str(dead), ", ".join(f"{k}: {n}" for k, n in spider.dead_letters.items())
-    )
-    table.add_row("URLs seen", str(spider.seen), spider.keys["dupefilter"])
+    table.add_row("requests leased", str(spider.leases), per_worker)
+    table.add_row("retries waiting", str(spider.retries), "")
+    table.add_row("dead letters", str(spider.dead_letters), spider.keys["dead"])
+    if spider.seen is None:
+        table.add_row("URLs seen", "unknown", f"Bloom filter {spider.keys['bloom']}")
+    else:
+        table.add_row("URLs seen", str(spider.seen), spider.keys["dupefilter"])
     for collection, count in sorted(spider.items.items()):
         table.add_row(f"items in {collection}", str(count), "")
     for stat in ("response_received_count", "item_scraped_count"):
