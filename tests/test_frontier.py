@@ -265,3 +265,11 @@ def test_a_site_gets_at_most_its_concurrency_across_workers(redis_url: str) -> N
     # b holds its fair share (2 slots, 2 live workers): the free slot is a's.
     assert b.next_request() is None
     assert a.next_request() is not None
+
+
+def test_the_outbox_reloads_scripts_that_redis_forgot(redis_url: str, rds: redis.Redis) -> None:
+    scheduler, _ = open_scheduler(redis_url)
+    rds.script_flush()  # as after a restart without persistence of scripts
+    scheduler.enqueue_request(Request("https://a.example/1"))
+    assert scheduler.flush_outbox()
+    assert [r.url for r in lease_all(scheduler)] == ["https://a.example/1"]

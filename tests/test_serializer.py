@@ -78,3 +78,25 @@ def test_a_pickled_payload_is_refused_not_unpickled() -> None:
 def test_foreign_entries_are_refused(data: bytes) -> None:
     with pytest.raises(DecodeError):
         serializer.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("url", "stored"),
+    [
+        ("https://a.example/page/2/?q=1", '"u":"/page/2/?q=1"'),
+        ("http://a.example:8080/x", '"u":"/x","w":1'),
+        ("https://a.example?q=1", '"u":"/?q=1"'),
+        ("https://other.example/x", '"u":"https://other.example/x"'),
+    ],
+)
+def test_urls_are_stored_relative_to_the_site_of_their_queue(url: str, stored: str) -> None:
+    site = "a.example:8080" if ":8080" in url else "a.example"
+    data = serializer.dumps(Request(url).to_dict(), site)
+    assert stored in data.decode()
+    back = request_from_dict(serializer.loads(data, site))
+    assert back.url == Request(url).url
+
+
+def test_a_relative_entry_needs_its_site() -> None:
+    with pytest.raises(DecodeError, match="relative URL"):
+        serializer.loads(b'{"u":"/x"}')

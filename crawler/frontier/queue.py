@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from scrapy.utils.request import request_from_dict
 from scrapy_redis.queue import Base
 
 from crawler.frontier import serializer as json_serializer
@@ -80,20 +81,31 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         """Requests queued, waiting for a retry, or leased."""
         return self.frontier.pending()
 
-    def encode(self, request: Request) -> bytes:
+    def encode(self, request: Request, *, compact: bool = True) -> bytes:
         """Encode ``request`` for the queue.
 
+        :param compact: store the URL relative to its site (the entry lives
+            under the site's key); False for a self-contained entry (dead
+            letters). Only the JSON serializer compacts.
         :raises crawler.frontier.serializer.EncodeError: a value in meta,
             cb_kwargs or cookies cannot be stored (the message says which).
         :raises ValueError: the callback is not a method of the spider.
         """
-        data: bytes = self._encode_request(request)
-        return data
+        if self.serializer is not json_serializer:
+            data: bytes = self._encode_request(request)
+            return data
+        obj = request.to_dict(spider=self.spider)
+        return json_serializer.dumps(obj, site_of(request) if compact else None)
 
-    def decode(self, data: bytes) -> Request:
-        """Decode an entry; raises ValueError (or a subclass) when it can't."""
-        request: Request = self._decode_request(data)
-        return request
+    def decode(self, data: bytes, site: str | None = None) -> Request:
+        """Decode an entry stored under ``site``.
+
+        :raises ValueError: (or a subclass) the entry is not a request.
+        """
+        if self.serializer is not json_serializer:
+            request: Request = self._decode_request(data)
+            return request
+        return request_from_dict(json_serializer.loads(data, site), spider=self.spider)
 
     def push(self, request: Request, fingerprint: bytes | None = None) -> bool:
         """Queue ``request``; with a fingerprint, only if it was not seen.
@@ -118,7 +130,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         if isinstance(result, NotDue):
             return None
         self.frontier.ack(["pop:0"])
-        return self.decode(result.data)
+        return self.decode(result.data, result.site)
 
     def clear(self) -> None:
         """Delete the frontier (not the dupefilter)."""

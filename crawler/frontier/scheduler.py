@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from scrapy import signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -164,6 +164,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             spider.server = get_redis(self.crawler.settings)
         self._apply_site_settings()
         self._hook_engine()
+        try:
+            self.queue.frontier.load_scripts()
+        except RedisError as exc:
+            self._outage(exc)
         signals_ = self.crawler.signals
         signals_.connect(self._on_request_dead, signal=request_dead)
         signals_.connect(self._on_spider_error, signal=signals.spider_error)
@@ -294,7 +298,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._due_at = None if result.wait is None else time.monotonic() + result.wait
                 return None
             try:
-                request = self.queue.decode(result.data)
+                request = self.queue.decode(result.data, result.site)
             except (ValueError, TypeError, KeyError) as exc:
                 self._dead_entry(result.data, lease_id, exc)
                 continue
@@ -364,7 +368,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Record ``request`` in ``{s}:dead`` as JSON: url, reason, attempts,
         last error, time (Unix seconds) and the encoded request (for requeue)."""
         try:
-            encoded: str | None = self.queue.encode(request).decode()
+            encoded: str | None = self.queue.encode(request, compact=False).decode()
         except ValueError:
             encoded = None
         record = {
@@ -416,10 +420,17 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return False
         ops = list(self._outbox)
         try:
-            with self.server.pipeline(transaction=True) as pipe:
-                for op in ops:
-                    op.send(pipe)
-                results = pipe.execute()
+            results = self._send(ops)
+        except NoScriptError:
+            # Redis restarted and forgot the scripts; the transaction's other
+            # writes went through, and are idempotent but for dead letters,
+            # which may be written twice.
+            try:
+                self.queue.frontier.load_scripts()
+                results = self._send(ops)
+            except RedisError as exc:
+                self._outage(exc)
+                return False
         except RedisError as exc:
             self._outage(exc)
             return False
@@ -432,6 +443,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             elif op.kind == "ack":
                 self.stats.inc_value("frontier/leases/acked", int(result or 0))
         return True
+
+    def _send(self, ops: list[_Op]) -> list[Any]:
+        with self.server.pipeline(transaction=True) as pipe:
+            for op in ops:
+                op.send(pipe)
+            results: list[Any] = pipe.execute()
+        return results
 
     def _outage(self, exc: Exception) -> None:
         if not self._backoff:

@@ -13,7 +13,11 @@ pays for them in Redis memory:
 =====  =====================  =====================================
 key    Request attribute      encoding
 =====  =====================  =====================================
-``u``  ``url``                string (always present)
+``u``  ``url``                string (always present); relative to
+                              its site (``/path?query``) when the
+                              entry is stored under the site's key
+``w``  (scheme)               ``1`` for a relative ``http`` URL
+                              (relative ones are ``https`` by default)
 ``c``  ``callback``           spider method name
 ``e``  ``errback``            spider method name
 ``M``  ``method``             string, left out when ``GET``
@@ -93,16 +97,28 @@ def _check_json(value: Any, where: str, url: str) -> None:
     )
 
 
-def dumps(obj: dict[str, Any]) -> bytes:
+def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
     """Encode the dict of :meth:`scrapy.Request.to_dict` as compact JSON.
 
     :param obj: the request's dict (``url``, ``callback``, ``headers``, ...).
+    :param site: the site (``host`` or ``host:port``) the entry is stored
+        under; an http(s) URL on that site is then stored without its
+        ``scheme://site`` part, which :func:`loads` needs the site to restore.
     :returns: UTF-8 JSON bytes, defaults left out (see the module table).
     :raises EncodeError: when meta, cb_kwargs or cookies hold a value JSON
         cannot carry; the message names the URL and the key.
     """
     url = obj["url"]
     out: dict[str, Any] = {"u": url}
+    if site is not None:
+        for scheme in ("https", "http"):
+            prefix = f"{scheme}://{site}"
+            rest = url[len(prefix):]
+            if url.startswith(prefix) and rest[:1] in ("/", "?"):
+                out["u"] = rest if rest[0] == "/" else "/" + rest
+                if scheme == "http":
+                    out["w"] = 1
+                break
     for name, (short, default) in _PLAIN.items():
         value = obj.get(name, default)
         if value is None or value == default:
@@ -128,10 +144,11 @@ def dumps(obj: dict[str, Any]) -> bytes:
         raise EncodeError(f"cannot store request {url} in Redis: {exc}") from exc
 
 
-def loads(data: bytes | str) -> dict[str, Any]:
+def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
     """Decode bytes written by :func:`dumps` into a ``Request.to_dict`` dict.
 
     :param data: one frontier entry.
+    :param site: the site it was stored under (needed for a relative URL).
     :returns: a dict that :func:`scrapy.utils.request.request_from_dict`
         accepts.
     :raises DecodeError: the entry is not our JSON (a pickled payload is
@@ -149,7 +166,12 @@ def loads(data: bytes | str) -> dict[str, Any]:
         raise DecodeError(f"entry is not JSON: {exc}") from exc
     if not isinstance(enc, dict) or not isinstance(enc.get("u"), str):
         raise DecodeError("entry is not a JSON request object with a 'u' url")
-    out: dict[str, Any] = {"url": enc["u"]}
+    url = enc["u"]
+    if url.startswith("/"):
+        if site is None:
+            raise DecodeError("entry has a relative URL and no site to resolve it")
+        url = ("http://" if enc.get("w") else "https://") + site + url
+    out: dict[str, Any] = {"url": url}
     for short, name in _LONG.items():
         if short in enc:
             out[name] = enc[short]

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from redis import StrictRedis
+
 if TYPE_CHECKING:
     from redis import Redis
     from redis.commands.core import Script
@@ -62,9 +64,27 @@ def frontier_prefix(spider_name: str) -> str:
     return f"{{{spider_name}}}:"
 
 
-def _script(redis: Redis, name: str) -> Script:
-    source = resources.files("crawler.frontier").joinpath("lua", name).read_text()
-    return redis.register_script(source)
+class _Lua:
+    """One Lua script of ``lua/``, callable directly or on a pipeline.
+
+    Called directly, it is redis-py's :class:`~redis.commands.core.Script`
+    (``EVALSHA``, loading the script when Redis lacks it). Queued on a
+    pipeline of a standalone Redis, it is a bare ``EVALSHA``: redis-py's
+    Script objects make every pipeline ``execute`` ask ``SCRIPT EXISTS``
+    first, one more round trip per transaction. The scripts are loaded with
+    :meth:`Frontier.load_scripts`; a pipeline that meets ``NOSCRIPT`` (Redis
+    restarted) loads them and is sent again.
+    """
+
+    def __init__(self, redis: Redis, name: str) -> None:
+        self.source = resources.files("crawler.frontier").joinpath("lua", name).read_text()
+        self.script: Script = redis.register_script(self.source)
+        self.bare_pipelines = isinstance(redis, StrictRedis)
+
+    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+        if client is not None and self.bare_pipelines:
+            return client.evalsha(self.script.sha, len(keys), *keys, *args)
+        return self.script(keys=keys, args=args, client=client)
 
 
 @dataclass(frozen=True)
@@ -148,12 +168,23 @@ class Frontier:
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency (an ack elsewhere frees a slot).
         self.recheck_ms = 50
-        self._push = _script(redis, "push.lua")
-        self._lease = _script(redis, "lease.lua")
-        self._ack = _script(redis, "ack.lua")
-        self._extend = _script(redis, "extend.lua")
-        self._retry = _script(redis, "retry.lua")
-        self._release_slots = _script(redis, "release.lua")
+        self._push = _Lua(redis, "push.lua")
+        self._lease = _Lua(redis, "lease.lua")
+        self._ack = _Lua(redis, "ack.lua")
+        self._extend = _Lua(redis, "extend.lua")
+        self._retry = _Lua(redis, "retry.lua")
+        self._release_slots = _Lua(redis, "release.lua")
+        self._scripts = [
+            self._push, self._lease, self._ack, self._extend, self._retry, self._release_slots
+        ]
+
+    def load_scripts(self) -> None:
+        """Load the Lua scripts into Redis (``SCRIPT LOAD``), e.g. after a restart.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        for lua in self._scripts:
+            self.redis.script_load(lua.source)
 
     def key(self, name: str) -> str:
         """The full key of ``name``, e.g. ``key("wait") == "{s}:wait"``."""
