@@ -226,11 +226,24 @@ class BackoffRetryMiddleware(RetryMiddleware):
         return self._retry_later(request, reason, wait) or response
 
     def process_exception(self, request: Request, exception: Exception) -> Any:  # type: ignore[override]
-        """Retry a download error in ``RETRY_EXCEPTIONS``, later."""
+        """Retry a download error in ``RETRY_EXCEPTIONS``, later.
+
+        Any other download error (an invalid request, say) is final: the
+        request becomes a dead letter, so it is not lost silently.
+        ``IgnoreRequest`` (robots.txt, offsite) is a decision, not an error.
+        """
+        if isinstance(exception, IgnoreRequest):
+            return None
         if isinstance(exception, self.exceptions_to_retry) and not request.meta.get(
             "dont_retry", False
         ):
             return self._retry_later(request, exception, None)
+        self.crawler.signals.send_catch_log(
+            request_dead,
+            request=request,
+            reason=f"download failed: {type(exception).__name__}: {exception}",
+            error=repr(exception),
+        )
         return None
 
     def _retry_later(

@@ -22,8 +22,8 @@ from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
-from scrapy_redis.connection import get_redis_from_settings
 
+from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import frontier_prefix
 
@@ -58,13 +58,20 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
-        self.redis: Redis = get_redis_from_settings(crawler.settings)
+        self._redis: Redis | None = None
         self.ttl = crawler.settings.getfloat("FRONTIER_ROBOTS_TTL", 86400.0)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; NotConfigured unless ``ROBOTSTXT_OBEY``."""
         return cls(crawler)
+
+    @property
+    def redis(self) -> Redis:
+        """The Redis client, built on first use (a cluster client connects)."""
+        if self._redis is None:
+            self._redis = get_redis(self.crawler.settings)
+        return self._redis
 
     def _prefix(self) -> str:
         assert self.crawler.spider is not None
@@ -160,11 +167,18 @@ class AdaptiveSlowdownMiddleware:
     def __init__(self, crawler: Crawler) -> None:
         settings = crawler.settings
         self.crawler = crawler
-        self.redis: Redis = get_redis_from_settings(settings)
+        self._redis: Redis | None = None
         self.start = settings.getfloat("FRONTIER_ADAPTIVE_START", 1.0) * 1000
         self.max = settings.getfloat("FRONTIER_ADAPTIVE_MAX", 60.0) * 1000
         self.latency = settings.getfloat("FRONTIER_ADAPTIVE_LATENCY", 5.0)
         self._slow: dict[str, float] = {}
+
+    @property
+    def redis(self) -> Redis:
+        """The Redis client, built on first use (a cluster client connects)."""
+        if self._redis is None:
+            self._redis = get_redis(self.crawler.settings)
+        return self._redis
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:

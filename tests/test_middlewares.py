@@ -16,6 +16,7 @@ from crawler.middlewares import on_sites, site_of
         ("https://example.com:443/", "example.com"),
         ("http://127.0.0.1:8080/x", "127.0.0.1:8080"),
         ("https://sub.example.com/", "sub.example.com"),
+        ("http://[::1]:8099/x", "[::1]:8099"),
     ],
 )
 def test_site_of(url: str, site: str) -> None:

@@ -50,3 +50,24 @@ def test_bad_seeds_raise_with_the_reason(data: bytes | str, reason: str) -> None
     with pytest.raises(BadSeed, match=None) as info:
         parse_seed(data)
     assert reason in str(info.value)
+
+
+def test_a_deeply_nested_json_seed_is_a_bad_seed() -> None:
+    with pytest.raises(BadSeed, match="not valid JSON"):
+        parse_seed("[" * 100_000)
+
+
+@pytest.mark.parametrize("name", ["_return_pending", "__init__", "start", "close", "nope"])
+def test_a_seed_cannot_name_a_private_or_machinery_method_as_callback(name: str) -> None:
+    from crawler.spiders.quotes import QuotesSpider
+
+    with pytest.raises(BadSeed):
+        QuotesSpider()._seed_callback(name)
+
+
+@pytest.mark.parametrize("name", ["parse", "parse_author"])
+def test_a_seed_may_name_the_spiders_callbacks(name: str) -> None:
+    from crawler.spiders.quotes import QuotesSpider
+
+    spider = QuotesSpider()
+    assert spider._seed_callback(name) == getattr(spider, name)

@@ -100,3 +100,31 @@ def test_urls_are_stored_relative_to_the_site_of_their_queue(url: str, stored: s
 def test_a_relative_entry_needs_its_site() -> None:
     with pytest.raises(DecodeError, match="relative URL"):
         serializer.loads(b'{"u":"/x"}')
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"[" * 100_000, "not JSON"),
+        (b'{"u":"https://a.example/","h":5}', "bad field 'h'"),
+        (b'{"u":"https://a.example/","b":5}', "bad field 'b'"),
+        (b'{"u":"https://a.example/","zz":1}', "bad field 'zz'"),
+        (b'{"u":"https://a.example/","h":{"a":[1]}}', "bad headers"),
+        (b'{"u":"https://a.example/","t":"os.system"}', "not a loaded Request class"),
+        (b'{"u":"https://a.example/","t":"nosuchmodule.X"}', "not a loaded Request class"),
+    ],
+)
+def test_poison_entries_are_refused_without_importing_anything(data: bytes, reason: str) -> None:
+    import sys
+
+    with pytest.raises(DecodeError, match=reason):
+        serializer.loads(data)
+    assert "nosuchmodule" not in sys.modules
+
+
+def test_a_request_subclass_survives_the_roundtrip() -> None:
+    from scrapy.http import JsonRequest
+
+    data = serializer.dumps(JsonRequest("https://a.example/api", data={"q": 1}).to_dict())
+    back = request_from_dict(serializer.loads(data))
+    assert type(back) is JsonRequest

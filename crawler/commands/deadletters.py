@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy import Request
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
-from scrapy_redis.connection import get_redis_from_settings
 
+from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Frontier
 
@@ -91,7 +91,7 @@ class Command(ScrapyCommand):
             raise UsageError(f"expected one of {', '.join(ACTIONS)} and a spider name")
         action, spider = args
         assert self.settings is not None
-        frontier = Frontier(get_redis_from_settings(self.settings), spider)
+        frontier = Frontier(get_redis(self.settings), spider)
         key = frontier.key("dead")
         if action == "list":
             end = -1 if opts.limit is None else opts.limit - 1

@@ -299,7 +299,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 return None
             try:
                 request = self.queue.decode(result.data, result.site)
-            except (ValueError, TypeError, KeyError) as exc:
+            except Exception as exc:  # whatever Redis held, never crash the worker
                 self._dead_entry(result.data, lease_id, exc)
                 continue
             self._leases[request] = lease_id

@@ -95,7 +95,7 @@ def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
         return Seed(url=check_url(text))
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise BadSeed(f"not valid JSON ({exc}): {text[:200]!r}") from None
     if not isinstance(obj, dict):
         raise BadSeed(f"JSON seed must be an object, got {type(obj).__name__}")

@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from typing import Any
+
+from scrapy import Request
 
 __all__ = ["DecodeError", "EncodeError", "dumps", "loads"]
 
@@ -162,10 +165,11 @@ def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
         )
     try:
         enc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DecodeError(f"entry is not JSON: {exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise DecodeError(f"entry is not JSON: {exc}") from None
     if not isinstance(enc, dict) or not isinstance(enc.get("u"), str):
         raise DecodeError("entry is not a JSON request object with a 'u' url")
+    _check_fields(enc)
     url = enc["u"]
     if url.startswith("/"):
         if site is None:
@@ -186,6 +190,45 @@ def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
     elif "B" in enc:
         out["body"] = base64.b64decode(enc["B"])
     return out
+
+
+#: Types of the encoded fields; anything else is refused.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "u": (str,), "w": (int,), "c": (str,), "e": (str,), "M": (str,), "h": (dict,),
+    "b": (str,), "B": (str,), "k": (dict, list), "m": (dict,), "a": (dict,),
+    "x": (str,), "p": (int,), "f": (int,), "g": (list,), "t": (str,),
+}
+
+
+def _check_fields(enc: dict[str, Any]) -> None:
+    """Refuse an entry with unknown fields, wrong types or a foreign class.
+
+    :raises DecodeError: saying which field is wrong.
+    """
+    for key, value in enc.items():
+        expected = _TYPES.get(key)
+        if expected is None or not isinstance(value, expected) or (
+            isinstance(value, bool) and bool not in expected
+        ):
+            raise DecodeError(f"entry has a bad field {key!r}: {str(value)[:80]!r}")
+    if "h" in enc and not all(
+        isinstance(k, str) and isinstance(vs, list) and all(isinstance(v, str) for v in vs)
+        for k, vs in enc["h"].items()
+    ):
+        raise DecodeError("entry has bad headers")
+    cls = enc.get("t")
+    if cls is not None and not _is_request_class(cls):
+        raise DecodeError(f"entry names {cls!r}, which is not a loaded Request class")
+
+
+def _is_request_class(path: str) -> bool:
+    """Whether ``path`` names a Request subclass in an already imported module.
+
+    Nothing is imported on the word of Redis: importing a module runs code.
+    """
+    module, _, name = path.rpartition(".")
+    obj = getattr(sys.modules.get(module), name, None)
+    return isinstance(obj, type) and issubclass(obj, Request)
 
 
 def _latin1(value: bytes | str) -> str:

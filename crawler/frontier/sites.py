@@ -23,6 +23,8 @@ def site_of(target: Request | Response) -> str:
     """
     parts = urlparse_cached(target)
     host = (parts.hostname or "").lower()
+    if ":" in host:  # an IPv6 literal keeps its brackets, as in URLs
+        host = f"[{host}]"
     try:
         port = parts.port
     except ValueError:

@@ -260,9 +260,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             seed = parse_seed(data, self.redis_encoding)
             callback = None
             if seed.callback is not None:
-                callback = getattr(self, seed.callback, None)
-                if not callable(callback):
-                    raise BadSeed(f"spider has no callback {seed.callback!r}")
+                callback = self._seed_callback(seed.callback)
             request = Request(
                 seed.url,
                 callback=callback,
@@ -274,7 +272,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 cb_kwargs=seed.cb_kwargs,
                 dont_filter=True,
             )
-        except (BadSeed, ValueError, TypeError) as exc:
+        except (BadSeed, ValueError, TypeError, RecursionError) as exc:
             self.crawler.stats.inc_value("frontier/seeds/bad")
             logger.error(
                 "Skipped bad seed %r from %s: %s",
@@ -290,6 +288,22 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 extra={"spider": self},
             )
         return request
+
+    def _seed_callback(self, name: str) -> Any:
+        """The spider method a JSON seed names as its callback.
+
+        Only ``parse`` and the public methods a spider defines itself are
+        callbacks: not private names, nor the machinery of this class and of
+        Scrapy's (``start``, ``close``, ...).
+
+        :raises BadSeed: for any other name.
+        """
+        if name.startswith("_") or (name != "parse" and hasattr(FrontierSpider, name)):
+            raise BadSeed(f"{name!r} is not a callback of this spider")
+        callback = getattr(self, name, None)
+        if not callable(callback):
+            raise BadSeed(f"spider has no callback {name!r}")
+        return callback
 
     def spider_idle(self) -> None:
         """Let the spider close once :meth:`start` has given up for idleness.
