@@ -1,0 +1,307 @@
+"""Figures measured against Redis directly: c (memory) and d (operations/s).
+
+Both drive the real code paths: ours encodes with
+:class:`~crawler.frontier.queue.LeasedPriorityQueue` (JSON serializer,
+defaults left out) and calls :class:`~crawler.frontier.store.Frontier`'s Lua
+scripts; stock encodes with :class:`scrapy_redis.queue.PriorityQueue`
+(pickle) and fingerprints with :class:`scrapy_redis.dupefilter.RFPDupeFilter`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from scrapy import Request, Spider
+from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.test import get_crawler
+from scrapy_redis.dupefilter import RFPDupeFilter
+from scrapy_redis.queue import PriorityQueue
+
+from crawler.frontier import serializer as json_serializer
+from crawler.frontier.queue import LeasedPriorityQueue
+from crawler.frontier.sites import site_of
+from crawler.frontier.store import NotDue
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from scrapy.crawler import Crawler
+
+__all__ = ["frontier_ops", "redis_memory", "typical_requests"]
+
+#: Requests pushed and leased per cycle in figure d: a worker's
+#: CONCURRENT_REQUESTS, i.e. what one reactor turn's outbox carries at most.
+OPS_BATCH = 16
+
+
+class _BenchSpider(Spider):
+    """Callback owner for encoding requests (``parse_item`` by name)."""
+
+    name = "bench"
+
+    def parse_item(self, response: Any) -> None:
+        """Unused: only its name is encoded."""
+
+
+def typical_requests(n: int, spider: Spider, tag: str = "") -> Iterator[Request]:
+    """``n`` distinct requests: ~70-character URL on 10 hosts, callback, depth meta."""
+    for i in range(n):
+        url = f"https://www.example-shop{i % 10}.com/catalog/books/item-{tag}{i:07d}.html?ref=list"
+        yield Request(url, callback=spider.parse_item, meta={"depth": 2})
+
+
+def _crawler(redis_url: str, **settings: Any) -> tuple[Crawler, Spider]:
+    crawler = get_crawler(
+        _BenchSpider,
+        {"REDIS_URL": redis_url, "FRONTIER_CONCURRENCY": 64, "FRONTIER_DELAY": 0.0, **settings},
+    )
+    spider = _BenchSpider()
+    spider._set_crawler(crawler)
+    crawler.spider = spider
+    return crawler, spider
+
+
+def _ours(server: redis.Redis, spider: Spider) -> Any:
+    return LeasedPriorityQueue(server, spider, "{bench}", json_serializer)
+
+
+def _memory_sum(server: redis.Redis, exclude: set[bytes]) -> int:
+    total = 0
+    for key in server.scan_iter(count=1000):
+        if key not in exclude:
+            total += int(server.memory_usage(key, samples=0) or 0)
+    return total
+
+
+def redis_memory(redis_url: str, n: int) -> dict[str, Any]:
+    """Figure c: Redis bytes per queued request and per seen URL.
+
+    ``used_memory`` is read before and after pushing ``n`` requests (scripts
+    loaded and the database flushed first); the seen set's ``MEMORY USAGE``
+    is the per-URL figure and the rest of the growth is the queue's. The
+    ``MEMORY USAGE`` sums of the queue keys are reported as a cross-check.
+    """
+    server = redis.Redis.from_url(redis_url)
+    crawler, spider = _crawler(redis_url)
+    fingerprint = crawler.request_fingerprinter.fingerprint
+    out: dict[str, Any] = {"n": n}
+
+    # Ours.
+    queue = _ours(server, spider)
+    frontier = queue.frontier
+    warm = next(typical_requests(1, spider, "w"))
+    frontier.push(queue.encode(warm), site=site_of(warm), priority=0,
+                  fingerprint=b"w" * 20, dont_filter=False)
+    server.flushall()
+    before = int(server.info("memory")["used_memory"])
+    requests = list(typical_requests(n, spider))
+    for i in range(0, n, 1000):
+        with server.pipeline(transaction=False) as pipe:
+            for request in requests[i : i + 1000]:
+                frontier.push(
+                    queue.encode(request), site=site_of(request), priority=request.priority,
+                    fingerprint=fingerprint(request), dont_filter=False, client=pipe,
+                )
+            pipe.execute()
+    after = int(server.info("memory")["used_memory"])
+    df_key = frontier.key("dupefilter").encode()
+    seen = int(server.memory_usage(df_key, samples=0) or 0)
+    out["ours"] = {
+        "queued_bytes": (after - before - seen) / n,
+        "seen_bytes": seen / n,
+        "queued_bytes_memory_usage": _memory_sum(server, {df_key}) / n,
+        "queued": int(server.get(frontier.key("count")) or 0),
+        "encoded_length": len(queue.encode(requests[0])),
+    }
+
+    # Stock scrapy-redis.
+    server.flushall()
+    stock = PriorityQueue(server, spider, "bench:requests")
+    dupefilter = RFPDupeFilter(server, "bench:dupefilter")
+    before = int(server.info("memory")["used_memory"])
+    for i in range(0, n, 1000):
+        with server.pipeline(transaction=False) as pipe:
+            stock.server = dupefilter.server = pipe
+            for request in requests[i : i + 1000]:
+                dupefilter.request_seen(request)
+                stock.push(request)
+            pipe.execute()
+    stock.server = dupefilter.server = server
+    after = int(server.info("memory")["used_memory"])
+    seen = int(server.memory_usage("bench:dupefilter", samples=0) or 0)
+    out["stock"] = {
+        "queued_bytes": (after - before - seen) / n,
+        "seen_bytes": seen / n,
+        "queued_bytes_memory_usage": _memory_sum(server, {b"bench:dupefilter"}) / n,
+        "queued": int(server.zcard("bench:requests")),
+        "encoded_length": len(stock._encode_request(requests[0])),
+    }
+    server.flushall()
+    out["bloom"] = _bloom_memory(server, redis_url, requests)
+    server.flushall()
+    server.close()
+    return out
+
+
+def _bloom_memory(server: redis.Redis, redis_url: str, requests: list[Request]) -> dict[str, Any]:
+    """Bytes per URL of ``crawler.frontier.bloom`` if it exists, else pending.
+
+    The Bloom dupefilter is built as Scrapy builds a ``DUPEFILTER_CLASS``
+    (``from_crawler``), sized for the URLs pushed, and fed through its
+    ``request_seen``.
+    """
+    try:
+        module = importlib.import_module("crawler.frontier.bloom")
+    except ImportError:
+        return {"status": "pending", "reason": "crawler/frontier/bloom.py does not exist yet"}
+    try:
+        classes = [
+            obj for obj in vars(module).values()
+            if isinstance(obj, type) and obj.__module__ == module.__name__
+            and hasattr(obj, "request_seen")
+        ]
+        if not classes:
+            return {"status": "pending", "reason": "no class with request_seen in bloom.py"}
+        cls = classes[0]
+        crawler, _ = _crawler(
+            redis_url, FRONTIER_BLOOM_CAPACITY=len(requests), FRONTIER_BLOOM_ERROR_RATE=0.001
+        )
+        dupefilter = build_from_crawler(load_object(cls), crawler)
+        if hasattr(dupefilter, "open"):
+            dupefilter.open()
+        false_positives = sum(bool(dupefilter.request_seen(r)) for r in requests)
+        # MEMORY USAGE of the bitmap(s): used_memory also counts the script
+        # cache and allocator slack of everything else.
+        size = sum(
+            int(server.memory_usage(key) or 0) for key in server.scan_iter(match="*bloom*")
+        )
+        return {
+            "status": "measured",
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+            "seen_bytes": size / len(requests),
+            "false_positives": false_positives,
+        }
+    except Exception as exc:  # another helper's work in progress: report, don't fail
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+
+
+# -- figure d ----------------------------------------------------------------
+
+
+def _ops_client(
+    redis_url: str, kind: str, *, index: int, seconds: float, barrier: Any, results: Any
+) -> None:
+    """One client process: push, lease and ack (ours) or push and pop (stock)."""
+    server = redis.Redis.from_url(redis_url)
+    crawler, spider = _crawler(redis_url)
+    pool = list(typical_requests(12_000, spider, f"c{index}-"))
+    ops = 0
+    if kind == "ours":
+        queue = _ours(server, spider)
+        frontier = queue.frontier
+        fingerprint = crawler.request_fingerprinter.fingerprint
+        lease_ids = (f"w{index}:{n}" for n in range(10**9))
+        held: list[str] = []
+        barrier.wait()
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < seconds:
+            # The outbox: this turn's pushes and acks, one MULTI pipeline.
+            with server.pipeline(transaction=True) as pipe:
+                for request in pool[i : i + OPS_BATCH]:
+                    frontier.push(
+                        queue.encode(request), site=site_of(request),
+                        priority=request.priority, fingerprint=fingerprint(request),
+                        dont_filter=request.dont_filter, client=pipe,
+                    )
+                for lease_id in held:
+                    frontier.ack([lease_id], client=pipe)
+                pipe.execute()
+            ops += OPS_BATCH + len(held)
+            i = (i + OPS_BATCH) % (len(pool) - OPS_BATCH)
+            held = []
+            # Leases: one Lua call each, as next_request makes them.
+            for _ in range(OPS_BATCH):
+                lease_id = next(lease_ids)
+                result = queue.lease(lease_id)
+                if isinstance(result, NotDue):
+                    break
+                queue.decode(result.data, result.site)
+                held.append(lease_id)
+                ops += 1
+    else:
+        stock = PriorityQueue(server, spider, "bench:requests")
+        dupefilter = RFPDupeFilter(server, "bench:dupefilter")
+        barrier.wait()
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < seconds:
+            # scrapy_redis.scheduler.Scheduler.enqueue_request: SADD, then ZADD.
+            for request in pool[i : i + OPS_BATCH]:
+                if not dupefilter.request_seen(request):
+                    stock.push(request)
+                ops += 1
+            i = (i + OPS_BATCH) % (len(pool) - OPS_BATCH)
+            # next_request: one MULTI (ZRANGE + ZREMRANGEBYRANK) per pop.
+            for _ in range(OPS_BATCH):
+                if stock.pop() is None:
+                    break
+                ops += 1
+    elapsed = time.monotonic() - start
+    results.put((ops, elapsed))
+    server.close()
+
+
+def _prefill(redis_url: str, kind: str, n: int) -> None:
+    server = redis.Redis.from_url(redis_url)
+    crawler, spider = _crawler(redis_url)
+    requests = list(typical_requests(n, spider, "pre-"))
+    with server.pipeline(transaction=False) as pipe:
+        if kind == "ours":
+            queue = _ours(server, spider)
+            fingerprint = crawler.request_fingerprinter.fingerprint
+            for r in requests:
+                queue.frontier.push(queue.encode(r), site=site_of(r), priority=0,
+                                    fingerprint=fingerprint(r), dont_filter=False, client=pipe)
+        else:
+            stock = PriorityQueue(pipe, spider, "bench:requests")
+            for r in requests:
+                stock.push(r)
+        pipe.execute()
+    server.close()
+
+
+def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> float:
+    """Figure d: operations per second of ``clients`` processes together.
+
+    Each process runs cycles of 16 enqueues and 16 dequeues (plus, for ours,
+    the 16 acknowledgements of the previous cycle) against a queue prefilled
+    with 20,000 requests on 10 sites, for ``seconds`` after a common start.
+    Encoding, fingerprinting and decoding are included, as in a worker.
+    """
+    server = redis.Redis.from_url(redis_url)
+    server.flushall()
+    _prefill(redis_url, kind, 20_000)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(clients)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_ops_client,
+            args=(redis_url, kind),
+            kwargs={"index": i, "seconds": seconds, "barrier": barrier, "results": results},
+        )
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    server.flushall()
+    server.close()
+    return sum(ops for ops, _ in got) / max(elapsed for _, elapsed in got)

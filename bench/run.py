@@ -1,0 +1,267 @@
+"""Run every figure, write ``BENCHMARKS.md`` and print a JSON summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from bench import crawls, frontier_figs, mongo_fig
+from bench.workers import PROJECT_DIR
+from crawler.embedded import MongoServer, RedisServer
+
+__all__ = ["main"]
+
+#: Sizes of the full run and of ``--quick``.
+SIZES: dict[str, dict[str, Any]] = {
+    "full": {"pages": 5000, "per_worker": 160, "delay": 1.0, "memory_n": 100_000,
+             "ops_seconds": 2.0, "items": 2000, "tries": 20, "idle": 10.0},
+    "quick": {"pages": 200, "per_worker": 30, "delay": 0.15, "memory_n": 2000,
+              "ops_seconds": 0.5, "items": 100, "tries": 2, "idle": 1.0},
+}
+
+_HEADER = """# Benchmarks
+
+Written by `python -m bench` (the numbers below are from its last full run;
+do not edit them by hand). Rerun from the project directory with
+
+    .venv/bin/python -m bench              # full run, 5 repeats, ~25 minutes
+    .venv/bin/python -m bench --repeat 3   # fewer repeats
+    .venv/bin/python -m bench --quick      # tiny smoke run (tests/test_bench.py)
+
+It starts its own `redis-server`, SecantusDB (`crawler.embedded`) and HTTP
+sites (`bench/sites.py`, an asyncio server: the threaded
+`crawler.replay.SiteServer` costs as much CPU per page as the worker it
+serves). Each figure is a median of the repeats, ours against the baseline
+run side by side in the same invocation. How each figure is measured is in
+the docstrings of `bench/crawls.py`, `bench/frontier_figs.py` and
+`bench/mongo_fig.py`; the notes below the table summarise them.
+"""
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _row(
+    figure: str, values: tuple[float, float], unit: str, target: str, passed: bool | None
+) -> dict[str, Any]:
+    ours, base = values
+    ratio = ours / base if base else float("nan")
+    return {"figure": figure, "ours": ours, "baseline": base, "unit": unit,
+            "ratio": ratio, "target": target,
+            "pass": passed}
+
+
+def _ops(url: str, repeat: int, seconds: float) -> dict[str, list[float]]:
+    """Figure d's runs, alternating ours and stock, 1 and 4 clients."""
+    ops: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        for kind in ("ours", "stock"):
+            for clients in (1, 4):
+                ops.setdefault(f"{kind}-{clients}", []).append(
+                    frontier_figs.frontier_ops(url, kind, clients, seconds)
+                )
+    return ops
+
+
+def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
+    """Run all figures; return the summary (rows plus raw measurements)."""
+    size = SIZES["quick" if quick else "full"]
+    raw: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    timings: dict[str, float] = {}
+    with RedisServer() as redis_srv:
+        url = redis_srv.url
+
+        t = time.monotonic()
+        a = crawls.crawl_throughput(url, log_dir, pages=size["pages"], repeat=repeat)
+        raw["a"] = a
+        ours, base = _median(a["ours"]), _median(a["baseline"])
+        rows.append(_row(f"a. crawl pages/s, 1 worker, {size['pages']}-page CPU-bound site "
+                         "(vs Scrapy in-memory scheduler)", (ours, base), "pages/s",
+                         ">= 0.95", ours / base >= 0.95))
+        timings["a"] = time.monotonic() - t
+
+        t = time.monotonic()
+        b = crawls.scaling_throughput(url, log_dir, pages_per_worker=size["per_worker"],
+                                      delay=size["delay"], repeat=repeat)
+        raw["b"] = b
+        one = _median(b["rates"][1])
+        for workers in (2, 4):
+            many = _median(b["rates"][workers])
+            target = ">= 3.5" if workers == 4 else "(info)"
+            rows.append(_row(
+                f"b. crawl pages/s, {workers} workers vs 1, {int(size['delay'] * 1000)} ms "
+                "per response", (many, one), "pages/s", target,
+                many / one >= 3.5 if workers == 4 else None,
+            ))
+        timings["b"] = time.monotonic() - t
+
+        t = time.monotonic()
+        c = frontier_figs.redis_memory(url, size["memory_n"])
+        raw["c"] = c
+        rows.append(_row(f"c. Redis bytes per queued request ({size['memory_n']:,} requests)",
+                         (c["ours"]["queued_bytes"], c["stock"]["queued_bytes"]), "bytes",
+                         "ours <= 120", c["ours"]["queued_bytes"] <= 120))
+        rows.append(_row("c. Redis bytes per seen URL, exact set",
+                         (c["ours"]["seen_bytes"], c["stock"]["seen_bytes"]), "bytes",
+                         "(info)", None))
+        bloom = c["bloom"]
+        if bloom.get("status") == "measured":
+            rows.append(_row("c. Redis bytes per seen URL, Bloom filter (0.1% FP)",
+                             (bloom["seen_bytes"], c["stock"]["seen_bytes"]), "bytes",
+                             "ours <= 2", bloom["seen_bytes"] <= 2))
+        else:
+            rows.append(_row(f"c. Bloom filter bytes per URL: {bloom.get('status')}",
+                             (float("nan"), c["stock"]["seen_bytes"]), "bytes",
+                             "ours <= 2", None))
+        timings["c"] = time.monotonic() - t
+
+        t = time.monotonic()
+        raw["d"] = ops = _ops(url, repeat, size["ops_seconds"])
+        for clients in (1, 4):
+            ours, base = _median(ops[f"ours-{clients}"]), _median(ops[f"stock-{clients}"])
+            rows.append(_row(f"d. frontier ops/s, {clients} client{'s' if clients > 1 else ''}",
+                             (ours, base), "ops/s",
+                             "ours >= 30,000" if clients == 4 else "(info)",
+                             ours >= 30_000 if clients == 4 else None))
+        timings["d"] = time.monotonic() - t
+
+        t = time.monotonic()
+        with MongoServer() as mongo:
+            runs = [mongo_fig.mongo_items(mongo.uri, size["items"], i) for i in range(repeat)]
+        raw["e"] = runs
+        ours = _median([r["ours"] for r in runs])
+        base = _median([r["baseline"] for r in runs])
+        rows.append(_row(f"e. MongoDB items/s ({size['items']} page items)", (ours, base),
+                         "items/s", ">= 5", ours / base >= 5))
+        timings["e"] = time.monotonic() - t
+
+        t = time.monotonic()
+        raw["f"] = {
+            kind: crawls.seed_pickup(url, log_dir, tries=size["tries"], idle=size["idle"],
+                                     stock=kind == "stock")
+            for kind in ("ours", "stock")
+        }
+        f_ours, f_stock = raw["f"]["ours"], raw["f"]["stock"]
+        rows.append(_row(f"f. seed pickup latency of an idle worker, median of {size['tries']}",
+                         (f_ours["median_ms"], f_stock["median_ms"]), "ms",
+                         "ours <= 100 ms", f_ours["median_ms"] <= 100))
+        timings["f"] = time.monotonic() - t
+    return {"rows": rows, "raw": raw, "seconds": timings}
+
+
+def _machine() -> dict[str, Any]:
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(pages / 2**30, 1),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "versions": {name: version(name) for name in
+                     ("scrapy", "scrapy-redis", "redis", "pymongo", "twisted", "SecantusDB")},
+    }
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+
+
+def write_markdown(path: Path, summary: dict[str, Any]) -> None:
+    """Write ``BENCHMARKS.md``: header, machine, table and notes."""
+    m = summary["machine"]
+    lines = [_HEADER, f"## Last run: {summary['date']}", "",
+             f"Command: `{summary['command']}` ({summary['repeat']} repeats, "
+             f"{summary['total_seconds']:.0f} s)", "",
+             f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['cpu']}, "
+             f"Python {m['python']}; "
+             + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
+             "| figure | ours | baseline | unit | ratio | target | result |",
+             "|---|---:|---:|---|---:|---|---|"]
+    for r in summary["rows"]:
+        result = {True: "pass", False: "**FAIL**", None: "-"}[r["pass"]]
+        lines.append(f"| {r['figure']} | {_fmt(r['ours'])} | {_fmt(r['baseline'])} | "
+                     f"{r['unit']} | {_fmt(r['ratio'])} | {r['target']} | {result} |")
+    lines += ["", "## How each figure is measured", "", _NOTES]
+    path.write_text("\n".join(lines) + "\n")
+
+
+_NOTES = """\
+- **a.** One `scrapy crawl bench_links` worker (`bench/spiders.py`: follows
+  every link, yields no items, so the scheduler's cost is not hidden behind
+  item handling) on `crawler.replay.generated_site` served by `FastSite`.
+  Baseline: the same spider and settings with
+  `SCHEDULER=scrapy.core.scheduler.Scheduler` and
+  `DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter`. `CONCURRENT_REQUESTS`
+  and `_PER_DOMAIN` 16. Pages/s counted at the site between the 10th and
+  90th percentile of response times (start-up and tail excluded).
+- **b.** 1, 2, 4 workers on a hub page linking to 400 pages per worker, each
+  response held 150 ms; 16 requests at once per worker, cluster-wide
+  `FRONTIER_CONCURRENCY=64`; same steady-rate measure. Baseline: 1 worker.
+- **c.** 100,000 distinct requests (~70-character URLs on 10 hosts,
+  callback `parse_item`, `meta={"depth": 2}`), pushed with our `push.lua`
+  (JSON encoding) vs scrapy-redis `PriorityQueue` (pickle) +
+  `RFPDupeFilter`. `used_memory` delta minus the seen set's `MEMORY USAGE`
+  per request; the seen set's `MEMORY USAGE` per URL. The Bloom filter
+  (`crawler.frontier.bloom.BloomDupeFilter`, capacity = the number of URLs,
+  0.1% error rate) by `used_memory` delta.
+- **d.** Separate client processes started together, each for 2 s: cycles
+  of 16 enqueues (encode + fingerprint + `push.lua`, sent with the acks of
+  the previous cycle's leases as one `MULTI` pipeline, as the scheduler's
+  outbox does) and 16 leases (one `lease.lua` call each, plus decoding).
+  Every push, lease and ack counts as one op. Stock: the stock scheduler's
+  calls, `SADD` then `ZADD` per enqueue (one op), one `MULTI`
+  `ZRANGE`/`ZREMRANGEBYRANK` per pop (one op).
+- **e.** 2,000 `PageItem`s (~1 KB) through `MongoPipeline.process_item`
+  (batched unordered upserts, 1,000 items in flight) vs the documented
+  `insert_one(ItemAdapter(item).asdict())` per item, fresh database each.
+- **f.** One real worker idle for 10 s, then 20 seeds `LPUSH`-ed one at a
+  time (random 0.2-1.0 s pauses); latency from the push to the request's
+  arrival at the site. Stock: a scrapy-redis `RedisSpider` with its own
+  scheduler, queue and dupefilter (`bench/stock_settings.py`).
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m bench``."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat")
+    parser.add_argument("--repeat", type=int, default=None, help="repeats (default 5)")
+    parser.add_argument("--output", type=Path, default=PROJECT_DIR / "BENCHMARKS.md",
+                        help="Markdown file to write (default: BENCHMARKS.md)")
+    args = parser.parse_args(argv)
+    repeat = args.repeat or (1 if args.quick else 5)
+    started = time.monotonic()
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-logs-"))
+    try:
+        summary = run(args.quick, repeat, log_dir)
+    finally:
+        if os.environ.get("BENCH_KEEP_LOGS"):
+            sys.stderr.write(f"worker logs kept in {log_dir}\n")
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    summary.update(
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        command="python -m bench" + (" --quick" if args.quick else "")
+        + (f" --repeat {args.repeat}" if args.repeat else ""),
+        repeat=repeat, quick=args.quick, machine=_machine(),
+        total_seconds=time.monotonic() - started,
+    )
+    write_markdown(args.output, summary)
+    json.dump(summary, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+    return 0
