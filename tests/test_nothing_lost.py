@@ -244,3 +244,22 @@ def test_sigterm_returns_or_finishes_every_lease(
     assert db.quotes.count_documents({}) == 100
     assert db.authors.count_documents({}) == 50
     assert Counter(h.path for h in slow_quotes.hits())["/"] == 1
+
+
+def test_a_request_that_cannot_be_downloaded_becomes_a_dead_letter(
+    replay_server: Any, workers: Workers, redis_url: str
+) -> None:
+    rds = redis.Redis.from_url(redis_url)
+    rds.lpush(
+        "pages:start_urls",
+        json.dumps({"url": replay_server.url_for("/page/8/"),
+                    "meta": {"download_timeout": "x"}}),
+        json.dumps({"url": replay_server.url_for("/page/6/"), "method": "GET /x HTTP/1.1\r\n"}),
+    )
+    workers.start("pages", DEPTH_LIMIT=1, RETRY_TIMES=0)
+    [worker] = workers.wait()
+    assert worker.returncode == 0
+    reasons = sorted(json.loads(d)["reason"] for d in rds.lrange("{pages}:dead", 0, -1))
+    assert len(reasons) == 2
+    assert reasons[0].startswith("download failed: TypeError")
+    assert reasons[1].startswith("download failed: ValueError: Invalid method")
