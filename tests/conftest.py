@@ -29,6 +29,7 @@ import redis
 from crawler.embedded import MongoServer, RedisServer
 from crawler.replay import Page, ReplayServer, SiteServer, default_warc_path
 from tests.cluster import RedisClusterServers
+from tests.workers import worker_env
 
 SiteFactory = Callable[..., SiteServer]
 
@@ -126,3 +127,34 @@ def redis_cluster_url(redis_cluster: RedisClusterServers) -> Iterator[str]:
     """URL of one node of the session's cluster; every master is flushed after."""
     yield redis_cluster.url
     redis_cluster.flushall()
+
+
+@pytest.fixture
+def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
+    """The environment of worker processes and commands: this test's servers."""
+    return worker_env(redis_url, mongo_uri, mongo_db)
+
+
+@pytest.fixture
+def db(mongo_uri: str, mongo_db: str) -> Iterator[Any]:
+    """This test's MongoDB database (timezone-aware datetimes)."""
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri, tz_aware=True)
+    yield client[mongo_db]
+    client.close()
+
+
+@pytest.fixture
+def rds(redis_url: str) -> Iterator[redis.Redis]:
+    """A client of this test's Redis."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def stop_heartbeats() -> Iterator[None]:
+    """Stop the heartbeats of schedulers opened with tests.scheduler_harness."""
+    yield
+    from tests.scheduler_harness import stop_opened
+
+    stop_opened()

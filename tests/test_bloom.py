@@ -7,7 +7,6 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-import pymongo
 import pytest
 import redis
 from scrapy import Request, Spider
@@ -16,10 +15,9 @@ from scrapy.utils.test import get_crawler
 
 from crawler.frontier.bloom import MAX_BITS_PER_KEY, BloomDupeFilter, BloomFilter
 from crawler.frontier.store import Frontier
-from tests.workers import crawl, worker_env
+from tests.workers import crawl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from crawler.replay import ReplayServer
@@ -29,13 +27,6 @@ BLOOM = "crawler.frontier.bloom.BloomDupeFilter"
 
 class _Spider(Spider):
     name = "b"
-
-
-@pytest.fixture
-def rds(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def bloom_filter(redis_url: str, **settings: Any) -> BloomDupeFilter:
@@ -201,18 +192,6 @@ def test_false_positive_rate_and_memory_on_a_million_urls(
 
 
 # -- a whole crawl ---------------------------------------------------------------
-
-
-@pytest.fixture
-def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
-    return worker_env(redis_url, mongo_uri, mongo_db)
-
-
-@pytest.fixture
-def db(mongo_uri: str, mongo_db: str) -> Iterator[Any]:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[mongo_db]
-    client.close()
 
 
 def test_two_workers_crawl_quotes_with_the_bloom_filter_and_fetch_nothing_twice(

@@ -2,60 +2,32 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import pymongo
 import pytest
 from redis.cluster import RedisCluster
 from scrapy import Request, Spider
 from scrapy.settings import Settings
-from scrapy.utils.misc import build_from_crawler
-from scrapy.utils.reactor import install_reactor, is_reactor_installed
-from scrapy.utils.test import get_crawler
 
 from crawler.frontier.bloom import BloomDupeFilter
 from crawler.frontier.connection import FrontierRedisCluster, get_redis
-from crawler.frontier.scheduler import FrontierScheduler
+from tests import scheduler_harness as harness
+from tests.scheduler_harness import lease_all
 from tests.workers import crawl, worker_env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from crawler.frontier.scheduler import FrontierScheduler
     from crawler.replay import ReplayServer
-
-if not is_reactor_installed():
-    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
-
 
 class _Spider(Spider):
     name = "c"
 
 
-SETTINGS = {
-    "SCHEDULER_QUEUE_CLASS": "crawler.frontier.queue.LeasedPriorityQueue",
-    "SCHEDULER_QUEUE_KEY": "{%(spider)s}",
-    "FRONTIER_DELAY": 0.0,
-    "FRONTIER_CONCURRENCY": 8,
-    "SCHEDULER_DUPEFILTER_KEY": "{%(spider)s}:dupefilter",
-    "DUPEFILTER_CLASS": "crawler.frontier.dupefilter.FrontierDupeFilter",
-    "SCHEDULER_PERSIST": True,
-    "FRONTIER_REDIS_CLUSTER": True,
-}
-_workers = itertools.count()
-_opened: list[FrontierScheduler] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_heartbeats() -> Iterator[None]:
-    yield
-    while _opened:
-        beat = _opened.pop()._heartbeat
-        if beat is not None and beat.running:
-            beat.stop()
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
 
 @pytest.fixture
@@ -65,28 +37,8 @@ def rc(redis_cluster_url: str) -> Iterator[RedisCluster]:
     client.close()
 
 
-class _Slot:
-    def remove_request(self, request: Request) -> None:
-        pass
-
-
 def open_scheduler(url: str, **settings: Any) -> tuple[FrontierScheduler, Any]:
-    worker = {"FRONTIER_WORKER_ID": f"cluster-worker-{next(_workers)}"}
-    crawler = get_crawler(_Spider, {**SETTINGS, "REDIS_URL": url, **worker, **settings})
-    crawler.spider = crawler._create_spider()
-    crawler.stats.open_spider()
-    crawler.engine = SimpleNamespace(_slot=_Slot())
-    scheduler = build_from_crawler(FrontierScheduler, crawler)
-    scheduler.open(crawler.spider)
-    _opened.append(scheduler)
-    return scheduler, crawler
-
-
-def lease_all(scheduler: FrontierScheduler) -> list[Request]:
-    out = []
-    while (request := scheduler.next_request()) is not None:
-        out.append(request)
-    return out
+    return harness.open_scheduler(url, _Spider, FRONTIER_REDIS_CLUSTER=True, **settings)
 
 
 def test_the_cluster_switch_builds_a_cluster_client(redis_cluster_url: str) -> None:
@@ -153,13 +105,6 @@ def test_the_bloom_filter_works_on_the_cluster(redis_cluster_url: str, rc: Redis
 
 
 # -- the quotes crawl of tests/test_crawl.py, on the cluster ------------------------
-
-
-@pytest.fixture
-def db(mongo_uri: str, mongo_db: str) -> Iterator[Any]:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[mongo_db]
-    client.close()
 
 
 def test_two_workers_share_the_quotes_crawl_on_a_redis_cluster(

@@ -6,38 +6,16 @@ import json
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-import pymongo
-import pytest
-import redis
-
 from crawler.replay import Page
-from tests.workers import crawl, worker_env
+from tests.workers import crawl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
+
+    import redis
 
     from crawler.replay import ReplayServer
     from tests.conftest import SiteFactory
-
-
-@pytest.fixture
-def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
-    return worker_env(redis_url, mongo_uri, mongo_db)
-
-
-@pytest.fixture
-def db(mongo_uri: str, mongo_db: str) -> Iterator[Any]:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[mongo_db]
-    client.close()
-
-
-@pytest.fixture
-def rds(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def no_deprecations(log: str) -> bool:

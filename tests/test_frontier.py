@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import pickle
 import time
 import warnings
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
-from scrapy.utils.reactor import install_reactor, is_reactor_installed
 from scrapy.utils.test import get_crawler
 
 from crawler.frontier.scheduler import RETRY_DELAY_META, FrontierScheduler
+from tests import scheduler_harness as harness
+from tests.scheduler_harness import SETTINGS, finish, lease_all, wait_for_request
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
-# The scheduler schedules its outbox flush and heartbeat on the reactor's
-# loop; these tests send the outbox themselves.
-if not is_reactor_installed():
-    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+    import redis
 
 
 class _Spider(Spider):
@@ -36,84 +28,17 @@ class _Spider(Spider):
         pass
 
 
-SETTINGS = {
-    "SCHEDULER_QUEUE_CLASS": "crawler.frontier.queue.LeasedPriorityQueue",
-    "SCHEDULER_QUEUE_KEY": "{%(spider)s}",
-    "FRONTIER_DELAY": 0.0,
-    "FRONTIER_CONCURRENCY": 8,
-    "SCHEDULER_DUPEFILTER_KEY": "{%(spider)s}:dupefilter",
-    "DUPEFILTER_CLASS": "crawler.frontier.dupefilter.FrontierDupeFilter",
-    "SCHEDULER_PERSIST": True,
-}
-
-
-@pytest.fixture
-def rds(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-_workers = itertools.count()
-
-
-class _Slot:
-    """Stands in for the engine's slot: the scheduler hooks remove_request."""
-
-    def remove_request(self, request: Request) -> None:
-        pass
-
-
-_opened: list[FrontierScheduler] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_heartbeats() -> Iterator[None]:
-    yield
-    while _opened:
-        beat = _opened.pop()._heartbeat
-        if beat is not None and beat.running:
-            beat.stop()
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
 
 def open_scheduler(redis_url: str, **settings: Any) -> tuple[FrontierScheduler, Any]:
-    worker = {"FRONTIER_WORKER_ID": f"test-worker-{next(_workers)}"}
-    crawler = get_crawler(_Spider, {**SETTINGS, "REDIS_URL": redis_url, **worker, **settings})
-    crawler.spider = crawler._create_spider()
-    crawler.stats.open_spider()
-    crawler.engine = SimpleNamespace(_slot=_Slot())
-    scheduler = build_from_crawler(FrontierScheduler, crawler)
-    scheduler.open(crawler.spider)
-    _opened.append(scheduler)
-    return scheduler, crawler
-
-
-def finish(scheduler: FrontierScheduler, request: Request) -> None:
-    """What the engine does once it has handled ``request``."""
-    scheduler.crawler.engine._slot.remove_request(request)
-    assert scheduler.flush_outbox()
+    return harness.open_scheduler(redis_url, _Spider, **settings)
 
 
 def test_building_the_scheduler_does_no_io() -> None:
     # Nothing listens on port 1: building must not connect (scrapy-redis pings).
     crawler = get_crawler(_Spider, {**SETTINGS, "REDIS_URL": "redis://127.0.0.1:1/0"})
     build_from_crawler(FrontierScheduler, crawler)
-
-
-def lease_all(scheduler: FrontierScheduler) -> list[Request]:
-    out = []
-    while (request := scheduler.next_request()) is not None:
-        out.append(request)
-    return out
-
-
-def wait_for_request(scheduler: FrontierScheduler, timeout: float = 5.0) -> Request:
-    """Poll until a lease is handed out (leases and retries come due by time)."""
-    deadline = time.monotonic() + timeout
-    while (request := scheduler.next_request()) is None:
-        assert time.monotonic() < deadline, "nothing became due"
-        time.sleep(0.01)
-    return request
 
 
 def test_scheduling_uses_scrapys_fingerprinter_and_no_deprecated_calls(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import configparser
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -111,17 +110,6 @@ class Scrapyd:
     def stop(self) -> None:
         stop_process(self.proc)
         self.log.close()
-
-
-@pytest.fixture
-def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
-    """Environment of the commands: the test's Redis and MongoDB."""
-    return {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "MONGO_URI": mongo_uri,
-        "MONGO_DATABASE": mongo_db,
-    }
 
 
 @pytest.fixture

@@ -59,16 +59,6 @@ def queued_count(redis_url: str, spider: str = "quotes") -> int:
 
 
 @pytest.fixture
-def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "MONGO_URI": mongo_uri,
-        "MONGO_DATABASE": mongo_db,
-    }
-
-
-@pytest.fixture
 def filled(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, Any]:
     """A frontier and item store with known contents."""
     now = time.time()

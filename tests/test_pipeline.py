@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pymongo
-import pytest
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from crawler.items import AuthorItem, QuoteItem
 from crawler.pipelines import MongoPipeline
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
 
 class _Spider(Spider):
     name = "pipeline_test"
-
-
-@pytest.fixture
-def db(mongo_uri: str, mongo_db: str) -> Iterator[Any]:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[mongo_db]
-    client.close()
 
 
 def run(

@@ -7,13 +7,12 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pymongo
-import pytest
 import redis
 from scrapy.utils.test import get_crawler
 
 from crawler.politeness import AdaptiveSlowdownMiddleware
 from crawler.replay import Hit, Page, generated_site
-from tests.workers import crawl, worker_env
+from tests.workers import crawl
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -36,11 +35,6 @@ def max_in_window(hits: list[Hit], window: float = 1.0) -> int:
 
 def pages_of(hits: list[Hit]) -> list[Hit]:
     return [h for h in hits if h.path != "/robots.txt"]
-
-
-@pytest.fixture
-def env(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, str]:
-    return worker_env(redis_url, mongo_uri, mongo_db)
 
 
 def test_rate_and_concurrency_hold_for_the_cluster_unlike_stock_scrapy_redis(

@@ -1,0 +1,95 @@
+"""The frontier scheduler in process, against a real Redis, without an engine.
+
+The scheduler hooks the engine slot's ``remove_request`` to acknowledge
+leases; :class:`StubSlot` stands in for it, and :func:`finish` does what the
+engine does once it has handled a request. Outbox flushes and heartbeats are
+scheduled on the asyncio reactor's loop, which these tests do not run: they
+send the outbox themselves, and the ``stop_heartbeats`` fixture (conftest)
+stops the heartbeats of every scheduler opened here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.reactor import install_reactor, is_reactor_installed
+from scrapy.utils.test import get_crawler
+
+from crawler.frontier.scheduler import FrontierScheduler
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+
+if not is_reactor_installed():
+    install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+
+#: The frontier's components, as crawler/settings.py configures them.
+SETTINGS = {
+    "SCHEDULER_QUEUE_CLASS": "crawler.frontier.queue.LeasedPriorityQueue",
+    "SCHEDULER_QUEUE_KEY": "{%(spider)s}",
+    "FRONTIER_DELAY": 0.0,
+    "FRONTIER_CONCURRENCY": 8,
+    "SCHEDULER_DUPEFILTER_KEY": "{%(spider)s}:dupefilter",
+    "DUPEFILTER_CLASS": "crawler.frontier.dupefilter.FrontierDupeFilter",
+    "SCHEDULER_PERSIST": True,
+}
+
+_workers = itertools.count()
+_opened: list[FrontierScheduler] = []
+
+
+class StubSlot:
+    """Stands in for the engine's slot: the scheduler hooks remove_request."""
+
+    def remove_request(self, request: Request) -> None:
+        pass
+
+
+def open_scheduler(
+    redis_url: str, spidercls: type[Spider], **settings: Any
+) -> tuple[FrontierScheduler, Any]:
+    """Open a scheduler as its own worker; returns it and its crawler."""
+    worker = {"FRONTIER_WORKER_ID": f"test-worker-{next(_workers)}"}
+    crawler = get_crawler(spidercls, {**SETTINGS, "REDIS_URL": redis_url, **worker, **settings})
+    crawler.spider = crawler._create_spider()
+    crawler.stats.open_spider()
+    crawler.engine = SimpleNamespace(_slot=StubSlot())
+    scheduler = build_from_crawler(FrontierScheduler, crawler)
+    scheduler.open(crawler.spider)
+    _opened.append(scheduler)
+    return scheduler, crawler
+
+
+def stop_opened() -> None:
+    """Stop the heartbeats of every scheduler opened so far."""
+    while _opened:
+        beat = _opened.pop()._heartbeat
+        if beat is not None and beat.running:
+            beat.stop()
+
+
+def finish(scheduler: FrontierScheduler, request: Request) -> None:
+    """What the engine does once it has handled ``request``."""
+    scheduler.crawler.engine._slot.remove_request(request)
+    assert scheduler.flush_outbox()
+
+
+def lease_all(scheduler: FrontierScheduler) -> list[Request]:
+    """Lease until nothing is due."""
+    out = []
+    while (request := scheduler.next_request()) is not None:
+        out.append(request)
+    return out
+
+
+def wait_for_request(scheduler: FrontierScheduler, timeout: float = 5.0) -> Request:
+    """Poll until a lease is handed out (leases and retries come due by time)."""
+    deadline = time.monotonic() + timeout
+    while (request := scheduler.next_request()) is None:
+        assert time.monotonic() < deadline, "nothing became due"
+        time.sleep(0.01)
+    return request
