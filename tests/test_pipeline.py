@@ -3,44 +3,68 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
+import scrapy
+from itemadapter import ItemAdapter
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from crawler.items import AuthorItem, QuoteItem
-from crawler.pipelines import MongoPipeline
+from crawler.pipelines import MongoPipeline, as_document
 
 
 class _Spider(Spider):
     name = "pipeline_test"
 
 
-def run(
-    mongo_uri: str, mongo_db: str, items: list[Any], close_early: bool = False, **settings: Any
-) -> dict[str, Any]:
-    """Open the pipeline, feed it ``items``, close it; return the stats."""
+def pipeline_for(mongo_uri: str, mongo_db: str, **settings: Any) -> MongoPipeline:
     crawler = get_crawler(
         _Spider, {"MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db, **settings}
     )
     crawler.spider = crawler._create_spider()
     crawler.stats.open_spider()
-    pipeline = MongoPipeline.from_crawler(crawler)
+    return MongoPipeline.from_crawler(crawler)
+
+
+def run_many(
+    mongo_uri: str, mongo_db: str, feeds: list[list[Any]], close_early: bool = False,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """Open one pipeline per feed (as workers would), feed them their items
+    at the same time, close them; return their stats."""
+    pipelines = [pipeline_for(mongo_uri, mongo_db, **settings) for _ in feeds]
 
     async def go() -> None:
-        await pipeline.open_spider()
+        for pipeline in pipelines:
+            await pipeline.open_spider()
         # As Scrapy does, items are processed concurrently; each returns once
         # it is stored. Closing stores whatever is still waiting.
-        tasks = [asyncio.ensure_future(pipeline.process_item(item)) for item in items]
+        tasks = [
+            asyncio.ensure_future(pipeline.process_item(item))
+            for pipeline, items in zip(pipelines, feeds, strict=True)
+            for item in items
+        ]
         await asyncio.sleep(0)
         if close_early:
-            await pipeline.close_spider()
+            for pipeline in pipelines:
+                await pipeline.close_spider()
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
         if not close_early:
-            await pipeline.close_spider()
+            for pipeline in pipelines:
+                await pipeline.close_spider()
 
     asyncio.run(go())
-    return crawler.stats.get_stats()
+    return [pipeline.crawler.stats.get_stats() for pipeline in pipelines]
+
+
+def run(
+    mongo_uri: str, mongo_db: str, items: list[Any], close_early: bool = False, **settings: Any
+) -> dict[str, Any]:
+    """Open the pipeline, feed it ``items``, close it; return the stats."""
+    [stats] = run_many(mongo_uri, mongo_db, [items], close_early, **settings)
+    return stats
 
 
 def quotes(n: int) -> list[QuoteItem]:
@@ -53,8 +77,9 @@ def test_items_are_upserted_in_batches_once_per_key(
     stats = run(mongo_uri, mongo_db, quotes(600) + quotes(600), MONGO_BATCH_SIZE=500)
 
     assert db.quotes.count_documents({}) == 600
-    # 1200 items in a few bulk writes, not one round trip per item.
-    assert stats["mongo/bulk_writes"] <= 3
+    # 1200 items in a few bulk writes, not one round trip per item: three
+    # batches of at most 500 documents, one with inserts and upserts.
+    assert stats["mongo/bulk_writes"] <= 4
     assert stats["mongo/upserted"] == 600
     unique = [i for i in db.quotes.index_information().values() if i.get("unique")]
     assert [dict(i["key"]) for i in unique] == [{"text": 1, "author": 1}]
@@ -89,3 +114,150 @@ def test_pending_writes_are_flushed_at_close(mongo_uri: str, mongo_db: str, db: 
     # Items with no natural key go to the spider's collection.
     assert db.pipeline_test.count_documents({"free": "form"}) == 1
     assert stats["mongo/bulk_writes"] == 2
+
+
+def test_new_items_are_inserted_in_one_bulk_write(mongo_uri: str, mongo_db: str, db: Any) -> None:
+    stats = run(mongo_uri, mongo_db, quotes(50))
+
+    assert db.quotes.count_documents({}) == 50
+    assert stats["mongo/bulk_writes"] == 1
+    assert stats["mongo/upserted"] == 50
+    assert stats.get("mongo/modified", 0) == 0
+    doc = db.quotes.find_one({"text": "q3"}, {"_id": 0})
+    first_seen, last_seen = doc.pop("first_seen"), doc.pop("last_seen")
+    assert doc == {"text": "q3", "author": "a3", "tags": ["t"], "url": "u"}
+    assert first_seen == last_seen
+    assert first_seen.tzinfo is not None
+
+
+def test_a_recrawl_updates_stored_keys_and_inserts_new_ones(
+    mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    run(mongo_uri, mongo_db, quotes(20))
+    before = {d["text"]: d["first_seen"] for d in db.quotes.find()}
+    stats = run(mongo_uri, mongo_db, quotes(40), MONGO_BATCH_SIZE=5)
+
+    assert db.quotes.count_documents({}) == 40
+    assert stats["mongo/upserted"] == 20
+    assert stats["mongo/modified"] == 20
+    for doc in db.quotes.find({"text": {"$in": list(before)}}):
+        assert doc["first_seen"] == before[doc["text"]]
+        assert doc["last_seen"] > doc["first_seen"]
+    # Eight batches of five. The first one's inserts are all refused as
+    # duplicates and sent again as upserts (two writes); the next three go
+    # straight to upserts (one each). The fifth, new keys, is upserted too
+    # and turns the collection back to inserts for the last three.
+    assert stats["mongo/bulk_writes"] == 2 + 3 + 1 + 3
+
+
+def test_two_workers_storing_the_same_keys_at_once_store_each_once(
+    mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    feeds = [
+        [QuoteItem(text=f"q{i}", author="a", url=worker) for i in range(300)]
+        for worker in ("w1", "w2")
+    ]
+    first, second = run_many(mongo_uri, mongo_db, feeds, MONGO_BATCH_SIZE=100)
+
+    assert db.quotes.count_documents({}) == 300
+    # Each key was inserted by one worker; the other's insert was refused as
+    # a duplicate and became an update of that document.
+    assert first.get("mongo/upserted", 0) + second.get("mongo/upserted", 0) == 300
+    assert first.get("mongo/modified", 0) + second.get("mongo/modified", 0) == 300
+    assert "mongo/dead" not in first
+    assert "mongo/dead" not in second
+    assert db.dead_items.count_documents({}) == 0
+    # The last write of a key wins: its fields and last_seen are that worker's.
+    assert {doc["url"] for doc in db.quotes.find()} <= {"w1", "w2"}
+
+
+def test_rejected_items_go_to_the_dead_collection_and_the_rest_is_stored(
+    mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    too_big = QuoteItem(text="big", author="a", url="x" * (17 * 1024 * 1024))
+    unencodable = QuoteItem(text="set", author="a", tags={"a", "b"})  # type: ignore[arg-type]
+    items: list[Any] = [
+        *quotes(5), too_big, unencodable, {"free": "form"}, {1: "not a string key"}, *quotes(8)[5:]
+    ]
+    stats = run(mongo_uri, mongo_db, items)
+
+    assert sorted(d["text"] for d in db.quotes.find()) == [f"q{i}" for i in range(8)]
+    assert db.pipeline_test.count_documents({}) == 1
+    assert stats["mongo/dead"] == 3
+    dead = {d["item"][:40]: d for d in db.dead_items.find()}
+    assert len(dead) == 3
+    assert all(d["reason"] and d["time"] for d in dead.values())
+    assert {d["collection"] for d in dead.values()} == {"quotes", "pipeline_test"}
+    [big] = [d for d in dead.values() if '"text": "big"' in d["item"]]
+    assert big["collection"] == "quotes"
+    [unset] = [d for d in dead.values() if '"text": "set"' in d["item"]]
+    assert "cannot encode" in unset["reason"]
+
+
+def test_writing_a_batch_again_stores_nothing_twice(
+    mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    # After an error part-way (a lost connection), the whole batch is sent
+    # again: stored keys are updated, items without a key keep their _id.
+    pipeline = pipeline_for(mongo_uri, mongo_db, MONGO_FLUSH_INTERVAL=3600)
+
+    async def go() -> None:
+        await pipeline.open_spider()
+        tasks = [
+            asyncio.ensure_future(pipeline.process_item(item))
+            for item in [*quotes(10), {"free": "form"}]
+        ]
+        await asyncio.sleep(0)
+        pipeline._seal()
+        [batch] = pipeline._sealed
+        await asyncio.to_thread(pipeline._write, batch)
+        await asyncio.to_thread(pipeline._write, batch)
+        await pipeline.close_spider()  # writes it a third time
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+
+    asyncio.run(go())
+    assert db.quotes.count_documents({}) == 10
+    assert db.pipeline_test.count_documents({}) == 1
+    assert db.dead_items.count_documents({}) == 0
+
+
+@dataclass
+class _Inner:
+    name: str
+    tags: list[str] = field(default_factory=list)
+
+
+class _ScrapyItem(scrapy.Item):
+    title = scrapy.Field()
+    inner = scrapy.Field()
+    unset = scrapy.Field()
+
+
+@dataclass
+class _Outer:
+    inner: _Inner
+    many: list[_Inner]
+    by_name: dict[str, Any]
+    pair: tuple[int, _Inner]
+    scrapy_item: _ScrapyItem
+    plain: dict[str, list[int]]
+
+
+def test_as_document_is_itemadapters_asdict() -> None:
+    inner = _Inner("x", ["a", "b"])
+    outer = _Outer(
+        inner=inner,
+        many=[inner, _Inner("y")],
+        by_name={"x": inner, "n": 1, "none": None},
+        pair=(1, inner),
+        scrapy_item=_ScrapyItem(title="t", inner=inner),
+        plain={"a": [1, 2]},
+    )
+    expected = ItemAdapter(outer).asdict()
+    got = as_document(outer)
+    assert got == expected
+    assert got["inner"] == {"name": "x", "tags": ["a", "b"]}
+    assert got["scrapy_item"] == {"title": "t", "inner": {"name": "x", "tags": ["a", "b"]}}
+    # A copy: changing the item afterwards does not change the document.
+    inner.tags.append("c")
+    assert got["inner"]["tags"] == ["a", "b"]
