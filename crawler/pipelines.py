@@ -490,7 +490,10 @@ def load_spill(path: str | Path, uri: str, database: str) -> int:
     """Store the items of a spill file written by :class:`MongoPipeline`.
 
     Upserts keyed items as the pipeline would (keeping the earliest
-    ``first_seen``) and inserts the others. Returns the number of items
+    ``first_seen``) and inserts the others with the ``_id`` the pipeline gave
+    them; one whose ``_id`` is stored already (the pipeline had stored it
+    before it spilled, or the file is loaded again) counts as stored. Loading
+    a file twice therefore stores nothing twice. Returns the number of items
     stored; the file is left in place.
 
     :raises pymongo.errors.PyMongoError: MongoDB refused or is unreachable.
@@ -498,12 +501,13 @@ def load_spill(path: str | Path, uri: str, database: str) -> int:
     client: MongoClient[dict[str, Any]] = MongoClient(uri, tz_aware=True)
     db = client[database]
     ops: dict[str, list[Any]] = {}
+    indexed: set[tuple[str, tuple[str, ...]]] = set()
     with Path(path).open(encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             row = json_util.loads(line)
-            doc, key = row["doc"], row["key"]
+            doc, key, name = row["doc"], tuple(row["key"]), row["collection"]
             if key:
                 op: Any = UpdateOne(
                     {k: doc.get(k) for k in key},
@@ -511,16 +515,31 @@ def load_spill(path: str | Path, uri: str, database: str) -> int:
                      "$min": {"first_seen": row["first_seen"]}},
                     upsert=True,
                 )
-                db[row["collection"]].create_index([(k, ASCENDING) for k in key], unique=True)
+                if (name, key) not in indexed:
+                    db[name].create_index([(k, ASCENDING) for k in key], unique=True)
+                    indexed.add((name, key))
             else:
                 op = InsertOne(doc)
-            ops.setdefault(row["collection"], []).append(op)
+            ops.setdefault(name, []).append(op)
     stored = 0
     try:
         for name, batch in ops.items():
             for i in range(0, len(batch), 1000):
-                db[name].bulk_write(batch[i : i + 1000], ordered=False)
-                stored += len(batch[i : i + 1000])
+                chunk = batch[i : i + 1000]
+                try:
+                    db[name].bulk_write(chunk, ordered=False)
+                except BulkWriteError as exc:
+                    refused = [
+                        error for error in exc.details.get("writeErrors", [])
+                        if not (
+                            error.get("code") == DUPLICATE_KEY
+                            and isinstance(chunk[error["index"]], InsertOne)
+                            and error.get("keyPattern") == {"_id": 1}
+                        )
+                    ]
+                    if refused:
+                        raise
+                stored += len(chunk)
     finally:
         client.close()
     return stored

@@ -12,7 +12,7 @@ from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from crawler.items import AuthorItem, QuoteItem
-from crawler.pipelines import MongoPipeline, as_document
+from crawler.pipelines import MongoPipeline, as_document, load_spill
 
 
 class _Spider(Spider):
@@ -261,3 +261,43 @@ def test_as_document_is_itemadapters_asdict() -> None:
     # A copy: changing the item afterwards does not change the document.
     inner.tags.append("c")
     assert got["inner"]["tags"] == ["a", "b"]
+
+
+def test_spilled_items_are_loaded_once_however_often_the_file_is_loaded(
+    mongo_uri: str, mongo_db: str, db: Any, tmp_path: Any
+) -> None:
+    pipeline = pipeline_for(
+        mongo_uri, mongo_db, MONGO_FLUSH_INTERVAL=3600, MONGO_BATCH_SIZE=10,
+        MONGO_SPILL_DIR=str(tmp_path),
+    )
+    # Two batches hold q0..q9 (the second with changed tags), a third one an
+    # item without a key; all are spilled as MongoDB would be down.
+    changed = [QuoteItem(text=q.text, author=q.author, tags=["new"]) for q in quotes(10)]
+
+    async def go() -> None:
+        await pipeline.open_spider()
+        pipeline._backoff = 1.0  # as in an outage: no write is started
+        tasks = [
+            asyncio.ensure_future(pipeline.process_item(item))
+            for item in [*quotes(10), *changed, {"free": "form"}]
+        ]
+        await asyncio.sleep(0)
+        await pipeline._spill()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        if pipeline._timer is not None:
+            pipeline._timer.cancel()
+        assert pipeline.client is not None
+        pipeline.client.close()
+
+    asyncio.run(go())
+    [spill] = tmp_path.iterdir()
+    assert len(spill.read_text().splitlines()) == 11  # one row per key
+    assert pipeline.crawler.stats.get_value("mongo/spilled") == 11
+
+    assert load_spill(spill, mongo_uri, mongo_db) == 11
+    assert load_spill(spill, mongo_uri, mongo_db) == 11
+    assert db.quotes.count_documents({}) == 10
+    assert db.quotes.count_documents({"tags": ["new"]}) == 10
+    assert db.pipeline_test.count_documents({"free": "form"}) == 1
+    doc = db.quotes.find_one({"text": "q1"})
+    assert doc["first_seen"] <= doc["last_seen"]

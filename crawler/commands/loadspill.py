@@ -19,8 +19,9 @@ __all__ = ["Command"]
 class Command(ScrapyCommand):
     """Load spill files of :class:`~crawler.pipelines.MongoPipeline` into MongoDB.
 
-    Keyed items are upserted (so loading twice stores nothing twice); a file
-    loaded in full is renamed to ``FILE.loaded``.
+    Keyed items are upserted, the others inserted with the ``_id`` they were
+    given (so loading twice stores nothing twice); a file loaded in full is
+    renamed to ``FILE.loaded``.
     """
 
     requires_project = True
