@@ -77,9 +77,12 @@ def _insert_one(uri: str, database: str, items: list[PageItem]) -> float:
 
 
 def mongo_items(uri: str, n: int, run: int) -> dict[str, float]:
-    """Items/s of :class:`~crawler.pipelines.MongoPipeline` (batched upserts,
-    ``MONGO_BATCH_SIZE`` 500) and of one ``insert_one`` per item, on the same
-    ``n`` items, each into a fresh database."""
+    """Items/s of :class:`~crawler.pipelines.MongoPipeline` (unordered bulk
+    inserts under the unique index on ``url``, upserts for keys stored
+    already; ``MONGO_BATCH_SIZE`` 500) and of one ``insert_one`` per item, on
+    the same ``n`` items, each into a fresh database. Ours includes the
+    client's first connection and the ``create_index``; the baseline's
+    connection and collection are made by an untimed first insert."""
     return {
         "ours": asyncio.run(_ours(uri, f"bench_ours_{run}", _items(n, f"o{run}"))),
         "baseline": _insert_one(uri, f"bench_base_{run}", _items(n, f"b{run}")),

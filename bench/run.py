@@ -235,7 +235,8 @@ _NOTES = """\
   calls, `SADD` then `ZADD` per enqueue (one op), one `MULTI`
   `ZRANGE`/`ZREMRANGEBYRANK` per pop (one op).
 - **e.** 2,000 `PageItem`s (~1 KB) through `MongoPipeline.process_item`
-  (batched unordered upserts, 1,000 items in flight) vs the documented
+  (batched unordered inserts under the unique key index, upserts for keys
+  stored already, 1,000 items in flight) vs the documented
   `insert_one(ItemAdapter(item).asdict())` per item, fresh database each.
 - **f.** One real worker idle for 10 s, then 20 seeds `LPUSH`-ed one at a
   time (random 0.2-1.0 s pauses); latency from the push to the request's

@@ -1,9 +1,10 @@
 """Items the spiders yield, one class per MongoDB collection.
 
 Each item class names its collection (``collection``) and the fields that
-identify one real-world thing (``key``): the pipeline upserts on those
-fields, under a unique index, so a thing is stored once however many pages
-show it and however often the site is crawled.
+identify one real-world thing (``key``): the pipeline stores by those
+fields, under a unique index (a new key is inserted, a key stored already is
+updated), so a thing is stored once however many pages show it and however
+often the site is crawled.
 """
 
 from __future__ import annotations

@@ -134,9 +134,11 @@ FRONTIER_RETRY_AFTER_MAX = 600.0
 #: their subdomains), as Scrapy's ``allowed_domains`` would. Default: True.
 FRONTIER_STAY_ON_SEED_HOSTS = True
 
-#: Items per MongoDB bulk write. Default: 500.
+#: Documents per MongoDB bulk write (items with the same key in one batch are
+#: merged into one). Default: 500.
 MONGO_BATCH_SIZE = 500
-#: Seconds between flushes of a batch that has not filled up. Default: 0.25.
+#: Seconds between flushes of a batch that has not filled up (skipped while
+#: a write is under way: the batch may still fill up). Default: 0.25.
 MONGO_FLUSH_INTERVAL = 0.25
 
 SPIDER_MIDDLEWARES = {
