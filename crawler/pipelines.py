@@ -140,16 +140,17 @@ class MongoPipeline:
     acknowledges its lease, only after its items are safe: a worker killed
     before a flush loses nothing, its request is crawled again.
 
-    * **Outage** (or any other error of the client, such as a refused
-      login): the batch is kept and retried with doubling pauses (up to
-      30 s; stat ``mongo/retries``); writing it again is harmless. Once
-      more than ``MONGO_SPILL_AFTER`` documents wait, they are appended to a
-      JSON-lines file in ``MONGO_SPILL_DIR`` (stat ``mongo/spilled``), from
-      which ``scrapy loadspill FILE`` stores them later.
+    * **Outage** (or any other error, such as a refused login): the batch
+      is kept and retried with doubling pauses (up to 30 s; stat
+      ``mongo/retries``); writing it again is harmless. Once more than
+      ``MONGO_SPILL_AFTER`` documents wait, they are appended to a JSON-lines
+      file in ``MONGO_SPILL_DIR`` (stat ``mongo/spilled``), from which
+      ``scrapy loadspill FILE`` stores them later.
     * **Rejected item** (MongoDB refuses it: over 16 MB, a value BSON cannot
-      carry such as a set, a key that is not a string): stored in the
-      ``MONGO_DEAD_COLLECTION`` collection with the reason (stat
-      ``mongo/dead``); the rest of its batch is stored and the crawl goes on.
+      carry such as a set or an int over 64 bits, a key that is not a
+      string): stored in the ``MONGO_DEAD_COLLECTION`` collection with the
+      reason (stat ``mongo/dead``); the rest of its batch is stored and the
+      crawl goes on.
 
     Settings: ``MONGO_URI`` (NotConfigured when empty), ``MONGO_DATABASE``,
     ``MONGO_BATCH_SIZE`` (documents, 500), ``MONGO_FLUSH_INTERVAL`` (seconds,
@@ -298,12 +299,17 @@ class MongoPipeline:
                 batch = self._sealed[0]
                 try:
                     await asyncio.to_thread(self._write, batch)
-                except PyMongoError as exc:
+                except Exception as exc:
+                    # Writing the batch again is harmless (see _write): an
+                    # error that is not MongoDB's, a bug, is retried too,
+                    # and the batch spilled in the end, rather than the
+                    # items waiting for ever.
                     self._backoff = min(BACKOFF_CAP, max(0.5, self._backoff * 2))
                     log = logger.warning if isinstance(exc, ConnectionFailure) else logger.error
                     log(
-                        "MongoDB unreachable or failing (%s); %d documents wait, retrying in %.1fs",
+                        "MongoDB unreachable or failing (%r); %d documents wait, retrying in %.1fs",
                         exc, self._count(), self._backoff,
+                        exc_info=not isinstance(exc, PyMongoError),
                     )
                     self.crawler.stats.inc_value("mongo/retries")
                     return False
@@ -344,7 +350,7 @@ class MongoPipeline:
         """Store ``entries``; find by halving the ones BSON cannot carry."""
         try:
             self._store_batch(coll, entries)
-        except InvalidDocument as exc:
+        except (InvalidDocument, OverflowError, UnicodeEncodeError) as exc:
             if len(entries) == 1:
                 self._dead(coll, entries[0], f"{type(exc).__name__}: {exc}")
                 return
@@ -355,8 +361,10 @@ class MongoPipeline:
     def _store_batch(self, coll: Collection[dict[str, Any]], entries: list[_Pending]) -> None:
         """Insert-first, then upsert the keys found stored already.
 
-        :raises InvalidDocument: a document BSON cannot carry (nothing tells
-            which); some others may be stored by then.
+        :raises InvalidDocument: a document BSON cannot carry (a set, a
+            Decimal, a key that is not a string; ``OverflowError`` for an int
+            over 64 bits, ``UnicodeEncodeError`` for a lone surrogate); nothing
+            tells which, and some others may be stored by then.
         """
         name = coll.name
         upsert_first = name in self._upsert_first

@@ -176,16 +176,18 @@ def test_rejected_items_go_to_the_dead_collection_and_the_rest_is_stored(
 ) -> None:
     too_big = QuoteItem(text="big", author="a", url="x" * (17 * 1024 * 1024))
     unencodable = QuoteItem(text="set", author="a", tags={"a", "b"})  # type: ignore[arg-type]
+    huge_int = QuoteItem(text="int", author="a", tags=[2**70])  # type: ignore[list-item]
     items: list[Any] = [
-        *quotes(5), too_big, unencodable, {"free": "form"}, {1: "not a string key"}, *quotes(8)[5:]
+        *quotes(5), too_big, unencodable, {"free": "form"}, {1: "not a string key"}, huge_int,
+        *quotes(8)[5:],
     ]
     stats = run(mongo_uri, mongo_db, items)
 
     assert sorted(d["text"] for d in db.quotes.find()) == [f"q{i}" for i in range(8)]
     assert db.pipeline_test.count_documents({}) == 1
-    assert stats["mongo/dead"] == 3
+    assert stats["mongo/dead"] == 4
     dead = {d["item"][:40]: d for d in db.dead_items.find()}
-    assert len(dead) == 3
+    assert len(dead) == 4
     assert all(d["reason"] and d["time"] for d in dead.values())
     assert {d["collection"] for d in dead.values()} == {"quotes", "pipeline_test"}
     [big] = [d for d in dead.values() if '"text": "big"' in d["item"]]
