@@ -217,7 +217,7 @@ class MongoPipeline:
         )
 
     async def open_spider(self) -> None:
-        """Create the client (it connects in the background) and the timer."""
+        """Create the client (it connects at the first write) and the timer."""
         assert self.crawler.spider is not None
         self._spider_name = self.crawler.spider.name
         self.client = MongoClient(
