@@ -60,6 +60,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         super().__init__(crawler)
         self._redis: Redis | None = None
         self.ttl = crawler.settings.getfloat("FRONTIER_ROBOTS_TTL", 86400.0)
+        self.margin = crawler.settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -128,7 +129,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         """Share the robots.txt and Crawl-delay of ``site`` with every worker.
 
         A Crawl-delay also pushes the site's next due time that far from now,
-        so the request that waited for robots.txt is the last one before it.
+        stretched by ``FRONTIER_DELAY_MARGIN`` as the frontier stretches
+        every delay: the request that waited for robots.txt reaches the site
+        a moment after this, and is the last one before that time.
         """
         prefix = self._prefix()
         seconds, micros = self.redis.time()
@@ -137,7 +140,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             pipe.hset(prefix + "robots", site, f"{time.time()}\n".encode() + body)
             if delay:
                 pipe.hset(prefix + "rdelay", site, round(delay * 1000))
-                due = now_ms + round(delay * 1000)
+                due = now_ms + round(delay * 1000 * (1 + self.margin))
                 pipe.hset(prefix + "due", site, due)
                 pipe.zadd(prefix + "wait", {site: due}, xx=True)
                 logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
