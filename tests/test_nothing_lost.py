@@ -128,10 +128,11 @@ def test_a_redis_restart_mid_crawl_loses_nothing(
             pool.start("quotes")
             wait_until(lambda: len(site.hits()) >= 60)
             # A graceful stop: the append-only file has every write. Redis
-            # stays down until a worker has noticed.
+            # stays down until a worker's scheduler has noticed.
             server.stop()
             wait_until(lambda: any(
-                "Redis unreachable" in log.read_text() for log in pool.logs if log.exists()
+                "[crawler.frontier.scheduler] WARNING: Redis unreachable" in log.read_text()
+                for log in pool.logs if log.exists()
             ))
             server.start()
             finished = pool.wait()

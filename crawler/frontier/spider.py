@@ -210,6 +210,13 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         """
         if self._brpop is None or self._brpop.done():
             self._brpop = asyncio.ensure_future(asyncio.to_thread(self._block_on_seeds))
+            # A BRPOP that fails after this wait gave up (or after the spider
+            # closed) is not awaited again: mark its error seen, so asyncio
+            # does not log it as never retrieved; the next Redis call meets
+            # the outage anyway.
+            self._brpop.add_done_callback(
+                lambda f: None if f.cancelled() else f.exception()
+            )
         due = getattr(self._scheduler(), "next_due", None)
         timeout = self.idle_wait if due is None else min(due, self.idle_wait)
         done, _ = await asyncio.wait({self._brpop}, timeout=timeout)
