@@ -24,7 +24,7 @@ from scrapy_redis.queue import PriorityQueue
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.queue import LeasedPriorityQueue
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import NotDue
+from crawler.frontier.store import NotDue, Push
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -210,29 +210,28 @@ def _ops_client(
         start = time.monotonic()
         i = 0
         while time.monotonic() - start < seconds:
-            # The outbox: this turn's pushes and acks, one MULTI pipeline.
+            # The outbox: this turn's pushes (one push.lua call) and acks
+            # (one ack.lua call) in one MULTI pipeline.
+            pushes = [
+                Push(queue.encode(request), site_of(request), request.priority,
+                     fingerprint(request), request.dont_filter)
+                for request in pool[i : i + OPS_BATCH]
+            ]
             with server.pipeline(transaction=True) as pipe:
-                for request in pool[i : i + OPS_BATCH]:
-                    frontier.push(
-                        queue.encode(request), site=site_of(request),
-                        priority=request.priority, fingerprint=fingerprint(request),
-                        dont_filter=request.dont_filter, client=pipe,
-                    )
-                for lease_id in held:
-                    frontier.ack([lease_id], client=pipe)
+                frontier.push_many(pushes, client=pipe)
+                frontier.ack(held, client=pipe)
                 pipe.execute()
-            ops += OPS_BATCH + len(held)
+            ops += len(pushes) + len(held)
             i = (i + OPS_BATCH) % (len(pool) - OPS_BATCH)
+            # Leases: one lease.lua call for up to OPS_BATCH, as the
+            # scheduler refills its buffer.
+            result = frontier.lease_many([next(lease_ids) for _ in range(OPS_BATCH)])
             held = []
-            # Leases: one Lua call each, as next_request makes them.
-            for _ in range(OPS_BATCH):
-                lease_id = next(lease_ids)
-                result = queue.lease(lease_id)
-                if isinstance(result, NotDue):
-                    break
-                queue.decode(result.data, result.site)
-                held.append(lease_id)
-                ops += 1
+            if not isinstance(result, NotDue):
+                for lease in result:
+                    queue.decode(lease.data, lease.site)
+                    held.append(lease.lease_id)
+                ops += len(result)
     else:
         stock = PriorityQueue(server, spider, "bench:requests")
         dupefilter = RFPDupeFilter(server, "bench:dupefilter")
@@ -263,6 +262,7 @@ def _prefill(redis_url: str, kind: str, n: int) -> None:
     with server.pipeline(transaction=False) as pipe:
         if kind == "ours":
             queue = _ours(server, spider)
+            queue.frontier.load_scripts()
             fingerprint = crawler.request_fingerprinter.fingerprint
             for r in requests:
                 queue.frontier.push(queue.encode(r), site=site_of(r), priority=0,

@@ -121,6 +121,16 @@ FRONTIER_LEASE_TIMEOUT = 60.0
 #: once, in one transaction (only while it has free download slots).
 #: Default: 1000.
 FRONTIER_SEED_BATCH = 1000
+#: Most requests one lease call takes from the frontier into the worker's
+#: buffer; never more than the downloader has free slots for, and each one
+#: within its site's delay, concurrency and this worker's fair share.
+#: Default: 16.
+FRONTIER_LEASE_BATCH = 16
+#: Fingerprints a worker remembers having recorded in the shared dupefilter,
+#: to drop their repeats without asking Redis (most recent kept; about 100
+#: bytes each). The shared dupefilter only grows while a crawl runs; delete it
+#: only with the workers stopped. 0 turns this off. Default: 100000.
+FRONTIER_LOCAL_SEEN = 100_000
 #: Retry backoff: seconds before the first retry, doubling for each next
 #: one, up to FRONTIER_RETRY_BACKOFF_MAX, stretched by up to
 #: FRONTIER_RETRY_JITTER (a fraction) at random. Defaults: 1.0, 60.0, 0.1.

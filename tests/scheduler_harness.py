@@ -2,7 +2,9 @@
 
 The scheduler hooks the engine slot's ``remove_request`` to acknowledge
 leases; :class:`StubSlot` stands in for it, and :func:`finish` does what the
-engine does once it has handled a request. Outbox flushes and heartbeats are
+engine does once it has handled a request. The stub engine's downloader has
+``CONCURRENT_REQUESTS`` free slots and none taken, so the scheduler leases in
+batches of up to that many, as in a crawl. Outbox flushes and heartbeats are
 scheduled on the asyncio reactor's loop, which these tests do not run: they
 send the outbox themselves, and the ``stop_heartbeats`` fixture (conftest)
 stops the heartbeats of every scheduler opened here.
@@ -57,7 +59,12 @@ def open_scheduler(
     crawler = get_crawler(spidercls, {**SETTINGS, "REDIS_URL": redis_url, **worker, **settings})
     crawler.spider = crawler._create_spider()
     crawler.stats.open_spider()
-    crawler.engine = SimpleNamespace(_slot=StubSlot())
+    crawler.engine = SimpleNamespace(
+        _slot=StubSlot(),
+        downloader=SimpleNamespace(
+            total_concurrency=crawler.settings.getint("CONCURRENT_REQUESTS"), active=set()
+        ),
+    )
     scheduler = build_from_crawler(FrontierScheduler, crawler)
     scheduler.open(crawler.spider)
     _opened.append(scheduler)

@@ -14,7 +14,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
 from crawler.frontier.bloom import MAX_BITS_PER_KEY, BloomDupeFilter, BloomFilter
-from crawler.frontier.store import Frontier
+from crawler.frontier.store import Frontier, Push
 from tests.workers import crawl
 
 if TYPE_CHECKING:
@@ -123,7 +123,10 @@ def test_a_worker_with_another_size_gets_an_error_naming_the_settings(redis_url:
         other.request_seen(Request("https://a/"))
     frontier = Frontier(other.server, "b", bloom=other.bloom)
     with pytest.raises(redis.ResponseError, match="FRONTIER_BLOOM_CAPACITY"):
-        frontier.push(b"{}", site="a", priority=0, fingerprint=b"f" * 20, dont_filter=False)
+        frontier.push_many(
+            [Push(b"{}", "a", 0, None, False), Push(b"{}", "a", 0, b"f" * 20, False)]
+        )
+    assert not other.server.exists("{b}:count")  # nothing of the call was written
 
 
 def test_the_frontier_checks_and_sets_the_bits_atomically_with_the_push(
@@ -132,13 +135,11 @@ def test_the_frontier_checks_and_sets_the_bits_atomically_with_the_push(
     df = bloom_filter(redis_url, FRONTIER_BLOOM_CAPACITY=1000)
     frontier = Frontier(rds, "b", bloom=df.bloom)
     fp = hashlib.sha1(b"https://a.example/1").digest()
+    pushes = [Push(b"{}", "a.example", 0, fp, dont_filter) for dont_filter in (False, False, True)]
+    assert frontier.push_many(pushes) == [True, False, True]
     with rds.pipeline(transaction=True) as pipe:
-        for dont_filter in (False, False, True):
-            frontier.push(
-                b"{}", site="a.example", priority=0, fingerprint=fp,
-                dont_filter=dont_filter, client=pipe,
-            )
-        assert pipe.execute() == [1, 0, 1]
+        frontier.push_many(pushes[:2], client=pipe)
+        assert pipe.execute() == [[0, 0]]
     assert int(rds.get("{b}:count") or 0) == 2
     assert not rds.exists("{b}:dupefilter")
     assert df.contains([fp]) == [True]

@@ -14,6 +14,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
 from crawler.frontier.scheduler import RETRY_DELAY_META, FrontierScheduler
+from crawler.frontier.store import Frontier, NotDue
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import SETTINGS, finish, lease_all, wait_for_request
 
@@ -26,6 +27,11 @@ class _Spider(Spider):
 
     def parse_page(self, response: Any) -> None:
         pass
+
+    def on_error(self, failure: Any) -> None:
+        pass
+
+    also_parse_page = parse_page  # an alias: Scrapy names the first in dir() order
 
 
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
@@ -138,7 +144,8 @@ def test_closing_gives_back_unfinished_leases_and_keeps_the_frontier(
     first = scheduler.next_request()
     assert first is not None
     scheduler.close("shutdown")
-    assert crawler.stats.get_value("frontier/leases/released") == 1
+    # The one handed out and the one leased with it into the local buffer.
+    assert crawler.stats.get_value("frontier/leases/released") == 2
     assert rds.scard("{t}:dupefilter") == 2
     other, _ = open_scheduler(redis_url)
     assert sorted(r.url for r in lease_all(other)) == ["https://a.example/1", "https://a.example/2"]
@@ -198,3 +205,124 @@ def test_the_outbox_reloads_scripts_that_redis_forgot(redis_url: str, rds: redis
     scheduler.enqueue_request(Request("https://a.example/1"))
     assert scheduler.flush_outbox()
     assert [r.url for r in lease_all(scheduler)] == ["https://a.example/1"]
+
+
+# -- batches ----------------------------------------------------------------------
+
+
+def _frontier(rds: redis.Redis, **kwargs: Any) -> Frontier:
+    return Frontier(rds, "t", **{"default_concurrency": 8, **kwargs})
+
+
+def _push(frontier: Frontier, url: str, priority: int = 0) -> None:
+    site = url.split("/")[2]
+    assert frontier.push(url.encode(), site=site, priority=priority,
+                         fingerprint=url.encode(), dont_filter=False)
+
+
+def test_one_lease_call_keeps_each_sites_delay_and_concurrency(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    frontier.load_scripts()
+    rds.hset("{t}:conc", "a.example", 3)
+    rds.hset("{t}:delay", "slow.example", 10_000)
+    for i in range(5):
+        _push(frontier, f"https://a.example/{i}")
+        _push(frontier, f"https://slow.example/{i}")
+    ids = [f"w:{n}" for n in range(10)]
+    leases = frontier.lease_many(ids)
+    assert isinstance(leases, list)
+    # 3 of a.example (its concurrency), 1 of slow.example (then not due).
+    assert sorted(lease.data.decode() for lease in leases) == [
+        "https://a.example/0", "https://a.example/1", "https://a.example/2",
+        "https://slow.example/0",
+    ]
+    assert [lease.lease_id for lease in leases] == ids[:4]  # the first ids, in order
+    assert rds.zcard("{t}:leases") == 4
+    assert int(rds.get("{t}:count") or 0) == 6
+    assert isinstance(frontier.lease_many(["w:10"]), NotDue)
+
+
+def test_one_lease_call_serves_higher_priorities_first_across_sites(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    for site in ("a", "b", "c"):
+        for priority in (0, 5):
+            _push(frontier, f"https://{site}.example/{priority}", priority)
+    leases = frontier.lease_many([f"w:{n}" for n in range(6)])
+    assert isinstance(leases, list)
+    assert [lease.data.decode().rsplit("/", 1)[1] for lease in leases] == ["5"] * 3 + ["0"] * 3
+
+
+def test_a_worker_takes_only_its_share_even_in_one_call(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, default_concurrency=4)
+    for i in range(8):
+        _push(frontier, f"https://a.example/{i}")
+    frontier.alive("other")  # a worker that has opened but not leased yet
+    leases = frontier.lease_many([f"w:{n}" for n in range(8)])
+    assert isinstance(leases, list) and len(leases) == 2  # 4 slots, 2 live workers
+    other = frontier.lease_many([f"other:{n}" for n in range(8)])
+    assert isinstance(other, list) and len(other) == 2
+
+
+def test_the_scheduler_leases_as_many_as_the_downloader_has_room_for(redis_url: str) -> None:
+    scheduler, crawler = open_scheduler(redis_url)
+    for i in range(10):
+        scheduler.enqueue_request(Request(f"https://a.example/{i}"))
+    crawler.engine.downloader.active = {object() for _ in range(13)}  # 16 - 13 free
+    first = scheduler.next_request()
+    assert first is not None and first.url == "https://a.example/0"
+    assert scheduler.server.zcard("{t}:leases") == 3
+    assert scheduler.has_pending_requests()
+    assert [r.url for r in (scheduler.next_request(), scheduler.next_request())] == [
+        "https://a.example/1", "https://a.example/2"
+    ]
+    assert crawler.stats.get_value("frontier/lease_calls") == 1
+    assert crawler.stats.get_value("scheduler/dequeued/redis") == 3
+
+
+def test_a_repeat_of_what_this_worker_recorded_is_dropped_without_redis(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, crawler = open_scheduler(redis_url)
+    assert scheduler.enqueue_request(Request("https://a.example/x?a=1&b=2"))
+    assert not scheduler.enqueue_request(Request("https://a.example/x?b=2&a=1"))
+    assert len(scheduler._outbox) == 1  # the repeat never reached the outbox
+    assert scheduler.enqueue_request(Request("https://a.example/x?a=1&b=2", dont_filter=True))
+    assert scheduler.flush_outbox()
+    assert crawler.stats.get_value("dupefilter/filtered") == 1
+    assert int(rds.get("{t}:count") or 0) == 2
+    # Without the local memory, Redis's dupefilter filters the repeat.
+    plain, plain_crawler = open_scheduler(redis_url, FRONTIER_LOCAL_SEEN=0)
+    assert plain.enqueue_request(Request("https://a.example/x?b=2&a=1"))
+    assert plain.flush_outbox()
+    assert plain_crawler.stats.get_value("dupefilter/filtered") == 1
+
+
+def test_the_local_memory_of_fingerprints_is_bounded(redis_url: str) -> None:
+    scheduler, _ = open_scheduler(redis_url, FRONTIER_LOCAL_SEEN=3)
+    for i in range(5):
+        scheduler.enqueue_request(Request(f"https://a.example/{i}"))
+    assert len(scheduler._seen) == 3
+    # The oldest were forgotten: Redis filters their repeats instead.
+    assert scheduler.enqueue_request(Request("https://a.example/0"))
+    assert not scheduler.enqueue_request(Request("https://a.example/4"))
+
+
+def test_the_queue_encodes_what_scrapys_to_dict_gives(redis_url: str) -> None:
+    from scrapy.http import FormRequest, JsonRequest
+
+    scheduler, crawler = open_scheduler(redis_url)
+    spider, queue = crawler.spider, scheduler.queue
+    requests = [
+        Request("https://a.example/"),
+        Request("https://a.example/p", callback=spider.parse_page, errback=spider.on_error,
+                meta={"depth": 2}, cb_kwargs={"k": 1}, priority=3, headers={"X-A": "b"}),
+        Request("https://a.example/alias", callback=spider.also_parse_page),
+        JsonRequest("https://a.example/api", data={"q": 1}, callback=spider.parse_page),
+        FormRequest("https://a.example/f", formdata={"a": "b"}),
+        # Another instance's method: found by its function, as Scrapy does.
+        Request("https://a.example/o", callback=_Spider().parse_page),
+    ]
+    for request in requests * 2:  # the second time from the cache of names
+        assert queue._to_dict(request) == request.to_dict(spider=spider)
+    with pytest.raises(ValueError, match="not an instance method"):
+        queue.encode(Request("https://a.example/", callback=print))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
+from scrapy import Request
 from scrapy.utils.request import request_from_dict
 from scrapy_redis.queue import Base
 
@@ -13,8 +15,10 @@ from crawler.frontier.sites import site_of
 from crawler.frontier.store import Frontier, Lease, NotDue
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from redis import Redis
-    from scrapy import Request, Spider
+    from scrapy import Spider
 
     from crawler.frontier.bloom import BloomFilter
 
@@ -76,6 +80,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             bloom=bloom,
         )
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
+        self._method_names: dict[Callable[..., Any], str] = {}
 
     def __len__(self) -> int:
         """Requests queued, waiting for a retry, or leased."""
@@ -94,8 +99,49 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         if self.serializer is not json_serializer:
             data: bytes = self._encode_request(request)
             return data
-        obj = request.to_dict(spider=self.spider)
-        return json_serializer.dumps(obj, site_of(request) if compact else None)
+        return json_serializer.dumps(self._to_dict(request), site_of(request) if compact else None)
+
+    def _to_dict(self, request: Request) -> dict[str, Any]:
+        """:meth:`scrapy.Request.to_dict` with ``spider=self.spider``, built
+        the same way (Scrapy 2.19) but with the callback and errback names
+        cached: Scrapy looks them up with ``inspect.getmembers`` on the
+        spider for every request, which costs more than the rest of the
+        encoding together."""
+        d: dict[str, Any] = {
+            "url": request.url,
+            "callback": self._method_name(request.callback),
+            "errback": self._method_name(request.errback),
+            "headers": dict(request.headers),
+        }
+        for attr in request.attributes:
+            d.setdefault(attr, getattr(request, attr))
+        if type(request) is not Request:
+            d["_class"] = type(request).__module__ + "." + type(request).__name__
+        return d
+
+    def _method_name(self, func: Any) -> Any:
+        if not callable(func):
+            return func
+        function = getattr(func, "__func__", None)
+        if function is None or getattr(func, "__self__", None) is not self.spider:
+            return self._find_method(func)
+        name = self._method_names.get(function)
+        if name is None:
+            name = self._method_names[function] = self._find_method(func)
+        return name
+
+    def _find_method(self, func: Any) -> str:
+        """The name of the spider's method ``func`` (the first in ``dir``
+        order, as Scrapy's ``Request.to_dict`` finds it).
+
+        :raises ValueError: ``func`` is not a method of the spider.
+        """
+        function = getattr(func, "__func__", None)
+        if function is not None:
+            for name, method in inspect.getmembers(self.spider, inspect.ismethod):
+                if method.__func__ is function:
+                    return name
+        raise ValueError(f"Function {func} is not an instance method in: {self.spider}")
 
     def decode(self, data: bytes, site: str | None = None) -> Request:
         """Decode an entry stored under ``site``.

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import importlib
 import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from redis.exceptions import NoScriptError, RedisError
 from scrapy import signals
@@ -20,7 +21,7 @@ from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import cluster_enabled, get_redis
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import NotDue
+from crawler.frontier.store import Frontier, Lease, NotDue, Push
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,10 +47,16 @@ OUTAGE_BACKOFF_CAP = 30.0
 
 @dataclass
 class _Op:
-    """A Redis write waiting in the outbox; ``send`` queues it on a pipeline."""
+    """A Redis write waiting in the outbox.
+
+    ``push``, ``ack`` and ``slot`` ops carry their :class:`Push` or lease id
+    in ``item`` and are sent together, one script call per kind; the others
+    queue themselves on the pipeline with ``send``.
+    """
 
     kind: str
-    send: Callable[[Any], object]
+    send: Callable[[Any], object] | None = None
+    item: Any = None
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -71,9 +78,22 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     seconds; a killed worker's leases expire and any worker returns them to
     the queue. At close, leases not finished are given back.
 
+    **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
+    no more than the downloader has free slots for, into a local buffer
+    that the engine's next calls drain; buffered requests are leased like
+    the others (extended, given back at close). Each worker remembers the
+    last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in the shared
+    dupefilter and drops a repeat of one (``enqueue_request`` returns False)
+    without asking Redis: the shared dupefilter only grows while a crawl
+    runs, so what this worker recorded there stays seen.
+
     **Outbox.** Writes (new requests, retries, acks, dead letters) are queued
-    in order and sent as one ``MULTI``/``EXEC`` pipeline before the next
-    lease or within the reactor's next turn. A batch of seeds is therefore
+    and sent as one ``MULTI``/``EXEC`` transaction, pipelined with the next
+    lease call (one round trip for both), or within the reactor's next turn
+    when no lease comes first: all new requests in one ``push.lua`` call,
+    all acks in one ``ack.lua`` call, all freed download slots in one
+    ``release.lua`` call (the transaction makes their order inside it
+    invisible to other workers). A batch of seeds is therefore
     queued atomically, a lease is acknowledged only after the requests its
     callback yielded, and a Redis outage is waited out with backoff: nothing
     is dropped, the worker keeps running, and the outbox is sent once Redis
@@ -96,10 +116,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     ``frontier/leases/acked``, ``frontier/leases/returned`` (expired leases
     this worker put back), ``frontier/leases/released``,
     ``frontier/retries/scheduled``, ``frontier/dead``,
-    ``frontier/redis/outages``.
+    ``frontier/redis/outages``, ``frontier/lease_calls`` (Redis calls that
+    leased at least one request).
     """
 
     queue: LeasedPriorityQueue
+    lease_batch: int
+    seen_max: int
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -127,6 +150,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scheduler.crawler = crawler
         scheduler.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
         scheduler.worker_id = worker_id(settings)
+        scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
+        scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
         scheduler._setup_state()
         return scheduler
 
@@ -139,6 +164,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._backoff = 0.0
         self._heartbeat: Any = None
         self._due_at: float | None = None
+        self._ready: collections.deque[Request] = collections.deque()
+        self._seen: dict[bytes, None] = {}
 
     # -- life cycle --------------------------------------------------------------
 
@@ -166,6 +193,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._hook_engine()
         try:
             self.queue.frontier.load_scripts()
+            self.queue.frontier.alive(self.worker_id)
         except RedisError as exc:
             self._outage(exc)
         signals_ = self.crawler.signals
@@ -215,6 +243,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Give back unfinished leases, send the outbox, stop heartbeats."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        self._ready.clear()
         if self._leases:
             held = list(self._leases.values())
             self._leases.clear()
@@ -246,10 +275,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         naming the URL and the key that JSON cannot carry, counted in
         ``scheduler/unencodable`` and dropped, without being marked as seen.
 
-        :returns: False only for a request that could not be encoded; a
-            duplicate is filtered when the outbox is sent (``dupefilter/filtered``).
+        :returns: False for a request that could not be encoded, or a
+            duplicate of one this worker recorded (``FRONTIER_LOCAL_SEEN``);
+            other duplicates are filtered when the outbox is sent. Both
+            count in ``dupefilter/filtered``.
         """
         delay = request.meta.pop(RETRY_DELAY_META, None)
+        if delay is None and not request.dont_filter and self._seen:
+            if self.df.request_fingerprint(request) in self._seen:
+                self.stats.inc_value("dupefilter/filtered")
+                return False
         try:
             data = self.queue.encode(request)
         except ValueError as exc:  # EncodeError, or a callback not on the spider
@@ -268,43 +303,66 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self.stats.inc_value("frontier/retries/scheduled")
             return True
         fingerprint = self.df.request_fingerprint(request)
-        dont_filter = request.dont_filter
-        self._write(
-            "push",
-            lambda pipe: frontier.push(
-                data, site=site, priority=priority, fingerprint=fingerprint,
-                dont_filter=dont_filter, client=pipe,
-            ),
-        )
+        self._write("push", item=Push(data, site, priority, fingerprint, request.dont_filter))
+        self._remember(fingerprint)
         return True
+
+    def _remember(self, fingerprint: bytes) -> None:
+        if self.seen_max:
+            seen = self._seen
+            seen[fingerprint] = None
+            if len(seen) > self.seen_max:
+                del seen[next(iter(seen))]  # the oldest
 
     # -- lease -------------------------------------------------------------------
 
     def next_request(self) -> Request | None:
-        """Lease the best due request, or return None (nothing due, or Redis down)."""
-        if not self.flush_outbox():
-            return None
+        """The next leased request, or None (nothing due, or Redis down).
+
+        Served from the local buffer while it holds any; otherwise the
+        outbox and one ``lease.lua`` call, in one round trip, refill it (see
+        *Batches* and *Outbox*).
+        """
+        if self._ready:
+            return self._hand_out()
         while True:
-            lease_id = f"{self.worker_id}:{next(self._lease_ids)}"
-            try:
-                result = self.queue.lease(lease_id)
-            except RedisError as exc:
-                self._outage(exc)
+            ids = [f"{self.worker_id}:{next(self._lease_ids)}" for _ in range(self._want())]
+            result = self._exchange(ids)
+            if result is None:  # Redis unreachable
                 return None
-            self._recovered()
-            if result.expired:
-                self.stats.inc_value("frontier/leases/returned", result.expired)
             if isinstance(result, NotDue):
+                if result.expired:
+                    self.stats.inc_value("frontier/leases/returned", result.expired)
                 self._due_at = None if result.wait is None else time.monotonic() + result.wait
                 return None
-            try:
-                request = self.queue.decode(result.data, result.site)
-            except Exception as exc:  # whatever Redis held, never crash the worker
-                self._dead_entry(result.data, lease_id, exc)
-                continue
-            self._leases[request] = lease_id
-            self.stats.inc_value("scheduler/dequeued/redis")
-            return request
+            self.stats.inc_value("frontier/lease_calls")
+            if result[0].expired:
+                self.stats.inc_value("frontier/leases/returned", result[0].expired)
+            for lease in result:
+                try:
+                    request = self.queue.decode(lease.data, lease.site)
+                except Exception as exc:  # whatever Redis held, never crash the worker
+                    self._dead_entry(lease.data, lease.lease_id, exc)
+                    continue
+                self._leases[request] = lease.lease_id
+                self._ready.append(request)
+            if self._ready:
+                return self._hand_out()
+
+    def _want(self) -> int:
+        """Requests to lease at once: the downloader's free slots, at least 1."""
+        engine = getattr(self.crawler, "engine", None)
+        downloader: Any = getattr(engine, "downloader", None)
+        try:
+            total = int(downloader.total_concurrency)
+            free = total - len(downloader.active) if total > 0 else self.lease_batch
+        except (AttributeError, TypeError):
+            return 1
+        return max(1, min(self.lease_batch, free))
+
+    def _hand_out(self) -> Request:
+        self.stats.inc_value("scheduler/dequeued/redis")
+        return self._ready.popleft()
 
     @property
     def next_due(self) -> float | None:
@@ -318,20 +376,20 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
         lease_id = self._leases.get(request)
         if lease_id is not None:
-            frontier = self.queue.frontier
-            self._write("release", lambda pipe: frontier.release_slots([lease_id], client=pipe))
+            self._write("slot", item=lease_id)
 
     def _finished(self, request: Request) -> None:
         lease_id = self._leases.pop(request, None)
         if lease_id is not None:
-            frontier = self.queue.frontier
-            self._write("ack", lambda pipe: frontier.ack([lease_id], client=pipe))
+            self._write("ack", item=lease_id)
 
     def _beat(self) -> None:
         self.flush_outbox()
-        if self._leases and time.monotonic() >= self._down_until:
+        if time.monotonic() >= self._down_until:
             try:
-                self.queue.frontier.extend(list(self._leases.values()))
+                self.queue.frontier.alive(self.worker_id)
+                if self._leases:
+                    self.queue.frontier.extend(list(self._leases.values()))
             except RedisError as exc:
                 self._outage(exc)
 
@@ -341,7 +399,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         True while Redis is unreachable or writes are waiting to be sent, so
         a worker never closes for idleness during an outage.
         """
-        if not self.flush_outbox():
+        if self._ready or not self.flush_outbox():
             return True
         try:
             return self.queue.frontier.pending() > 0
@@ -387,8 +445,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         logger.error("%s", reason, extra={"spider": self.spider})
         self._dead({"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
                     "time": time.time(), "request": None, "entry": data.decode("latin-1")})
-        frontier = self.queue.frontier
-        self._write("ack", lambda pipe: frontier.ack([lease_id], client=pipe))
+        self._write("ack", item=lease_id)
 
     def _dead(self, record: dict[str, Any]) -> None:
         frontier = self.queue.frontier
@@ -397,8 +454,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     # -- outbox and outages --------------------------------------------------------
 
-    def _write(self, kind: str, send: Callable[[Any], object]) -> None:
-        self._outbox.append(_Op(kind, send))
+    def _write(
+        self, kind: str, send: Callable[[Any], object] | None = None, *, item: Any = None
+    ) -> None:
+        self._outbox.append(_Op(kind, send, item))
         if self._flush_call is None:
             self._flush_call = call_later(0, self._flush_soon)
 
@@ -409,47 +468,85 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._flush_call = call_later(wait, self._flush_soon)
 
     def flush_outbox(self) -> bool:
-        """Send queued writes in order, in one transaction.
+        """Send queued writes in one transaction.
 
         :returns: False when Redis could not be reached (the writes stay
             queued and are tried again after a backoff).
         """
-        if not self._outbox:
-            return True
+        return not self._outbox or self._exchange(None) is not None
+
+    @overload
+    def _exchange(self, lease_ids: None) -> bool | None: ...
+
+    @overload
+    def _exchange(self, lease_ids: list[str]) -> list[Lease] | NotDue | None: ...
+
+    def _exchange(self, lease_ids: list[str] | None) -> list[Lease] | NotDue | bool | None:
+        """Send the outbox and, with ``lease_ids``, lease after it: one
+        transaction, one round trip.
+
+        :returns: None when Redis could not be reached (the writes stay
+            queued); else the lease's result, or True when none was asked.
+        """
         if time.monotonic() < self._down_until:
-            return False
+            return None
         ops = list(self._outbox)
         try:
-            results = self._send(ops)
-        except NoScriptError:
-            # Redis restarted and forgot the scripts; the transaction's other
-            # writes went through, and are idempotent but for dead letters,
-            # which may be written twice.
             try:
+                replies = self._send(ops, lease_ids)
+            except NoScriptError:
+                # Redis restarted and forgot the scripts; the transaction's
+                # other writes went through, and are idempotent but for dead
+                # letters, which may be written twice.
                 self.queue.frontier.load_scripts()
-                results = self._send(ops)
-            except RedisError as exc:
-                self._outage(exc)
-                return False
+                replies = self._send(ops, lease_ids)
         except RedisError as exc:
             self._outage(exc)
-            return False
+            return None
         del self._outbox[: len(ops)]
         self._recovered()
-        for op, result in zip(ops, results, strict=False):
-            if op.kind == "push":
-                key = "scheduler/enqueued/redis" if result else "dupefilter/filtered"
-                self.stats.inc_value(key)
-            elif op.kind == "ack":
-                self.stats.inc_value("frontier/leases/acked", int(result or 0))
-        return True
+        queued = sum(map(bool, replies["push"]))
+        for key, n in (
+            ("scheduler/enqueued/redis", queued),
+            ("dupefilter/filtered", len(replies["push"]) - queued),
+            ("frontier/leases/acked", replies["ack"]),
+        ):
+            if n:
+                self.stats.inc_value(key, n)
+        if lease_ids is None:
+            return True
+        return Frontier.leases_of(replies["lease"], lease_ids)
 
-    def _send(self, ops: list[_Op]) -> list[Any]:
-        with self.server.pipeline(transaction=True) as pipe:
+    def _send(self, ops: list[_Op], lease_ids: list[str] | None = None) -> dict[str, Any]:
+        """Send ``ops`` in one transaction, then lease ``lease_ids``.
+
+        :returns: the push results (list of 1/0, in order), the number of
+            leases acknowledged and ``lease.lua``'s raw reply.
+        """
+        frontier = self.queue.frontier
+        pushes = [op.item for op in ops if op.kind == "push"]
+        acks = [op.item for op in ops if op.kind == "ack"]
+        slots = [op.item for op in ops if op.kind == "slot"]
+        # A lease alone needs no transaction.
+        with self.server.pipeline(transaction=bool(ops)) as pipe:
             for op in ops:
-                op.send(pipe)
-            results: list[Any] = pipe.execute()
-        return results
+                if op.send is not None:
+                    op.send(pipe)
+            # After the others: a lease given back at close is not acked.
+            frontier.push_many(pushes, client=pipe)
+            frontier.release_slots(slots, client=pipe)
+            frontier.ack(acks, client=pipe)
+            if lease_ids is not None:
+                frontier.lease_many(lease_ids, client=pipe)
+            replies: list[Any] = pipe.execute()
+        lease = replies.pop() if lease_ids is not None else None
+        it = iter(replies[len(replies) - bool(pushes) - bool(slots) - bool(acks):])
+        return {
+            "push": next(it) if pushes else [],
+            "slot": next(it) if slots else 0,
+            "ack": int(next(it)) if acks else 0,
+            "lease": lease,
+        }
 
     def _outage(self, exc: Exception) -> None:
         if not self._backoff:

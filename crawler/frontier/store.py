@@ -25,6 +25,7 @@ key                                 type    holds
 ``{s}:rdelay``                      hash    per-site robots.txt Crawl-delay (ms)
 ``{s}:robots``                      hash    per-site robots.txt, ``fetched\nbody``
 ``{s}:alive``                       zset    worker id -> ms of its last lease call
+                                            or heartbeat
 ``{s}:lslot``                       hash    lease id -> 1 while its download holds a
                                             slot of its site
 ``{s}:wactive``                     hash    ``worker\tsite`` -> leases the worker holds
@@ -43,17 +44,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from redis import StrictRedis
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from redis import Redis
     from redis.commands.core import Script
 
     from crawler.frontier.bloom import BloomFilter
 
-__all__ = ["Frontier", "Lease", "NotDue", "frontier_prefix"]
+__all__ = ["Frontier", "Lease", "NotDue", "Push", "frontier_prefix"]
 
 #: Highest and lowest priorities kept apart; larger ones are clamped.
 PRIORITY_LIMIT = 1_000_000
@@ -85,6 +88,23 @@ class _Lua:
         if client is not None and self.bare_pipelines:
             return client.evalsha(self.script.sha, len(keys), *keys, *args)
         return self.script(keys=keys, args=args, client=client)
+
+
+class Push(NamedTuple):
+    """One request for :meth:`Frontier.push_many`.
+
+    :ivar data: the encoded request.
+    :ivar site: its site (``host`` or ``host:port``).
+    :ivar priority: higher is served first; clamped to +-1,000,000.
+    :ivar fingerprint: recorded in the dupefilter; None skips it.
+    :ivar dont_filter: queue even when the fingerprint was seen.
+    """
+
+    data: bytes
+    site: str
+    priority: int
+    fingerprint: bytes | None
+    dont_filter: bool
 
 
 @dataclass(frozen=True)
@@ -174,8 +194,10 @@ class Frontier:
         self._extend = _Lua(redis, "extend.lua")
         self._retry = _Lua(redis, "retry.lua")
         self._release_slots = _Lua(redis, "release.lua")
+        self._alive = _Lua(redis, "alive.lua")
         self._scripts = [
-            self._push, self._lease, self._ack, self._extend, self._retry, self._release_slots
+            self._push, self._lease, self._ack, self._extend, self._retry, self._release_slots,
+            self._alive,
         ]
 
     def load_scripts(self) -> None:
@@ -206,29 +228,55 @@ class Frontier:
             Bloom filter's bits when the frontier has one); None skips it.
         :param dont_filter: queue even when the fingerprint was seen.
         :param client: a redis-py pipeline to queue the call on (its result,
-            1 or 0, then comes from ``execute()``); default: run it now.
-        :returns: False when filtered as a duplicate.
+            ``[1]`` or ``[0]``, then comes from ``execute()``); default: run
+            it now.
+        :returns: False when filtered as a duplicate (always False when
+            queued on a pipeline).
         """
+        queued = self.push_many([Push(data, site, priority, fingerprint, dont_filter)], client)
+        return bool(queued and queued[0])
+
+    def push_many(self, pushes: Sequence[Push], client: Any = None) -> list[bool]:
+        """Queue encoded requests, each unless its fingerprint was seen: one
+        ``push.lua`` call, one round trip however many there are.
+
+        Requests are handled in order, so of two with one fingerprint the
+        second is filtered. In Bloom mode every bitmap is checked before
+        anything is written.
+
+        :param client: a redis-py pipeline to queue the call on (the list of
+            1/0 then comes from ``execute()``, and this returns ``[]``).
+        :returns: per request, True when queued, False when filtered.
+        :raises redis.exceptions.ResponseError: a Bloom bitmap exists with
+            another size than this worker's settings give.
+        """
+        if not pushes:
+            return []
         k = self.key
-        dedup_key, mode = k("dupefilter"), list[Any]()
-        if self.bloom is not None and fingerprint:
-            dedup_key, offsets = self.bloom.locate(fingerprint)
-            mode = ["bloom", self.bloom.size, offsets]
+        bloom = self.bloom
+        args: list[Any] = [
+            self.prefix,
+            self.default_concurrency,
+            "set" if bloom is None else "bloom",
+            "" if bloom is None else bloom.size,
+        ]
+        for p in pushes:
+            spec = b""
+            if bloom is not None and p.fingerprint:
+                key, offsets = bloom.locate(p.fingerprint)
+                spec = key.encode() + b" " + offsets
+            args += (
+                p.fingerprint or b"", b"1" if p.dont_filter else b"0", p.site,
+                _clamp(p.priority), p.data, spec,
+            )
         queued = self._push(
-            keys=[dedup_key, k("wait"), k("active"), k("due"), k("conc"), k("count")],
-            args=[
-                self.prefix,
-                fingerprint or b"",
-                "1" if dont_filter else "0",
-                site,
-                _clamp(priority),
-                data,
-                self.default_concurrency,
-                *mode,
-            ],
+            keys=[k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count")],
+            args=args,
             client=client,
         )
-        return bool(queued)
+        if client is not None:
+            return []
+        return [bool(q) for q in queued]
 
     def push_retry(
         self, data: bytes, *, site: str, priority: int, delay: float, client: Any = None
@@ -247,8 +295,35 @@ class Frontier:
             concurrency divided among workers that leased within a lease's
             length, rounded up).
         """
+        result = self.lease_many([lease_id])
+        return result[0] if isinstance(result, list) else result
+
+    @overload
+    def lease_many(self, lease_ids: Sequence[str]) -> list[Lease] | NotDue: ...
+
+    @overload
+    def lease_many(self, lease_ids: Sequence[str], client: Any) -> list[Lease] | NotDue | None: ...
+
+    def lease_many(
+        self, lease_ids: Sequence[str], client: Any = None
+    ) -> list[Lease] | NotDue | None:
+        """Lease up to ``len(lease_ids)`` due requests in one call.
+
+        Each request is chosen as :meth:`lease` chooses one, with the
+        previous ones of the call already counted against their sites'
+        delay, concurrency and this worker's share; the first leases use the
+        first ids. All ids must belong to one worker.
+
+        :param client: a redis-py pipeline to queue the call on; this then
+            returns None, and :meth:`leases_of` reads the reply.
+        :returns: the leases (at least one; housekeeping counts on the
+            first), or :class:`NotDue` when nothing can be leased now.
+        :raises ValueError: ``lease_ids`` is empty.
+        """
+        if not lease_ids:
+            raise ValueError("lease_many needs at least one lease id")
         k = self.key
-        result = self._lease(
+        reply = self._lease(
             keys=[
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
@@ -256,24 +331,35 @@ class Frontier:
             ],
             args=[
                 self.prefix,
-                lease_id,
+                "",
                 self.lease_timeout_ms,
                 self.default_delay_ms,
                 self.default_concurrency,
                 self.candidates,
                 self.housekeeping,
-                lease_id.rsplit(":", 1)[0],
+                lease_ids[0].rsplit(":", 1)[0],
                 self.recheck_ms,
                 self.delay_margin,
                 "1" if self.robots_gate else "0",
+                *lease_ids,
             ],
+            client=client,
         )
-        if result[0] is None:
-            wait = None if int(result[1]) < 0 else int(result[1]) / 1000
-            return NotDue(wait, int(result[2]), int(result[3]))
-        return Lease(
-            result[0], result[1].decode(), lease_id, int(result[2]), int(result[3])
-        )
+        return None if client is not None else self.leases_of(reply, lease_ids)
+
+    @staticmethod
+    def leases_of(reply: list[Any], lease_ids: Sequence[str]) -> list[Lease] | NotDue:
+        """Read ``lease.lua``'s reply to a call with ``lease_ids``."""
+        n, wait, expired, retried = (int(v) for v in reply[:4])
+        if n == 0:
+            return NotDue(None if wait < 0 else wait / 1000, expired, retried)
+        return [
+            Lease(
+                reply[4 + 2 * i], reply[5 + 2 * i].decode(), lease_ids[i],
+                expired if i == 0 else 0, retried if i == 0 else 0,
+            )
+            for i in range(n)
+        ]
 
     def ack(self, lease_ids: list[str], client: Any = None) -> int:
         """End leases; returns how many were still held."""
@@ -312,6 +398,12 @@ class Frontier:
             client=client,
         )
         return 0 if client is not None else int(freed)
+
+    def alive(self, worker: str) -> None:
+        """Count ``worker`` as live in fair shares now (at open and on each
+        heartbeat; lease calls do it too). A worker silent for a lease's
+        length stops counting."""
+        self._alive(keys=[self.key("alive")], args=[worker])
 
     def extend(self, lease_ids: list[str]) -> int:
         """Push the deadlines of held leases ``lease_timeout`` past now.

@@ -1,4 +1,4 @@
--- lease.lua: hand the best due request to a worker, under a lease.
+-- lease.lua: hand the best due requests to a worker, each under a lease.
 --
 -- Before choosing, it returns expired leases to their queues and moves due
 -- retries into theirs, a bounded number each call, so any worker does this
@@ -6,10 +6,13 @@
 --
 -- A site is a candidate when its due time has passed, it has fewer leases
 -- than its concurrency, and this worker holds fewer than its fair share of
--- them (the concurrency divided among the live workers, rounded up); among the first ARGV[6] candidates in due order, the
--- one whose best queued priority is highest wins (ties: earliest due). In a
--- site, a higher priority pops first, and equal priorities pop first in,
--- first out (one list per site and priority).
+-- them (the concurrency divided among the live workers, rounded up). Each
+-- request goes to the candidate, among the first ARGV[6] in due order,
+-- whose best queued priority is highest (ties: earliest due); a site stays
+-- a candidate for the next request of the same call only while it still
+-- is one (a site with a delay is not due again at once). In a site, a
+-- higher priority pops first, and equal priorities pop first in, first out
+-- (one list per site and priority).
 --
 -- KEYS[1]  {s}:wait     zset site -> ms when the site may be served next
 -- KEYS[2]  {s}:leases   zset lease id -> deadline, ms
@@ -28,7 +31,7 @@
 --                       slot of its site (released when the download ends)
 -- KEYS[15] {s}:robots   hash site -> robots.txt as stored by the workers
 -- ARGV[1]  key prefix "{s}:"
--- ARGV[2]  lease id for the request handed out
+-- ARGV[2]  unused (kept so that the arguments keep their numbers)
 -- ARGV[3]  lease duration, ms
 -- ARGV[4]  default delay per site, ms
 -- ARGV[5]  default concurrency per site
@@ -42,9 +45,11 @@
 --          closer than the delay
 -- ARGV[11] "1" when robots.txt is obeyed: a site whose robots.txt is not
 --          known yet is served one request at a time
+-- ARGV[12..] lease ids, one per request wanted ("<worker id>:<n>")
 -- Times are the Redis server's clock (TIME), ms.
--- Returns {data, site, expired, retried} when a request is leased, or
--- {false, ms until a site is due or -1 when none has work, expired, retried}.
+-- Returns {n, wait, expired, retried, data1, site1, ..., dataN, siteN}: the
+-- first n lease ids were used, for those requests; when n is 0, wait is the
+-- ms until a site or a retry is due, or -1 when nothing is queued.
 local P = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -137,60 +142,85 @@ for _, entry in ipairs(retries) do
   wake(site)
 end
 
--- 3. Choose a site.
-local cands = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0,
-                         tonumber(ARGV[6]))
-local best, best_level, best_score = nil, nil, nil
-for _, site in ipairs(cands) do
+-- 3. Due sites, in due order, with what choosing among them needs.
+local cands = {}
+for _, site in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0,
+                                 tonumber(ARGV[6]))) do
   local head = redis.call('ZRANGE', P .. 'lv:' .. site, 0, 0, 'WITHSCORES')
-  local share = math.ceil(cap_of(site) / live)
-  local mine = tonumber(redis.call('HGET', KEYS[12], worker .. '\t' .. site) or '0')
   if #head == 0 then
     redis.call('ZREM', KEYS[1], site)
-  elseif mine >= share then
-    -- this worker has its share of the site; others may take the rest
   else
-    local score = tonumber(head[2])
-    if best_score == nil or score < best_score then
-      best, best_level, best_score = site, head[1], score
+    local cap = cap_of(site)
+    local mine = tonumber(redis.call('HGET', KEYS[12], worker .. '\t' .. site) or '0')
+    if mine < math.ceil(cap / live) then
+      cands[#cands + 1] = {site = site, level = head[1], score = tonumber(head[2]),
+                           cap = cap, mine = mine, share = math.ceil(cap / live)}
     end
+    -- else this worker has its share of the site; others may take the rest
   end
-end
-if best == nil then
-  local wait = -1
-  local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
-  if wait < 0 and tonumber(redis.call('GET', KEYS[9]) or '0') > 0 then
-    -- work is queued on sites at their concurrency: look again soon
-    wait = tonumber(ARGV[9])
-  end
-  local rnext = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-  if #rnext > 0 then
-    local rwait = math.max(0, tonumber(rnext[2]) - now)
-    if wait < 0 or rwait < wait then wait = rwait end
-  end
-  return {false, wait, #expired, #retries}
 end
 
--- 4. Lease the head of that site's best queue.
-local qkey = P .. 'q:' .. best .. ':' .. best_level
-local data = redis.call('RPOP', qkey)
-if redis.call('LLEN', qkey) == 0 then
-  redis.call('ZREM', P .. 'lv:' .. best, best_level)
+-- 4. Lease, one request per lease id, each from the candidate whose best
+-- queued priority is highest (ties: earliest due); a site stays a candidate
+-- while it is still due, under its concurrency and this worker's share.
+local out = {0, 0, #expired, #retries}
+local n = 0
+for a = 12, #ARGV do
+  local bi = nil
+  for i, c in ipairs(cands) do
+    if bi == nil or c.score < cands[bi].score then bi = i end
+  end
+  if bi == nil then break end
+  local c = cands[bi]
+  local best, best_level, id = c.site, c.level, ARGV[a]
+  local qkey = P .. 'q:' .. best .. ':' .. best_level
+  local data = redis.call('RPOP', qkey)
+  local head = nil
+  if redis.call('LLEN', qkey) == 0 then
+    redis.call('ZREM', P .. 'lv:' .. best, best_level)
+    head = redis.call('ZRANGE', P .. 'lv:' .. best, 0, 0, 'WITHSCORES')
+  end
+  redis.call('DECR', KEYS[9])
+  local active = tonumber(redis.call('HINCRBY', KEYS[4], best, 1))
+  redis.call('HINCRBY', KEYS[12], worker .. '\t' .. best, 1)
+  local delay = tonumber(redis.call('HGET', KEYS[7], best) or ARGV[4])
+  delay = math.max(delay, tonumber(redis.call('HGET', KEYS[13], best) or '0'))
+  delay = delay + tonumber(redis.call('HGET', KEYS[10], best) or '0')
+  local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
+  redis.call('HSET', KEYS[5], best, due)
+  local more = head == nil or #head > 0
+  if active < c.cap and more then
+    redis.call('ZADD', KEYS[1], due, best)
+  else
+    redis.call('ZREM', KEYS[1], best)
+  end
+  redis.call('ZADD', KEYS[2], now + lease_ms, id)
+  redis.call('HSET', KEYS[14], id, 1)
+  redis.call('HSET', KEYS[3], id, best_level .. '\t' .. best .. '\t' .. data)
+  out[#out + 1] = data
+  out[#out + 1] = best
+  n = n + 1
+  c.mine = c.mine + 1
+  if due > now or active >= c.cap or not more or c.mine >= c.share then
+    table.remove(cands, bi)
+  elseif head ~= nil then
+    c.level, c.score = head[1], tonumber(head[2])
+  end
 end
-redis.call('DECR', KEYS[9])
-local active = tonumber(redis.call('HINCRBY', KEYS[4], best, 1))
-redis.call('HINCRBY', KEYS[12], worker .. '\t' .. best, 1)
-local delay = tonumber(redis.call('HGET', KEYS[7], best) or ARGV[4])
-delay = math.max(delay, tonumber(redis.call('HGET', KEYS[13], best) or '0'))
-delay = delay + tonumber(redis.call('HGET', KEYS[10], best) or '0')
-local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
-redis.call('HSET', KEYS[5], best, due)
-redis.call('ZREM', KEYS[1], best)
-if active < cap_of(best) and redis.call('EXISTS', P .. 'lv:' .. best) == 1 then
-  redis.call('ZADD', KEYS[1], due, best)
+out[1] = n
+if n > 0 then return out end
+
+local wait = -1
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
+if wait < 0 and tonumber(redis.call('GET', KEYS[9]) or '0') > 0 then
+  -- work is queued on sites at their concurrency: look again soon
+  wait = tonumber(ARGV[9])
 end
-redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[2])
-redis.call('HSET', KEYS[14], ARGV[2], 1)
-redis.call('HSET', KEYS[3], ARGV[2], best_level .. '\t' .. best .. '\t' .. data)
-return {data, best, #expired, #retries}
+local rnext = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+if #rnext > 0 then
+  local rwait = math.max(0, tonumber(rnext[2]) - now)
+  if wait < 0 or rwait < wait then wait = rwait end
+end
+out[2] = wait
+return out
