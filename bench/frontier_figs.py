@@ -210,22 +210,24 @@ def _ops_client(
         start = time.monotonic()
         i = 0
         while time.monotonic() - start < seconds:
-            # The outbox: this turn's pushes (one push.lua call) and acks
-            # (one ack.lua call) in one MULTI pipeline.
+            # As the scheduler's next_request: this turn's outbox (pushes in
+            # one push.lua call, the previous leases' acks in one ack.lua
+            # call) and a lease.lua call for up to OPS_BATCH requests, in one
+            # MULTI pipeline, one round trip.
             pushes = [
                 Push(queue.encode(request), site_of(request), request.priority,
                      fingerprint(request), request.dont_filter)
                 for request in pool[i : i + OPS_BATCH]
             ]
+            ids = [next(lease_ids) for _ in range(OPS_BATCH)]
             with server.pipeline(transaction=True) as pipe:
                 frontier.push_many(pushes, client=pipe)
                 frontier.ack(held, client=pipe)
-                pipe.execute()
+                frontier.lease_many(ids, client=pipe)
+                reply = pipe.execute()[-1]
             ops += len(pushes) + len(held)
             i = (i + OPS_BATCH) % (len(pool) - OPS_BATCH)
-            # Leases: one lease.lua call for up to OPS_BATCH, as the
-            # scheduler refills its buffer.
-            result = frontier.lease_many([next(lease_ids) for _ in range(OPS_BATCH)])
+            result = frontier.leases_of(reply, ids)
             held = []
             if not isinstance(result, NotDue):
                 for lease in result:
@@ -281,7 +283,11 @@ def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> flo
     Each process runs cycles of 16 enqueues and 16 dequeues (plus, for ours,
     the 16 acknowledgements of the previous cycle) against a queue prefilled
     with 20,000 requests on 10 sites, for ``seconds`` after a common start.
-    Encoding, fingerprinting and decoding are included, as in a worker.
+    Encoding, fingerprinting and decoding are included, as in a worker. Ours
+    sends a cycle as the scheduler does: pushes, acks and the lease of up to
+    16 requests in one ``MULTI`` pipeline (three script calls, one round
+    trip); stock makes the stock scheduler's calls, one round trip per
+    enqueue (``SADD``, then ``ZADD``) and per pop.
     """
     server = redis.Redis.from_url(redis_url)
     server.flushall()

@@ -228,12 +228,13 @@ _NOTES = """\
   (`crawler.frontier.bloom.BloomDupeFilter`, capacity = the number of URLs,
   0.1% error rate) by `used_memory` delta.
 - **d.** Separate client processes started together, each for 2 s: cycles
-  of 16 enqueues (encode + fingerprint + `push.lua`, sent with the acks of
-  the previous cycle's leases as one `MULTI` pipeline, as the scheduler's
-  outbox does) and 16 leases (one `lease.lua` call each, plus decoding).
-  Every push, lease and ack counts as one op. Stock: the stock scheduler's
-  calls, `SADD` then `ZADD` per enqueue (one op), one `MULTI`
-  `ZRANGE`/`ZREMRANGEBYRANK` per pop (one op).
+  of 16 enqueues (encode + fingerprint), the acks of the previous cycle's
+  leases and one lease of up to 16 requests (plus decoding), sent as the
+  scheduler sends them: one `MULTI` pipeline with one `push.lua`, one
+  `ack.lua` and one `lease.lua` call, one round trip. Every push, lease and
+  ack counts as one op. Stock: the stock scheduler's calls, `SADD` then
+  `ZADD` per enqueue (one op), one `MULTI` `ZRANGE`/`ZREMRANGEBYRANK` per
+  pop (one op).
 - **e.** 2,000 `PageItem`s (~1 KB) through `MongoPipeline.process_item`
   (batched unordered inserts under the unique key index, upserts for keys
   stored already, 1,000 items in flight) vs the documented
