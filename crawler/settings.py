@@ -131,6 +131,12 @@ FRONTIER_LEASE_BATCH = 16
 #: bytes each). The shared dupefilter only grows while a crawl runs; delete it
 #: only with the workers stopped. 0 turns this off. Default: 100000.
 FRONTIER_LOCAL_SEEN = 100_000
+#: Seconds a worker's frontier writes (new requests, acks, freed download
+#: slots) wait for its next lease call to carry them in the same round trip
+#: before they are sent on their own. A worker killed meanwhile loses them
+#: together with the acks behind them, so its leases are crawled again.
+#: Default: 0.05.
+FRONTIER_OUTBOX_DELAY = 0.05
 #: Retry backoff: seconds before the first retry, doubling for each next
 #: one, up to FRONTIER_RETRY_BACKOFF_MAX, stretched by up to
 #: FRONTIER_RETRY_JITTER (a fraction) at random. Defaults: 1.0, 60.0, 0.1.

@@ -89,13 +89,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     **Outbox.** Writes (new requests, retries, acks, dead letters) are queued
     and sent as one ``MULTI``/``EXEC`` transaction, pipelined with the next
-    lease call (one round trip for both), or within the reactor's next turn
-    when no lease comes first: all new requests in one ``push.lua`` call,
+    lease call (one round trip for both), or on their own
+    ``FRONTIER_OUTBOX_DELAY`` seconds after the first of them when no lease
+    call comes sooner: all new requests in one ``push.lua`` call,
     all acks in one ``ack.lua`` call, all freed download slots in one
     ``release.lua`` call (the transaction makes their order inside it
     invisible to other workers). A batch of seeds is therefore
     queued atomically, a lease is acknowledged only after the requests its
-    callback yielded, and a Redis outage is waited out with backoff: nothing
+    callback yielded (a worker killed with writes unsent loses the ack with
+    the requests, and its lease is crawled again), and a Redis outage is
+    waited out with backoff: nothing
     is dropped, the worker keeps running, and the outbox is sent once Redis
     answers again.
 
@@ -123,6 +126,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     queue: LeasedPriorityQueue
     lease_batch: int
     seen_max: int
+    outbox_delay: float
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -152,6 +156,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scheduler.worker_id = worker_id(settings)
         scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
         scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
+        scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
         scheduler._setup_state()
         return scheduler
 
@@ -459,7 +464,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     ) -> None:
         self._outbox.append(_Op(kind, send, item))
         if self._flush_call is None:
-            self._flush_call = call_later(0, self._flush_soon)
+            self._flush_call = call_later(self.outbox_delay, self._flush_soon)
 
     def _flush_soon(self) -> None:
         self._flush_call = None
@@ -525,8 +530,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """
         frontier = self.queue.frontier
         pushes = [op.item for op in ops if op.kind == "push"]
-        acks = [op.item for op in ops if op.kind == "ack"]
-        slots = [op.item for op in ops if op.kind == "slot"]
+        acks = {op.item: None for op in ops if op.kind == "ack"}
+        # An ack frees the download slot too, when release.lua has not yet.
+        slots = [op.item for op in ops if op.kind == "slot" and op.item not in acks]
         # A lease alone needs no transaction.
         with self.server.pipeline(transaction=bool(ops)) as pipe:
             for op in ops:
@@ -535,7 +541,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # After the others: a lease given back at close is not acked.
             frontier.push_many(pushes, client=pipe)
             frontier.release_slots(slots, client=pipe)
-            frontier.ack(acks, client=pipe)
+            frontier.ack(list(acks), client=pipe)
             if lease_ids is not None:
                 frontier.lease_many(lease_ids, client=pipe)
             replies: list[Any] = pipe.execute()

@@ -19,6 +19,19 @@ local P = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ended = 0
+
+-- Make `site` a candidate again if it has work and room.
+local function wake(site, active)
+  if redis.call('EXISTS', P .. 'lv:' .. site) == 1 then
+    local cap = tonumber(redis.call('HGET', KEYS[6], site) or ARGV[2])
+    if active < cap then
+      local due = tonumber(redis.call('HGET', KEYS[5], site) or '0')
+      if due < now then due = now end
+      redis.call('ZADD', KEYS[1], 'NX', due, site)
+    end
+  end
+end
+
 for i = 3, #ARGV do
   local id = ARGV[i]
   local entry = redis.call('HGET', KEYS[3], id)
@@ -29,23 +42,17 @@ for i = 3, #ARGV do
     local t1 = string.find(entry, '\t', 1, true)
     local t2 = string.find(entry, '\t', t1 + 1, true)
     local site = string.sub(entry, t1 + 1, t2 - 1)
-    local active = tonumber(redis.call('HGET', KEYS[4], site) or '0')
+    -- Only a lease that still held its download slot changes the site's
+    -- room; release.lua woke the site when it freed the slot.
     if redis.call('HDEL', KEYS[8], id) == 1 then
       local worker = string.match(id, '^(.*):[^:]*$')
       local wkey = worker .. '\t' .. site
       if tonumber(redis.call('HINCRBY', KEYS[7], wkey, -1)) <= 0 then
         redis.call('HDEL', KEYS[7], wkey)
       end
-      active = tonumber(redis.call('HINCRBY', KEYS[4], site, -1))
+      local active = tonumber(redis.call('HINCRBY', KEYS[4], site, -1))
       if active <= 0 then redis.call('HDEL', KEYS[4], site); active = 0 end
-    end
-    if redis.call('EXISTS', P .. 'lv:' .. site) == 1 then
-      local cap = tonumber(redis.call('HGET', KEYS[6], site) or ARGV[2])
-      if active < cap then
-        local due = tonumber(redis.call('HGET', KEYS[5], site) or '0')
-        if due < now then due = now end
-        redis.call('ZADD', KEYS[1], 'NX', due, site)
-      end
+      wake(site, active)
     end
   end
 end
