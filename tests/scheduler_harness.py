@@ -12,6 +12,7 @@ stops the heartbeats of every scheduler opened here.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from types import SimpleNamespace
@@ -72,11 +73,15 @@ def open_scheduler(
 
 
 def stop_opened() -> None:
-    """Stop the heartbeats of every scheduler opened so far."""
+    """Stop the heartbeats of every scheduler opened so far, and let the
+    loop finish their cancelled tasks (else asyncio reports them at exit)."""
     while _opened:
         beat = _opened.pop()._heartbeat
         if beat is not None and beat.running:
             beat.stop()
+    loop = asyncio.get_event_loop()
+    if not loop.is_running():
+        loop.run_until_complete(asyncio.sleep(0))
 
 
 def finish(scheduler: FrontierScheduler, request: Request) -> None:
