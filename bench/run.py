@@ -217,9 +217,10 @@ _NOTES = """\
   `DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter`. `CONCURRENT_REQUESTS`
   and `_PER_DOMAIN` 16. Pages/s counted at the site between the 10th and
   90th percentile of response times (start-up and tail excluded).
-- **b.** 1, 2, 4 workers on a hub page linking to 400 pages per worker, each
-  response held 150 ms; 16 requests at once per worker, cluster-wide
-  `FRONTIER_CONCURRENCY=64`; same steady-rate measure. Baseline: 1 worker.
+- **b.** 1, 2, 4 workers on a hub page linking to 160 pages per worker, each
+  response held 1 s (`--quick`: 30 pages, 150 ms); 16 requests at once per
+  worker, cluster-wide `FRONTIER_CONCURRENCY=64`; same steady-rate measure.
+  Baseline: 1 worker.
 - **c.** 100,000 distinct requests (~70-character URLs on 10 hosts,
   callback `parse_item`, `meta={"depth": 2}`), pushed with our `push.lua`
   (JSON encoding) vs scrapy-redis `PriorityQueue` (pickle) +
