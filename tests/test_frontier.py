@@ -326,3 +326,70 @@ def test_the_queue_encodes_what_scrapys_to_dict_gives(redis_url: str) -> None:
         assert queue._to_dict(request) == request.to_dict(spider=spider)
     with pytest.raises(ValueError, match="not an instance method"):
         queue.encode(Request("https://a.example/", callback=print))
+
+
+def test_a_site_at_its_concurrency_is_not_leased_when_it_is_lowered_live(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds, default_concurrency=4)
+    for i in range(6):
+        _push(frontier, f"https://a.example/{i}")
+    first = frontier.lease_many(["w:0", "w:1"])
+    assert isinstance(first, list) and len(first) == 2
+    rds.hset("{t}:conc", "a.example", 1)  # an operator lowers it mid-crawl
+    assert isinstance(frontier.lease_many(["v:0"]), NotDue)
+    frontier.ack(["w:0", "w:1"])
+    again = frontier.lease_many(["v:1", "v:2"])
+    assert isinstance(again, list) and len(again) == 1
+
+
+def test_a_site_waits_for_its_robots_txt_one_request_at_a_time(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, robots_gate=True)
+    _push(frontier, "https://a.example/0")
+    held = frontier.lease_many(["w:0", "w:1"])
+    assert isinstance(held, list) and len(held) == 1
+    # A push (another worker's seed) marks the site as waiting again: still
+    # one request at a time until the robots.txt is known.
+    _push(frontier, "https://a.example/1")
+    assert isinstance(frontier.lease_many(["v:0"]), NotDue)
+    rds.hset("{t}:robots", "a.example", "0\n")
+    frontier.release_slots(["w:0"])
+    assert isinstance(frontier.lease_many(["v:1"]), list)
+
+
+def test_a_closing_worker_leaves_the_fair_share_at_once(redis_url: str) -> None:
+    a, _ = open_scheduler(redis_url, FRONTIER_CONCURRENCY=4)
+    b, _ = open_scheduler(redis_url, FRONTIER_CONCURRENCY=4)
+    for i in range(8):
+        a.enqueue_request(Request(f"https://a.example/{i}"))
+    assert a.flush_outbox()
+    assert len(lease_all(b)) == 2  # two live workers: half of 4 slots each
+    a.close("finished")
+    assert len(lease_all(b)) == 2  # now alone: all 4
+
+
+def test_the_local_memory_is_dropped_when_redis_may_have_rolled_back(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, _ = open_scheduler(redis_url)
+    assert scheduler.enqueue_request(Request("https://a.example/child"))
+    assert scheduler.flush_outbox()
+    # Redis restarts from an older snapshot: the fingerprint and the scripts
+    # are gone.
+    rds.flushall()
+    rds.script_flush()
+    scheduler.enqueue_request(Request("https://a.example/other"))
+    assert scheduler.flush_outbox()  # meets NOSCRIPT, reloads the scripts
+    assert scheduler.enqueue_request(Request("https://a.example/child"))
+    assert scheduler.flush_outbox()
+    assert sorted(r.url for r in lease_all(scheduler)) == [
+        "https://a.example/child", "https://a.example/other"
+    ]
+
+
+def test_the_local_memory_is_dropped_on_an_outage(redis_url: str) -> None:
+    scheduler, _ = open_scheduler(redis_url)
+    scheduler.enqueue_request(Request("https://a.example/x"))
+    assert scheduler._seen
+    scheduler._outage(ConnectionError("gone"))
+    assert not scheduler._seen

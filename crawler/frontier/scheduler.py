@@ -85,7 +85,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in the shared
     dupefilter and drops a repeat of one (``enqueue_request`` returns False)
     without asking Redis: the shared dupefilter only grows while a crawl
-    runs, so what this worker recorded there stays seen.
+    runs, so what this worker recorded there stays seen. Redis coming back
+    from an outage, a restart or a failover may hold an older dupefilter,
+    so the memory is cleared whenever Redis could not be reached or had
+    forgotten the scripts.
 
     **Outbox.** Writes (new requests, retries, acks, dead letters) are queued
     and sent as one ``MULTI``/``EXEC`` transaction, pipelined with the next
@@ -267,6 +270,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 "(unacknowledged leases will expire and be crawled again)",
                 len(self._outbox),
             )
+        try:
+            self.queue.frontier.leave(self.worker_id)
+        except RedisError:
+            pass  # it stops counting a lease's length after its last heartbeat
         if not self.persist:
             self.flush()
 
@@ -500,9 +507,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             try:
                 replies = self._send(ops, lease_ids)
             except NoScriptError:
-                # Redis restarted and forgot the scripts; the transaction's
-                # other writes went through, and are idempotent but for dead
-                # letters, which may be written twice.
+                # Redis restarted (or failed over) and forgot the scripts;
+                # the transaction's other writes went through, and are
+                # idempotent but for dead letters, which may be written
+                # twice. What it holds may be older than what this worker
+                # recorded: forget the local fingerprints.
+                self._seen.clear()
                 self.queue.frontier.load_scripts()
                 replies = self._send(ops, lease_ids)
         except RedisError as exc:
@@ -555,6 +565,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         }
 
     def _outage(self, exc: Exception) -> None:
+        # Redis may come back from an older snapshot, without fingerprints
+        # this worker recorded: ask it again rather than trust the memory.
+        self._seen.clear()
         if not self._backoff:
             self.stats.inc_value("frontier/redis/outages")
         self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))

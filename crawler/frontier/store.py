@@ -405,6 +405,11 @@ class Frontier:
         length stops counting."""
         self._alive(keys=[self.key("alive")], args=[worker])
 
+    def leave(self, worker: str) -> None:
+        """Stop counting ``worker`` as live (it closes): the others' fair
+        shares grow at once, not a lease's length later."""
+        self.redis.zrem(self.key("alive"), worker)
+
     def extend(self, lease_ids: list[str]) -> int:
         """Push the deadlines of held leases ``lease_timeout`` past now.
 

@@ -151,12 +151,18 @@ for _, site in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT',
     redis.call('ZREM', KEYS[1], site)
   else
     local cap = cap_of(site)
-    local mine = tonumber(redis.call('HGET', KEYS[12], worker .. '\t' .. site) or '0')
-    if mine < math.ceil(cap / live) then
-      cands[#cands + 1] = {site = site, level = head[1], score = tonumber(head[2]),
-                           cap = cap, mine = mine, share = math.ceil(cap / live)}
+    if tonumber(redis.call('HGET', KEYS[4], site) or '0') >= cap then
+      -- At its concurrency (lowered while the crawl runs, or still gated
+      -- on robots.txt): release.lua and ack.lua wake it when a slot frees.
+      redis.call('ZREM', KEYS[1], site)
+    else
+      local mine = tonumber(redis.call('HGET', KEYS[12], worker .. '\t' .. site) or '0')
+      if mine < math.ceil(cap / live) then
+        cands[#cands + 1] = {site = site, level = head[1], score = tonumber(head[2]),
+                             cap = cap, mine = mine, share = math.ceil(cap / live)}
+      end
+      -- else this worker has its share of the site; others may take the rest
     end
-    -- else this worker has its share of the site; others may take the rest
   end
 end
 
