@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from crawler.replay import Page
-from tests.workers import crawl
+from tests.workers import assert_quotes_crawled, crawl
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -30,19 +29,8 @@ def test_two_workers_share_the_quotes_crawl_and_fetch_nothing_twice(
 
     workers = crawl("quotes", env, tmp_path, workers=2)
 
-    assert [w.returncode for w in workers] == [0, 0]
-    assert db.quotes.count_documents({}) == 100
-    assert db.authors.count_documents({}) == 50
-    # Both processes fetched pages.
-    assert all(w.stats.get("downloader/response_count", 0) > 0 for w in workers)
-    # No path was downloaded twice across the two, the seed "/" included,
-    # although every page links back to "/".
-    counts = Counter(h.path for h in replay_server.hits())
-    assert counts["/"] == 1
-    assert [p for p, n in counts.items() if n > 1] == []
-    # Every download reached our server: none left the site.
-    downloads = sum(w.stats.get("downloader/request_count", 0) for w in workers)
-    assert downloads == len(replay_server.hits())
+    assert len(workers) == 2
+    assert_quotes_crawled(workers, db, replay_server)
     assert all(no_deprecations(w.log) for w in workers)
     einstein = db.authors.find_one({"name": "Albert Einstein"})
     assert einstein["birth_date"] == "1879-03-14"

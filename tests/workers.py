@@ -7,8 +7,13 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crawler.replay import ReplayServer
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 #: A worker that has not exited after this many seconds fails the test.
@@ -86,3 +91,19 @@ def crawl(
     logs = [tmp_path / f"{spider}-{i}-{time.monotonic_ns()}.log" for i in range(workers)]
     procs = [start_worker(spider, env, log, settings) for log in logs]
     return wait_workers(procs, logs, timeout)
+
+
+def assert_quotes_crawled(workers: list[Worker], db: Any, site: ReplayServer) -> None:
+    """The quotes crawl came out whole: every worker exited cleanly and
+    fetched pages, MongoDB holds the 100 quotes and 50 authors, no path was
+    downloaded twice across the workers (the seed "/" included, although every
+    page links back to it), and every download reached ``site``."""
+    assert [w.returncode for w in workers] == [0] * len(workers), [w.log[-3000:] for w in workers]
+    assert db.quotes.count_documents({}) == 100
+    assert db.authors.count_documents({}) == 50
+    assert all(w.stats.get("downloader/response_count", 0) > 0 for w in workers)
+    counts = Counter(h.path for h in site.hits())
+    assert counts["/"] == 1
+    assert [p for p, n in counts.items() if n > 1] == []
+    downloads = sum(w.stats.get("downloader/request_count", 0) for w in workers)
+    assert downloads == len(site.hits())
