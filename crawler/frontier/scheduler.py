@@ -57,6 +57,9 @@ class _Op:
     kind: str
     send: Callable[[Any], object] | None = None
     item: Any = None
+    #: Called once the transaction that carried every write queued before
+    #: this op has been committed in Redis (``after_commit``).
+    done: Callable[[], object] | None = None
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -467,11 +470,27 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     # -- outbox and outages --------------------------------------------------------
 
     def _write(
-        self, kind: str, send: Callable[[Any], object] | None = None, *, item: Any = None
+        self,
+        kind: str,
+        send: Callable[[Any], object] | None = None,
+        *,
+        item: Any = None,
+        done: Callable[[], object] | None = None,
     ) -> None:
-        self._outbox.append(_Op(kind, send, item))
+        self._outbox.append(_Op(kind, send, item, done))
         if self._flush_call is None:
             self._flush_call = call_later(self.outbox_delay, self._flush_soon)
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` once every write queued so far is in Redis.
+
+        The callback runs on the reactor thread right after the transaction
+        that carried those writes was committed (the reply was read); never
+        when they could not be sent (Redis down at close, a killed worker).
+        The spider uses it to let go of seeds only once they are in the
+        frontier.
+        """
+        self._write("after_commit", done=callback)
 
     def _flush_soon(self) -> None:
         self._flush_call = None
@@ -520,6 +539,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return None
         del self._outbox[: len(ops)]
         self._recovered()
+        for op in ops:
+            if op.done is not None:
+                try:
+                    op.done()
+                except Exception:  # a callback's failure is its own
+                    logger.exception("after_commit callback failed")
         queued = sum(map(bool, replies["push"]))
         for key, n in (
             ("scheduler/enqueued/redis", queued),

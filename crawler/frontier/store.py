@@ -439,6 +439,42 @@ class Frontier:
             queued, retries, leases = pipe.execute()
         return int(queued or 0) + int(retries) + int(leases)
 
+    def audit(self) -> dict[str, Any]:
+        """Check the frontier's counters against what it holds.
+
+        Meant for the end of a crawl (tests, the soak, an operator's check):
+        with no worker running, a consistent frontier has no lease, no
+        download slot taken, and a pending count equal to the requests in
+        its queues. Reads with ``SCAN`` for the per-site queues: not for a
+        hot path.
+
+        :returns: the problems found, by name (empty when consistent):
+            ``leases`` (lease ids still held), ``lslot`` (leases holding a
+            slot), ``active`` / ``wactive`` (slot counters above zero, by
+            site or ``worker\tsite``), ``count`` (``{s}:count``) against
+            ``queued`` (entries in ``{s}:q:*`` lists).
+        """
+        r = self.redis
+        problems: dict[str, Any] = {}
+        leases = r.zrange(self.key("leases"), 0, -1)
+        if leases:
+            problems["leases"] = [x.decode() for x in leases]
+        for name in ("lslot", "active", "wactive"):
+            held = {
+                k.decode(): v.decode()
+                for k, v in r.hgetall(self.key(name)).items()
+                if v not in (b"0",)
+            }
+            if held:
+                problems[name] = held
+        pattern = self.prefix.replace("{", "\\{").replace("}", "\\}") + "q:*"
+        queued = sum(int(r.llen(k)) for k in r.scan_iter(match=pattern, count=1000))
+        count = int(r.get(self.key("count")) or 0)
+        if count != queued:
+            problems["count"] = count
+            problems["queued"] = queued
+        return problems
+
     def clear(self) -> None:
         """Delete every key of the frontier except the dupefilter."""
         keys = list(self.redis.scan_iter(match=self.prefix.replace("{", "\\{").replace(
