@@ -1,7 +1,14 @@
-"""``scrapy frontier status [SPIDER ...] [--json] [--watch]``.
+"""``scrapy frontier status|delay|concurrency|overrides``: look at and steer the frontier.
 
-Prints, per spider, what the shared frontier holds (see
-:mod:`crawler.status` for the figures and :mod:`crawler.keys` for the keys).
+``status [SPIDER ...] [--json] [--watch]`` prints, per spider, what the
+shared frontier holds (see :mod:`crawler.status` for the figures and
+:mod:`crawler.keys` for the keys).
+
+``delay SPIDER SITE SECONDS``, ``concurrency SPIDER SITE N`` (each with
+``--unset`` instead of the value) and ``overrides [SPIDER ...]`` set, remove
+and list the per-site politeness overrides that workers read at every lease
+(the hashes ``{<spider>}:delay`` and ``{<spider>}:conc``, see
+:mod:`crawler.frontier.overrides`).
 """
 
 from __future__ import annotations
@@ -9,9 +16,11 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from redis.exceptions import RedisError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -19,16 +28,96 @@ from rich.text import Text
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.frontier.connection import get_redis
+from crawler.frontier.overrides import (
+    CONCURRENCY,
+    DELAY,
+    OverrideKind,
+    parse_concurrency,
+    parse_delay,
+    parse_site,
+    stored_value_ok,
+)
+from crawler.frontier.store import frontier_prefix
 from crawler.status import ClusterStatus, SpiderStatus, StatusReader
 
 if TYPE_CHECKING:
     import argparse
 
+    from redis import Redis
     from rich.console import RenderableType
 
-__all__ = ["Command", "render"]
+__all__ = ["Command", "Override", "read_overrides", "render"]
 
-SUBCOMMANDS = ("status",)
+SUBCOMMANDS = ("status", "delay", "concurrency", "overrides")
+#: Exit status of the override subcommands when Redis cannot be reached (as
+#: ``scrapy seed``); a bad value or a usage error exits 2.
+REDIS_FAILED = 3
+#: What each kind's hash holds, for messages.
+_RULES: dict[OverrideKind, str] = {
+    DELAY: "whole milliseconds >= 0",
+    CONCURRENCY: "a whole number >= 1",
+}
+
+
+@dataclass(frozen=True)
+class Override:
+    """One field of ``{<spider>}:delay`` or ``{<spider>}:conc``.
+
+    :ivar kind: ``"delay"`` (``value`` in ms) or ``"conc"``.
+    :ivar raw: the stored value, as Redis holds it.
+    :ivar ok: whether the lease script accepts it
+        (:func:`~crawler.frontier.overrides.stored_value_ok`); when not, it
+        uses the default for the site.
+    """
+
+    spider: str
+    kind: OverrideKind
+    site: str
+    raw: bytes
+    ok: bool
+
+    def describe(self) -> str:
+        """The value for people: ``2000 ms (2 s)``, ``4``, or why it is bad."""
+        value = self.raw.decode("utf-8", "backslashreplace")
+        if not self.ok:
+            return f"BAD {value!r}: not {_RULES[self.kind]}, the default is used"
+        if self.kind == DELAY:
+            return f"{value} ms ({int(value) / 1000:g} s)"
+        return value
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"spider", "kind", "site", "value", "ok"}``; ``value`` as a string."""
+        return {
+            "spider": self.spider,
+            "kind": self.kind,
+            "site": self.site,
+            "value": self.raw.decode("utf-8", "backslashreplace"),
+            "ok": self.ok,
+        }
+
+
+def override_key(spider: str, kind: OverrideKind) -> str:
+    """``{<spider>}:delay`` or ``{<spider>}:conc``."""
+    return frontier_prefix(spider) + kind
+
+
+def read_overrides(redis: Redis, spider: str) -> list[Override]:
+    """Every delay and concurrency override of ``spider``, by kind then site.
+
+    :raises redis.exceptions.RedisError: Redis is unreachable.
+    """
+    found: list[Override] = []
+    for kind in (DELAY, CONCURRENCY):
+        stored: dict[bytes, bytes] = redis.hgetall(override_key(spider, kind))  # type: ignore[assignment]
+        for site, raw in sorted(stored.items()):
+            found.append(
+                Override(
+                    spider, kind, site.decode("utf-8", "backslashreplace"), raw,
+                    stored_value_ok(kind, raw),
+                )
+            )
+    return found
 
 
 def _when(timestamp: float | None) -> str:
@@ -107,12 +196,22 @@ def render(status: ClusterStatus) -> RenderableType:
 
 
 class Command(ScrapyCommand):
-    """Show what the shared frontier holds.
+    """Show what the shared frontier holds; set, remove and list per-site overrides.
 
-    ``--json`` prints one JSON object (see
+    ``status``: ``--json`` prints one JSON object (see
     :meth:`crawler.status.ClusterStatus.as_dict`); with ``--watch`` it
     prints one such line per refresh. Exit status 0, or 1 when Redis or
     MongoDB could not be read (the figures read are still printed).
+
+    ``delay SPIDER SITE SECONDS`` stores the site's delay in
+    ``{<spider>}:delay`` (milliseconds), ``concurrency SPIDER SITE N`` its
+    concurrency in ``{<spider>}:conc``; with ``--unset`` instead of the
+    value, the override is removed and the default applies again. Workers
+    read them at their next lease. ``overrides [SPIDER ...]`` lists them
+    (``--json``: one object per line) and flags values the lease script
+    would refuse. Exit status 0; 1 when ``overrides`` found a bad value; 2
+    for a usage error or a refused value (nothing is written); 3 when
+    Redis could not be reached.
     """
 
     requires_project = True
@@ -120,22 +219,34 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]"
+        return (
+            "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]\n"
+            "       scrapy frontier delay SPIDER SITE SECONDS|--unset\n"
+            "       scrapy frontier concurrency SPIDER SITE N|--unset\n"
+            "       scrapy frontier overrides [SPIDER ...] [--json]"
+        )
 
     def short_desc(self) -> str:
-        return "Show the shared frontier: seeds, queue, workers, items"
+        return "Show the shared frontier: seeds, queue, workers, items; per-site overrides"
 
     def long_desc(self) -> str:
         return (
-            "Print per spider: seeds waiting, requests queued by priority, leased, "
+            "status: print per spider: seeds waiting, requests queued by priority, leased, "
             "retries waiting, dead letters, URLs seen, items stored per collection, and "
             "live workers with their pages per minute and last heartbeat. Without SPIDER, "
-            "every spider of the project. --json prints one JSON object; --watch refreshes."
+            "every spider of the project. --json prints one JSON object; --watch refreshes. "
+            "delay / concurrency: set a site's delay (seconds, e.g. 2 or 0.25; stored in "
+            "ms) or concurrency (a whole number >= 1) for every worker of the crawl, or "
+            "remove it with --unset. SITE is a host (example.com, example.com:8080) or a "
+            "URL. overrides: list them, flagging values the workers ignore."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--json", action="store_true",
+            help="status: print one JSON object; overrides: one object per line",
+        )
         parser.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
         parser.add_argument(
             "--interval",
@@ -144,14 +255,36 @@ class Command(ScrapyCommand):
             metavar="SECONDS",
             help="seconds between refreshes with --watch (default: 2)",
         )
+        parser.add_argument(
+            "--unset", action="store_true",
+            help="delay, concurrency: remove the site's override (the default applies)",
+        )
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         if not args or args[0] not in SUBCOMMANDS:
             raise UsageError(f"expected a subcommand: {', '.join(SUBCOMMANDS)}")
+        if args[0] == "status":
+            self._status(args[1:], opts)
+            return
+        if opts.watch:
+            raise UsageError("--watch is for status only", print_help=False)
+        if opts.unset and args[0] == "overrides":
+            raise UsageError("--unset is for delay and concurrency", print_help=False)
+        try:
+            if args[0] == "overrides":
+                self._list(args[1:], opts.json)
+            else:
+                self._set(DELAY if args[0] == "delay" else CONCURRENCY, args[1:], opts.unset)
+        except RedisError as exc:
+            sys.stderr.write(f"Redis failed: {exc}\n")
+            self.exitcode = REDIS_FAILED
+
+    def _status(self, args: list[str], opts: argparse.Namespace) -> None:
+        assert self.settings is not None
         if opts.interval <= 0:
             raise UsageError("--interval must be positive", print_help=False)
-        spiders = args[1:] or None
+        spiders = args or None
         reader = StatusReader.from_settings(self.settings, spiders)
         try:
             if opts.watch:
@@ -164,6 +297,101 @@ class Command(ScrapyCommand):
             pass
         finally:
             reader.close()
+
+    def _set(self, kind: OverrideKind, args: list[str], unset: bool) -> None:
+        """``delay|concurrency SPIDER SITE VALUE`` or ``... SPIDER SITE --unset``.
+
+        :raises UsageError: wrong arguments, an unknown spider, a bad site or
+            a bad value (exit status 2, nothing written).
+        """
+        assert self.settings is not None
+        command = "delay" if kind == DELAY else "concurrency"
+        wanted = 2 if unset else 3
+        if len(args) != wanted:
+            what = "SECONDS" if kind == DELAY else "N"
+            raise UsageError(
+                f"expected: {command} SPIDER SITE {what}, or {command} SPIDER SITE --unset",
+                print_help=False,
+            )
+        spider = self._spider(args[0])
+        try:
+            site = parse_site(args[1])
+        except ValueError as exc:
+            raise UsageError(str(exc), print_help=False) from None
+        value = 0
+        if not unset:
+            try:
+                value = parse_delay(args[2]) if kind == DELAY else parse_concurrency(args[2])
+            except ValueError as exc:
+                raise UsageError(f"refused: {exc}", print_help=False) from None
+        key = override_key(spider, kind)
+        redis = get_redis(self.settings)
+        try:
+            if unset:
+                removed = int(redis.hdel(key, site))
+                sys.stdout.write(
+                    f"removed the {command} override of {site} from {key}; the default applies\n"
+                    if removed
+                    else f"{site} had no {command} override in {key}\n"
+                )
+                return
+            redis.hset(key, site, str(value))
+            shown = f"{value} ms ({value / 1000:g} s)" if kind == DELAY else str(value)
+            sys.stdout.write(f"{key} {site} = {shown}\n")
+        finally:
+            sys.stdout.flush()
+            redis.close()
+
+    def _list(self, spiders: list[str], as_json: bool) -> None:
+        """``overrides [SPIDER ...]``: every override, bad ones flagged (exit 1)."""
+        assert self.settings is not None
+        names = [self._spider(name) for name in spiders] or self._spiders()
+        redis = get_redis(self.settings)
+        try:
+            found = [o for name in names for o in read_overrides(redis, name)]
+        finally:
+            redis.close()
+        bad = [o for o in found if not o.ok]
+        if as_json:
+            for override in found:
+                sys.stdout.write(json.dumps(override.as_dict()) + "\n")
+            sys.stdout.flush()
+        else:
+            # One line per override (grep-able): key, site, value.
+            width = max((len(o.site) for o in found), default=0)
+            for o in found:
+                key = override_key(o.spider, o.kind)
+                sys.stdout.write(f"{key:<{len(o.spider) + 8}} {o.site:<{width}}  {o.describe()}\n")
+            if not found:
+                sys.stdout.write(f"no overrides for {', '.join(names)}\n")
+            if bad:
+                sys.stdout.write(
+                    f"{len(bad)} bad value(s): the workers use the default for those sites;"
+                    " set them again with scrapy frontier delay|concurrency\n"
+                )
+            sys.stdout.flush()
+        self.exitcode = 1 if bad else 0
+
+    def _spiders(self) -> list[str]:
+        """The project's spider names."""
+        from scrapy.spiderloader import get_spider_loader  # noqa: PLC0415
+
+        assert self.settings is not None
+        return sorted(get_spider_loader(self.settings).list())
+
+    def _spider(self, name: str) -> str:
+        """``name`` if the project has that spider.
+
+        :raises UsageError: it has not (a typo would set an override no
+            worker reads).
+        """
+        known = self._spiders()
+        if name not in known:
+            raise UsageError(
+                f"unknown spider {name!r}: expected one of {', '.join(known)}",
+                print_help=False,
+            )
+        return name
 
     def _print(self, status: ClusterStatus, as_json: bool) -> None:
         if as_json:

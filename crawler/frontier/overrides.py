@@ -1,0 +1,201 @@
+"""Per-site politeness overrides: parse what an operator types, check what Redis holds.
+
+Operators slow a site down (or speed it up) while a crawl runs through two
+Redis hashes of the crawl (see :mod:`crawler.frontier.store`):
+
+=====================  =================================================
+key                    field -> value
+=====================  =================================================
+``{<spider>}:delay``   site -> delay between two requests to the site, in
+                       **milliseconds**, a decimal integer ``>= 0``
+                       (``"2000"``)
+``{<spider>}:conc``    site -> requests to the site at once, a decimal
+                       integer ``>= 1`` (``"4"``)
+=====================  =================================================
+
+The lease script treats any other stored value as bad: it uses the default
+for that site and reports the value. :func:`stored_value_ok` is the same
+rule in Python (``scrapy frontier overrides`` flags bad values with it).
+
+People think of delays in seconds (``DOWNLOAD_DELAY``, robots.txt's
+``Crawl-delay``), so :func:`parse_delay` takes seconds and returns the
+milliseconds to store; :func:`parse_concurrency` takes a whole number;
+:func:`parse_site` turns a host or a URL into the site name the frontier
+uses. Each raises :class:`ValueError` with a message that says what is
+allowed. They serve ``scrapy frontier delay|concurrency`` and the
+``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` settings alike.
+
+Everything here is pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Final, Literal
+from urllib.parse import urlsplit
+
+__all__ = [
+    "CONCURRENCY",
+    "DELAY",
+    "MAX_CONCURRENCY",
+    "MAX_DELAY_SECONDS",
+    "OverrideKind",
+    "parse_concurrency",
+    "parse_delay",
+    "parse_site",
+    "stored_value_ok",
+]
+
+#: The kinds of override, named as their hash: ``{<spider>}:delay``, ``{<spider>}:conc``.
+OverrideKind = Literal["delay", "conc"]
+DELAY: Final = "delay"
+CONCURRENCY: Final = "conc"
+
+#: Longest delay :func:`parse_delay` accepts, in seconds (one day). A longer
+#: one is more likely a slip (milliseconds typed as seconds) than a wish.
+MAX_DELAY_SECONDS: Final = 86_400
+#: Highest concurrency :func:`parse_concurrency` accepts.
+MAX_CONCURRENCY: Final = 100_000
+
+#: The stored formats, as the lease script matches them (Lua ``^%d+$`` and
+#: ``^[1-9]%d*$``): ASCII digits only, no sign, no blanks, no leading zero
+#: for a concurrency.
+_STORED: Final = {
+    DELAY: re.compile(rb"[0-9]+"),
+    CONCURRENCY: re.compile(rb"[1-9][0-9]*"),
+}
+#: Seconds as an operator types them: ``2``, ``2.5``, ``0.25``, ``.5``, ``2.``.
+_SECONDS: Final = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
+_WHOLE: Final = re.compile(r"[0-9]+", re.ASCII)
+#: A bare site: a host name or IPv4 address, or an IPv6 literal in brackets,
+#: with an optional port.
+_SITE: Final = re.compile(
+    r"(?:[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?"
+)
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+_DELAY_RULE = (
+    f"a delay is a number of seconds from 0 to {MAX_DELAY_SECONDS}, written with digits"
+    " and at most one decimal point, no unit (e.g. 2, 2.5 or 0.25)"
+)
+_CONC_RULE = f"a concurrency is a whole number from 1 to {MAX_CONCURRENCY} (e.g. 1 or 4)"
+
+
+def parse_delay(value: str | float) -> int:
+    """The delay to store, in milliseconds, for ``value`` seconds.
+
+    ``value`` is what an operator typed (``"2"``, ``"2.5"``, ``"0.25"``;
+    blanks around it are ignored) or a number from the settings (``2``,
+    ``0.25``). The result is rounded to the nearest millisecond (half up):
+    ``parse_delay("2.5") == 2500``, ``parse_delay("0.0004") == 0``.
+
+    :param value: seconds, ``0 <= value <= MAX_DELAY_SECONDS``.
+    :returns: whole milliseconds ``>= 0``, the format of ``{<spider>}:delay``.
+    :raises ValueError: a unit (``"2s"``), a sign (``"-1"``), an empty
+        string, ``nan`` or ``inf``, an exponent, a letter for a digit
+        (``"1O"``), a bool, or a value over :data:`MAX_DELAY_SECONDS`; the
+        message says what is allowed.
+    """
+    seconds = _decimal(value, _SECONDS, "delay", _DELAY_RULE)
+    if seconds > MAX_DELAY_SECONDS:
+        raise ValueError(f"delay {value!r} is not allowed: {_DELAY_RULE}")
+    return int((seconds * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def parse_concurrency(value: str | int) -> int:
+    """The concurrency to store for ``value``: requests to a site at once.
+
+    :param value: a whole number, typed (``"4"``, blanks around it
+        ignored) or from the settings (``4``).
+    :returns: an int, ``1 <= n <= MAX_CONCURRENCY``, the format of
+        ``{<spider>}:conc``.
+    :raises ValueError: ``0``, a sign, a decimal point (``"1.5"``, ``"1.0"``),
+        a unit, an empty string, a letter for a digit (``"1O"``), a bool, or a
+        value over :data:`MAX_CONCURRENCY`; the message says what is allowed.
+    """
+    number = _decimal(value, _WHOLE, "concurrency", _CONC_RULE)
+    if number != number.to_integral_value() or not 1 <= number <= MAX_CONCURRENCY:
+        raise ValueError(f"concurrency {value!r} is not allowed: {_CONC_RULE}")
+    return int(number)
+
+
+def _decimal(value: object, pattern: re.Pattern[str], noun: str, rule: str) -> Decimal:
+    """``value`` as a Decimal, if it is a number >= 0 or a string ``pattern`` matches.
+
+    :raises ValueError: ``"<noun> <value> is not allowed: <rule>"``.
+    """
+    refused = ValueError(f"{noun} {value!r} is not allowed: {rule}")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise refused
+    if isinstance(value, str):
+        text = value.strip()
+        if not pattern.fullmatch(text):
+            raise refused
+        return Decimal(text)
+    number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    if not number.is_finite() or number < 0:
+        raise refused
+    return number
+
+
+def stored_value_ok(kind: OverrideKind, raw: bytes) -> bool:
+    """Whether ``raw``, a value of the hash ``{<spider>}:<kind>``, is well formed.
+
+    Exactly the lease script's rule: for ``"delay"`` whole milliseconds
+    (``^[0-9]+$``: ``b"0"``, ``b"2000"``), for ``"conc"`` a whole number
+    ``>= 1`` without a leading zero (``^[1-9][0-9]*$``). Anything else
+    (``b"2s"``, ``b"-1"``, ``b""``, ``b" 5"``, ``b"2.5"``) is bad, and the
+    lease script uses the default for the site instead.
+
+    :raises ValueError: ``kind`` is neither ``"delay"`` nor ``"conc"``.
+    """
+    pattern = _STORED.get(kind)
+    if pattern is None:
+        raise ValueError(f"unknown override kind {kind!r}: expected 'delay' or 'conc'")
+    return pattern.fullmatch(raw) is not None
+
+
+def parse_site(text: str) -> str:
+    """The site name the frontier uses for ``text``, a host or a URL.
+
+    A site is the host, lowercase, with ``:port`` when the port is not the
+    scheme's default (the rule of :func:`crawler.frontier.sites.site_of`).
+
+    * a URL: ``"https://Example.com:443/a?b"`` gives ``"example.com"``,
+      ``"http://127.0.0.1:8080/"`` gives ``"127.0.0.1:8080"``;
+    * a bare host, with a port if needed, lowercased and otherwise kept
+      as given (without a scheme, no port is known to be the default):
+      ``"Example.COM"`` gives ``"example.com"``, ``"example.com:8080"``
+      stays.
+
+    :raises ValueError: empty, not an http(s) URL, no host, a bad port, or a
+        bare name with characters a host cannot have (``/``, blanks, ...).
+    """
+    stripped = text.strip()
+    if "://" in stripped:
+        try:
+            parts = urlsplit(stripped)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"{text!r} is not a valid URL: {exc}") from None
+        if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+            raise ValueError(f"{text!r} is not an http(s) URL with a host")
+        host = parts.hostname.lower()
+        if ":" in host:
+            host = f"[{host}]"
+        if port is None or port == _DEFAULT_PORTS[parts.scheme.lower()]:
+            return host
+        return f"{host}:{port}"
+    site = stripped.lower()
+    if not _SITE.fullmatch(site) or (":" in site.rsplit("]", 1)[-1] and not _port_ok(site)):
+        raise ValueError(
+            f"{text!r} is not a site: give a host (example.com), a host and port "
+            "(example.com:8080) or a URL (https://example.com/)"
+        )
+    return site
+
+
+def _port_ok(site: str) -> bool:
+    """Whether the ``:port`` ending ``site`` is 1..65535."""
+    return 1 <= int(site.rsplit(":", 1)[1]) <= 65_535
