@@ -117,6 +117,12 @@ FRONTIER_SITE_CONCURRENCY: dict[str, int] = {}
 #: their leases every third of it). A killed worker's requests are crawled
 #: again this long after it died. Default: 60.0.
 FRONTIER_LEASE_TIMEOUT = 60.0
+#: Deliveries of a request without an acknowledgement (its worker died or
+#: was killed each time it handled it: a poison request) after which the
+#: frontier moves it to the dead-letter list {<spider>}:dead, with its count,
+#: instead of handing it out again. Leases given back at a graceful stop do
+#: not count. 0: no limit. Default: 5.
+FRONTIER_MAX_DELIVERIES = 5
 #: Most seeds a worker moves from <spider>:start_urls into the frontier at
 #: once, in one transaction (only while it has free download slots).
 #: Default: 1000.

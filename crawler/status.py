@@ -371,10 +371,12 @@ class StatusReader:
             spider.leases_by_worker = self._leases_by_worker(keys.leases)
 
     def _leases_by_worker(self, key: str) -> dict[str, int]:
-        """Count leases per worker: a lease id is ``<worker id>:<n>``."""
+        """Count leases per worker: a lease id is ``<worker id>#<nonce>:<n>``
+        (the nonce tells the processes of one worker id apart)."""
         counts: dict[str, int] = {}
         for member, _ in self.redis.zscan_iter(key, count=1000):
-            worker = _decode(member).rpartition(":")[0]
+            holder = _decode(member).rpartition(":")[0]
+            worker = holder.rpartition("#")[0] or holder
             if worker:
                 counts[worker] = counts.get(worker, 0) + 1
         return counts

@@ -14,7 +14,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
 from crawler.frontier.bloom import MAX_BITS_PER_KEY, BloomDupeFilter, BloomFilter
-from crawler.frontier.store import Frontier, Push
+from crawler.frontier.store import Committed, Frontier, Push
 from tests.workers import assert_quotes_crawled, crawl
 
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ def test_the_frontier_checks_and_sets_the_bits_atomically_with_the_push(
     assert frontier.push_many(pushes) == [True, False, True]
     with rds.pipeline(transaction=True) as pipe:
         frontier.push_many(pushes[:2], client=pipe)
-        assert pipe.execute() == [[0, 0]]
+        [reply] = pipe.execute()
+        assert Committed.of(reply).pushed == [False, False]
     assert int(rds.get("{b}:count") or 0) == 2
     assert not rds.exists("{b}:dupefilter")
     assert df.contains([fp]) == [True]

@@ -5,30 +5,76 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from scrapy import Request
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import Frontier
+from crawler.frontier.store import Commit, Frontier, Push
 
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["Command", "requeue"]
+__all__ = ["Command", "load_record", "purge", "requeue", "requeue_push"]
 
 ACTIONS = ("list", "requeue", "purge")
+
+
+def load_record(raw: bytes) -> dict[str, Any]:
+    """Read one dead letter; one that is not a JSON object (it holds bytes
+    that are not UTF-8, say) is read as far as possible, never raises."""
+    for text in (raw, raw.decode("utf-8", "replace")):
+        try:
+            record = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            return record
+    return {"url": None, "reason": "unreadable dead letter", "entry": raw.decode("latin-1")}
+
+
+def requeue_push(record: dict[str, Any]) -> Push | None:
+    """The push that sends a dead letter's request back to the frontier,
+    its retry count reset and bypassing the dupefilter; None when the dead
+    letter carries no request that can be decoded.
+
+    Two forms carry one: ``request`` (the full encoded request, written by
+    the scheduler) and ``entry`` with ``site`` (the queued entry, written by
+    the frontier's scripts for a request past ``FRONTIER_MAX_DELIVERIES``).
+    """
+    try:
+        if isinstance(record.get("request"), str):
+            entry = json.loads(record["request"])
+            site = site_of(Request(entry["u"]))
+        elif isinstance(record.get("entry"), str) and isinstance(record.get("site"), str):
+            entry, site = json.loads(record["entry"]), record["site"]
+        else:
+            return None
+        json_serializer.loads(json.dumps(entry), site)  # raises if not a request
+    except (ValueError, KeyError, TypeError):
+        return None
+    meta = entry.get("m", {})
+    meta.pop("retry_times", None)
+    if meta:
+        entry["m"] = meta
+    else:
+        entry.pop("m", None)
+    data = json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode()
+    return Push(data, site, int(entry.get("p", 0)), None, True)
 
 
 def requeue(frontier: Frontier, limit: int | None = None) -> tuple[int, int]:
     """Send dead letters back to the frontier, oldest first.
 
-    Each dead letter that carries its encoded request is queued again (its
-    retry count reset, as a new request that bypasses the dupefilter) and
-    removed from the dead-letter list in the same transaction. Dead letters
+    Each dead letter that carries its request is queued again (its retry
+    count reset, as a new request that bypasses the dupefilter) and taken
+    out of the dead-letter list in the same atomic call, which does nothing
+    when the entry is gone already: a requeue racing a purge or another
+    requeue never queues one that was deleted, nor one twice. Dead letters
     with no request (undecodable entries) stay.
 
     :param limit: most dead letters to requeue; None for all.
@@ -37,34 +83,26 @@ def requeue(frontier: Frontier, limit: int | None = None) -> tuple[int, int]:
     redis = frontier.redis
     key = frontier.key("dead")
     requeued = kept = 0
-    for raw in redis.lrange(key, 0, -1):
+    for raw in cast("list[bytes]", redis.lrange(key, 0, -1)):
         if limit is not None and requeued >= limit:
             break
-        record = json.loads(raw)
-        encoded = record.get("request")
-        if not encoded:
+        push = requeue_push(load_record(raw))
+        if push is None:
             kept += 1
             continue
-        entry = json.loads(encoded)
-        meta = entry.get("m", {})
-        meta.pop("retry_times", None)
-        if meta:
-            entry["m"] = meta
-        else:
-            entry.pop("m", None)
-        with redis.pipeline(transaction=True) as pipe:
-            frontier.push(
-                json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode(),
-                site=site_of(Request(entry["u"])),
-                priority=int(entry.get("p", 0)),
-                fingerprint=None,
-                dont_filter=True,
-                client=pipe,
-            )
-            pipe.lrem(key, 1, raw)  # type: ignore[arg-type]
-            pipe.execute()
-        requeued += 1
+        done = frontier.commit(Commit(pushes=[push], claim=raw))
+        if done is not None and done.claimed:
+            requeued += 1
     return requeued, kept
+
+
+def purge(frontier: Frontier) -> int:
+    """Delete every dead letter; returns how many (one atomic transaction)."""
+    with frontier.redis.pipeline(transaction=True) as pipe:
+        pipe.llen(frontier.key("dead"))
+        pipe.delete(frontier.key("dead"))
+        count, _ = pipe.execute()
+    return int(count)
 
 
 class Command(ScrapyCommand):
@@ -95,8 +133,8 @@ class Command(ScrapyCommand):
         key = frontier.key("dead")
         if action == "list":
             end = -1 if opts.limit is None else opts.limit - 1
-            for raw in frontier.redis.lrange(key, 0, end):
-                record: dict[str, Any] = json.loads(raw)
+            for raw in cast("list[bytes]", frontier.redis.lrange(key, 0, end)):
+                record = load_record(raw)
                 if opts.json:
                     record.pop("request", None)
                     print(json.dumps(record, ensure_ascii=False))
@@ -109,7 +147,6 @@ class Command(ScrapyCommand):
             print(f"requeued {requeued} dead letters of {spider}"
                   + (f"; {kept} without a request stay" if kept else ""))
         else:
-            count = int(frontier.redis.llen(key))
-            frontier.redis.delete(key)
+            count = purge(frontier)
             print(f"purged {count} dead letters of {spider}")
         sys.stdout.flush()

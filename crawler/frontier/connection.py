@@ -33,7 +33,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterPipeline, RedisCluster
+from redis.retry import Retry
 from scrapy_redis import defaults
 from scrapy_redis.connection import get_redis_from_settings
 
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from redis.commands.core import Script
     from scrapy.settings import BaseSettings
 
-__all__ = ["FrontierRedisCluster", "cluster_enabled", "get_redis"]
+__all__ = ["FrontierRedisCluster", "cluster_enabled", "get_redis", "no_retries"]
 
 
 def cluster_enabled(settings: BaseSettings) -> bool:
@@ -50,8 +52,25 @@ def cluster_enabled(settings: BaseSettings) -> bool:
     return settings.getbool("FRONTIER_REDIS_CLUSTER", False)
 
 
+def no_retries() -> Retry:
+    """A redis-py retry policy that never sends a command again.
+
+    redis-py (6+) resends a command, a pipeline or a ``MULTI`` transaction
+    after a connection error or a timeout, up to three times by default
+    (scrapy-redis's defaults add ``retry_on_timeout``). When the first one
+    ran and only its reply was lost, a resent lease or commit script runs
+    twice. Every client of the project turns that off: the frontier finds
+    out what ran instead (``FrontierScheduler``), and the other callers wait
+    out outages with their own backoff.
+    """
+    return Retry(NoBackoff(), 0)
+
+
 def get_redis(settings: BaseSettings) -> Redis:
     """A redis-py client for ``settings``; no I/O for a standalone server.
+
+    Whatever ``REDIS_PARAMS`` says, the client never resends a command on
+    its own (:func:`no_retries`).
 
     Standalone (the default): scrapy-redis's ``get_redis_from_settings``,
     which honours ``REDIS_URL``, ``REDIS_HOST``/``REDIS_PORT``,
@@ -66,17 +85,26 @@ def get_redis(settings: BaseSettings) -> Redis:
     :raises redis.exceptions.RedisError: cluster mode and no node answers.
     """
     if not cluster_enabled(settings):
-        return cast("Redis", get_redis_from_settings(settings))
+        client = cast("Redis", get_redis_from_settings(settings))
+        _no_retries(client.connection_pool.connection_kwargs)
+        return client
     url = settings.get("REDIS_URL")
     if not url:
         raise ValueError("FRONTIER_REDIS_CLUSTER needs REDIS_URL (any node of the cluster)")
     params: dict[str, Any] = {**defaults.REDIS_PARAMS, **settings.getdict("REDIS_PARAMS")}
     params.pop("redis_cls", None)
+    _no_retries(params)
     if encoding := settings.get("REDIS_ENCODING"):
         params["encoding"] = encoding
     if settings.get("REDIS_DECODE_RESPONSES"):
         params["decode_responses"] = True
     return cast("Redis", FrontierRedisCluster.from_url(url, **params))
+
+
+def _no_retries(params: dict[str, Any]) -> None:
+    params.pop("retry_on_timeout", None)
+    params.pop("retry_on_error", None)
+    params["retry"] = no_retries()
 
 
 class FrontierRedisCluster(RedisCluster):

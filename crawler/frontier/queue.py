@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
@@ -75,6 +76,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             default_delay=settings.getfloat("FRONTIER_DELAY"),
             default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
             lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
+            max_deliveries=settings.getint("FRONTIER_MAX_DELIVERIES", 5),
             delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
             robots_gate=settings.getbool("ROBOTSTXT_OBEY"),
             bloom=bloom,
@@ -172,10 +174,11 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
 
     def pop(self, timeout: int = 0) -> Request | None:
         """scrapy-redis's interface: lease and acknowledge at once (no lease kept)."""
-        result = self.frontier.lease("pop:0")
+        lease_id = f"pop#{os.urandom(4).hex()}:0"
+        result = self.frontier.lease(lease_id)
         if isinstance(result, NotDue):
             return None
-        self.frontier.ack(["pop:0"])
+        self.frontier.ack([lease_id])
         return self.decode(result.data, result.site)
 
     def clear(self) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import collections
 import importlib
 import itertools
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from scrapy import signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -21,7 +23,7 @@ from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import cluster_enabled, get_redis
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import Frontier, Lease, NotDue, Push
+from crawler.frontier.store import Commit, Committed, Frontier, Lease, NotDue, Push, Retry
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,17 +51,31 @@ OUTAGE_BACKOFF_CAP = 30.0
 class _Op:
     """A Redis write waiting in the outbox.
 
-    ``push``, ``ack`` and ``slot`` ops carry their :class:`Push` or lease id
-    in ``item`` and are sent together, one script call per kind; the others
-    queue themselves on the pipeline with ``send``.
+    ``kind`` names the :class:`~crawler.frontier.store.Commit` list that
+    ``item`` goes to: ``pushes`` (a :class:`Push`), ``retries`` (a
+    :class:`Retry`), ``dead`` (JSON bytes), ``slots``, ``acks`` or
+    ``givebacks`` (a lease id); ``after_commit`` ops carry only ``done``.
     """
 
     kind: str
-    send: Callable[[Any], object] | None = None
     item: Any = None
-    #: Called once the transaction that carried every write queued before
-    #: this op has been committed in Redis (``after_commit``).
+    #: Called once the commit that carried every write queued before this
+    #: op is known to be in Redis (``after_commit``).
     done: Callable[[], object] | None = None
+
+
+@dataclass
+class _InDoubt:
+    """A call whose reply was lost: it may or may not have run.
+
+    :ivar seq: the sequence number its commit carried (None: no commit).
+    :ivar ops: how many outbox ops (from the front) it carried.
+    :ivar lease_ids: the lease ids it asked for.
+    """
+
+    seq: int | None
+    ops: int
+    lease_ids: list[str]
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -93,20 +109,33 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     so the memory is cleared whenever Redis could not be reached or had
     forgotten the scripts.
 
-    **Outbox.** Writes (new requests, retries, acks, dead letters) are queued
-    and sent as one ``MULTI``/``EXEC`` transaction, pipelined with the next
-    lease call (one round trip for both), or on their own
-    ``FRONTIER_OUTBOX_DELAY`` seconds after the first of them when no lease
-    call comes sooner: all new requests in one ``push.lua`` call,
-    all acks in one ``ack.lua`` call, all freed download slots in one
-    ``release.lua`` call (the transaction makes their order inside it
-    invisible to other workers). A batch of seeds is therefore
-    queued atomically, a lease is acknowledged only after the requests its
-    callback yielded (a worker killed with writes unsent loses the ack with
-    the requests, and its lease is crawled again), and a Redis outage is
-    waited out with backoff: nothing
-    is dropped, the worker keeps running, and the outbox is sent once Redis
-    answers again.
+    **Outbox.** Writes (new requests, retries, dead letters, freed slots,
+    acks, leases given back) are queued and sent as one atomic
+    ``commit.lua`` call, pipelined with the next lease call (one round trip
+    for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
+    first of them when no lease call comes sooner. A batch of seeds is
+    therefore queued atomically, a lease is acknowledged only with the
+    requests its callback yielded (a worker killed with writes unsent loses
+    the ack with the requests, and its lease is crawled again), and a Redis
+    outage is waited out with backoff: nothing is dropped, the worker keeps
+    running, and the outbox is sent once Redis answers again.
+
+    **Lost replies.** No call is ever sent twice on the client's own
+    initiative (redis-py's retries are off, see
+    :func:`~crawler.frontier.connection.get_redis`). When a reply is lost
+    (the connection drops or times out after the call was sent), the worker
+    does not guess: before it sends anything else it reads the commit
+    marker ``{s}:sent:<holder>`` (did the commit run?) and the lease data
+    of the ids it asked for (which leases did it take?), and goes on from
+    there. Lease ids are ``<worker id>#<nonce>:<n>``, so a worker restarted
+    under the same id never takes over a dead process's leases.
+
+    **Refusals.** A script that refuses a call (a key of the wrong type, a
+    counter that is not a number) has written nothing: it is no outage. The
+    error, which names the key and the value, is logged; the writes stay
+    queued and are sent again after a backoff, until the key is fixed. Bad
+    values the scripts met and worked around (an override that is not a
+    number falls back to the default) are logged once each.
 
     **Retries and dead letters.** A request whose meta has
     ``frontier_retry_delay`` goes to the retry set for that many seconds. The
@@ -125,8 +154,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     ``frontier/leases/acked``, ``frontier/leases/returned`` (expired leases
     this worker put back), ``frontier/leases/released``,
     ``frontier/retries/scheduled``, ``frontier/dead``,
-    ``frontier/redis/outages``, ``frontier/lease_calls`` (Redis calls that
-    leased at least one request).
+    ``frontier/redis/outages``, ``frontier/redis/refused`` (calls a script
+    refused), ``frontier/redis/in_doubt`` (calls whose reply was lost),
+    ``frontier/lease_calls`` (Redis calls that leased at least one request),
+    ``frontier/problems`` (bad values met in Redis).
     """
 
     queue: LeasedPriorityQueue
@@ -160,6 +191,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scheduler.crawler = crawler
         scheduler.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
         scheduler.worker_id = worker_id(settings)
+        # One holder per process: a worker restarted under the same id gets
+        # lease ids of its own.
+        scheduler.holder = f"{scheduler.worker_id}#{os.urandom(4).hex()}"
         scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
         scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
         scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
@@ -177,6 +211,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._due_at: float | None = None
         self._ready: collections.deque[Request] = collections.deque()
         self._seen: dict[bytes, None] = {}
+        self._seq = 0
+        self._in_doubt: _InDoubt | None = None
+        self._problems: set[str] = set()
 
     # -- life cycle --------------------------------------------------------------
 
@@ -204,7 +241,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._hook_engine()
         try:
             self.queue.frontier.load_scripts()
-            self.queue.frontier.alive(self.worker_id)
+            self.queue.frontier.alive(self.holder)
         except RedisError as exc:
             self._outage(exc)
         signals_ = self.crawler.signals
@@ -258,8 +295,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self._leases:
             held = list(self._leases.values())
             self._leases.clear()
-            frontier = self.queue.frontier
-            self._write("release", lambda pipe: frontier.release(held, client=pipe))
+            for lease_id in held:
+                self._write("givebacks", item=lease_id)
             self.stats.inc_value("frontier/leases/released", len(held))
             logger.info("Gave back %d unfinished leases", len(held))
         deadline = time.monotonic() + self.lease_timeout
@@ -274,7 +311,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 len(self._outbox),
             )
         try:
-            self.queue.frontier.leave(self.worker_id)
+            self.queue.frontier.leave(self.holder)
         except RedisError:
             pass  # it stops counting a lease's length after its last heartbeat
         if not self.persist:
@@ -307,18 +344,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self.stats.inc_value("scheduler/unencodable")
             return False
         site, priority = site_of(request), request.priority
-        frontier = self.queue.frontier
         if delay is not None:
-            self._write(
-                "retry",
-                lambda pipe: frontier.push_retry(
-                    data, site=site, priority=priority, delay=float(delay), client=pipe
-                ),
-            )
+            self._write("retries", item=Retry(data, site, priority, float(delay)))
             self.stats.inc_value("frontier/retries/scheduled")
             return True
         fingerprint = self.df.request_fingerprint(request)
-        self._write("push", item=Push(data, site, priority, fingerprint, request.dont_filter))
+        self._write("pushes", item=Push(data, site, priority, fingerprint, request.dont_filter))
         self._remember(fingerprint)
         return True
 
@@ -341,28 +372,53 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self._ready:
             return self._hand_out()
         while True:
-            ids = [f"{self.worker_id}:{next(self._lease_ids)}" for _ in range(self._want())]
+            ids = [f"{self.holder}:{next(self._lease_ids)}" for _ in range(self._want())]
             result = self._exchange(ids)
-            if result is None:  # Redis unreachable
+            if self._ready:  # leases found out after a lost reply
+                return self._hand_out()
+            if result is None:  # Redis unreachable, or the call refused
                 return None
             if isinstance(result, NotDue):
-                if result.expired:
-                    self.stats.inc_value("frontier/leases/returned", result.expired)
+                self._housekeeping(result)
                 self._due_at = None if result.wait is None else time.monotonic() + result.wait
                 return None
             self.stats.inc_value("frontier/lease_calls")
-            if result[0].expired:
-                self.stats.inc_value("frontier/leases/returned", result[0].expired)
-            for lease in result:
-                try:
-                    request = self.queue.decode(lease.data, lease.site)
-                except Exception as exc:  # whatever Redis held, never crash the worker
-                    self._dead_entry(lease.data, lease.lease_id, exc)
-                    continue
-                self._leases[request] = lease.lease_id
-                self._ready.append(request)
+            self._housekeeping(result[0])
+            self._take(result)
             if self._ready:
                 return self._hand_out()
+
+    def _housekeeping(self, result: Lease | NotDue) -> None:
+        """Count what a lease call did besides leasing; log what it met."""
+        if result.expired:
+            self.stats.inc_value("frontier/leases/returned", result.expired)
+        if result.dead:
+            self.stats.inc_value("frontier/dead", result.dead)
+            logger.warning(
+                "%d requests moved to the dead-letter list %s by the frontier "
+                "(past FRONTIER_MAX_DELIVERIES, or unreadable)",
+                result.dead, self.queue.frontier.key("dead"), extra={"spider": self.spider},
+            )
+        self._log_problems(result.problems)
+
+    def _log_problems(self, problems: tuple[str, ...] | list[str]) -> None:
+        for text in problems:
+            if text not in self._problems:
+                self._problems.add(text)
+                self.stats.inc_value("frontier/problems")
+                logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
+
+    def _take(self, leases: list[Lease]) -> None:
+        """Decode leased requests into the local buffer (undecodable ones
+        become dead letters)."""
+        for lease in leases:
+            try:
+                request = self.queue.decode(lease.data, lease.site)
+            except Exception as exc:  # whatever Redis held, never crash the worker
+                self._dead_entry(lease.data, lease.lease_id, exc)
+                continue
+            self._leases[request] = lease.lease_id
+            self._ready.append(request)
 
     def _want(self) -> int:
         """Requests to lease at once: the downloader's free slots, at least 1."""
@@ -391,18 +447,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
         lease_id = self._leases.get(request)
         if lease_id is not None:
-            self._write("slot", item=lease_id)
+            self._write("slots", item=lease_id)
 
     def _finished(self, request: Request) -> None:
         lease_id = self._leases.pop(request, None)
         if lease_id is not None:
-            self._write("ack", item=lease_id)
+            self._write("acks", item=lease_id)
 
     def _beat(self) -> None:
         self.flush_outbox()
         if time.monotonic() >= self._down_until:
             try:
-                self.queue.frontier.alive(self.worker_id)
+                self.queue.frontier.alive(self.holder)
                 if self._leases:
                     self.queue.frontier.extend(list(self._leases.values()))
             except RedisError as exc:
@@ -460,24 +516,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         logger.error("%s", reason, extra={"spider": self.spider})
         self._dead({"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
                     "time": time.time(), "request": None, "entry": data.decode("latin-1")})
-        self._write("ack", item=lease_id)
+        self._write("acks", item=lease_id)
 
     def _dead(self, record: dict[str, Any]) -> None:
-        frontier = self.queue.frontier
-        self._write("dead", lambda pipe: frontier.dead_letter(record, client=pipe))
+        self._write("dead", item=json.dumps(record, default=str).encode())
         self.stats.inc_value("frontier/dead")
 
     # -- outbox and outages --------------------------------------------------------
 
     def _write(
-        self,
-        kind: str,
-        send: Callable[[Any], object] | None = None,
-        *,
-        item: Any = None,
-        done: Callable[[], object] | None = None,
+        self, kind: str, *, item: Any = None, done: Callable[[], object] | None = None
     ) -> None:
-        self._outbox.append(_Op(kind, send, item, done))
+        self._outbox.append(_Op(kind, item, done))
         if self._flush_call is None:
             self._flush_call = call_later(self.outbox_delay, self._flush_soon)
 
@@ -513,30 +563,121 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _exchange(self, lease_ids: list[str]) -> list[Lease] | NotDue | None: ...
 
     def _exchange(self, lease_ids: list[str] | None) -> list[Lease] | NotDue | bool | None:
-        """Send the outbox and, with ``lease_ids``, lease after it: one
-        transaction, one round trip.
+        """Send the outbox (one ``commit.lua`` call) and, with ``lease_ids``,
+        lease after it: one round trip.
 
-        :returns: None when Redis could not be reached (the writes stay
-            queued); else the lease's result, or True when none was asked.
+        A call whose reply was lost is found out first (:meth:`_resolve`);
+        scripts Redis forgot (a restart, a failover) are loaded and the calls
+        that met ``NOSCRIPT``, which did not run, are sent once more.
+
+        :returns: None when Redis could not be reached, refused the call or
+            left it in doubt (the writes stay queued); else the lease's
+            result, or True when none was asked.
         """
         if time.monotonic() < self._down_until:
             return None
-        ops = list(self._outbox)
-        try:
+        if self._in_doubt is not None and not self._resolve():
+            return None
+        asked, result = lease_ids is not None, None
+        for attempt in (1, 2):
+            step = self._round_trip(lease_ids)
+            if step is None:  # unreachable, in doubt, or refused
+                return None
+            forgot, leased = step
+            if leased is not None:
+                result, lease_ids = leased, None
+            if not forgot or attempt == 2:
+                break
+            # Redis restarted (or failed over) and forgot the scripts; the
+            # calls that met NOSCRIPT did not run. What it holds may be older
+            # than what this worker recorded: forget the local fingerprints.
+            self._seen.clear()
             try:
-                replies = self._send(ops, lease_ids)
-            except NoScriptError:
-                # Redis restarted (or failed over) and forgot the scripts;
-                # the transaction's other writes went through, and are
-                # idempotent but for dead letters, which may be written
-                # twice. What it holds may be older than what this worker
-                # recorded: forget the local fingerprints.
-                self._seen.clear()
                 self.queue.frontier.load_scripts()
-                replies = self._send(ops, lease_ids)
-        except RedisError as exc:
+            except RedisError as exc:
+                self._outage(exc)
+                break
+        if asked:
+            return result
+        return None if any(op.kind != "after_commit" for op in self._outbox) else True
+
+    def _round_trip(
+        self, lease_ids: list[str] | None
+    ) -> tuple[bool, list[Lease] | NotDue | None] | None:
+        """One pipeline: the outbox's commit, then the lease call.
+
+        :returns: None when Redis could not be reached (the call is then in
+            doubt) or refused it; else whether a script was missing
+            (``NOSCRIPT``: that call did not run) and the lease's result
+            (None when not asked or not run).
+        """
+        ops = list(self._outbox)
+        batch = self._commit_of(ops)
+        if batch:
+            self._seq += 1
+            batch.marker = (self.holder, self._seq)
+        try:
+            committed, leased = self._send(batch, lease_ids)
+        except RedisError as exc:  # sent or not, its reply is lost
+            if batch or lease_ids is not None:
+                self._in_doubt = _InDoubt(
+                    self._seq if batch else None, len(ops), list(lease_ids or [])
+                )
+                self.stats.inc_value("frontier/redis/in_doubt")
             self._outage(exc)
             return None
+        if isinstance(committed, Committed) or not batch:
+            self._committed(ops, committed if isinstance(committed, Committed) else None)
+        result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
+        replies = (committed, leased)
+        errors = [r for r in replies if isinstance(r, ResponseError)]
+        refused = next((r for r in errors if not isinstance(r, NoScriptError)), None)
+        if refused is not None:
+            self._refused(refused)
+            return None if result is None else (False, result)
+        return bool(errors), result
+
+    @staticmethod
+    def _commit_of(ops: list[_Op]) -> Commit:
+        """The :class:`Commit` that carries ``ops`` (an ack frees its lease's
+        slot too, so a slot op of an acked lease is left out)."""
+        batch = Commit()
+        acks = {op.item for op in ops if op.kind == "acks"}
+        for op in ops:
+            if op.kind == "after_commit" or (op.kind == "slots" and op.item in acks):
+                continue
+            getattr(batch, op.kind).append(op.item)
+        return batch
+
+    def _send(
+        self, batch: Commit, lease_ids: list[str] | None
+    ) -> tuple[Committed | ResponseError | None, list[Any] | ResponseError | None]:
+        """Send ``batch`` (when it has anything) and the lease call (with
+        ``lease_ids``) in one pipeline, never twice.
+
+        :returns: the commit's and the lease's replies, each None when not
+            sent, or the :class:`ResponseError` that script answered.
+        :raises redis.exceptions.RedisError: the connection failed: whether
+            the calls ran is unknown.
+        """
+        if not batch and lease_ids is None:
+            return None, None
+        frontier = self.queue.frontier
+        with self.server.pipeline(transaction=False) as pipe:
+            if batch:
+                frontier.commit(batch, client=pipe)
+            if lease_ids is not None:
+                frontier.lease_many(lease_ids, client=pipe)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        committed: Committed | ResponseError | None = None
+        if batch:
+            first = replies[0]
+            committed = first if isinstance(first, ResponseError) else Committed.of(first)
+        leased = replies[-1] if lease_ids is not None else None
+        return committed, leased
+
+    def _committed(self, ops: list[_Op], committed: Committed | None) -> None:
+        """The first ``len(ops)`` writes of the outbox are in Redis."""
         del self._outbox[: len(ops)]
         self._recovered()
         for op in ops:
@@ -545,49 +686,53 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                     op.done()
                 except Exception:  # a callback's failure is its own
                     logger.exception("after_commit callback failed")
-        queued = sum(map(bool, replies["push"]))
+        if committed is None:
+            return
+        queued = sum(committed.pushed)
         for key, n in (
             ("scheduler/enqueued/redis", queued),
-            ("dupefilter/filtered", len(replies["push"]) - queued),
-            ("frontier/leases/acked", replies["ack"]),
+            ("dupefilter/filtered", len(committed.pushed) - queued),
+            ("frontier/leases/acked", committed.acked),
         ):
             if n:
                 self.stats.inc_value(key, n)
-        if lease_ids is None:
-            return True
-        return Frontier.leases_of(replies["lease"], lease_ids)
+        self._log_problems(committed.problems)
 
-    def _send(self, ops: list[_Op], lease_ids: list[str] | None = None) -> dict[str, Any]:
-        """Send ``ops`` in one transaction, then lease ``lease_ids``.
+    def _resolve(self) -> bool:
+        """Find out what the call whose reply was lost did, and go on from
+        there: its writes leave the outbox if they ran (else they are sent
+        again), and the leases it took are handed out.
 
-        :returns: the push results (list of 1/0, in order), the number of
-            leases acknowledged and ``lease.lua``'s raw reply.
+        :returns: False while Redis cannot tell (still unreachable).
         """
-        frontier = self.queue.frontier
-        pushes = [op.item for op in ops if op.kind == "push"]
-        acks = {op.item: None for op in ops if op.kind == "ack"}
-        # An ack frees the download slot too, when release.lua has not yet.
-        slots = [op.item for op in ops if op.kind == "slot" and op.item not in acks]
-        # A lease alone needs no transaction.
-        with self.server.pipeline(transaction=bool(ops)) as pipe:
-            for op in ops:
-                if op.send is not None:
-                    op.send(pipe)
-            # After the others: a lease given back at close is not acked.
-            frontier.push_many(pushes, client=pipe)
-            frontier.release_slots(slots, client=pipe)
-            frontier.ack(list(acks), client=pipe)
-            if lease_ids is not None:
-                frontier.lease_many(lease_ids, client=pipe)
-            replies: list[Any] = pipe.execute()
-        lease = replies.pop() if lease_ids is not None else None
-        it = iter(replies[len(replies) - bool(pushes) - bool(slots) - bool(acks):])
-        return {
-            "push": next(it) if pushes else [],
-            "slot": next(it) if slots else 0,
-            "ack": int(next(it)) if acks else 0,
-            "lease": lease,
-        }
+        doubt = self._in_doubt
+        assert doubt is not None
+        try:
+            ran, leases = self.queue.frontier.recover(self.holder, doubt.seq, doubt.lease_ids)
+        except RedisError as exc:
+            self._outage(exc)
+            return False
+        self._in_doubt = None
+        if doubt.seq is not None and ran:
+            self._committed(self._outbox[: doubt.ops], None)
+        self._take(leases)
+        logger.info(
+            "A frontier call's reply was lost; found out: %s, %d leases taken",
+            "no commit" if doubt.seq is None else ("committed" if ran else "not committed"),
+            len(leases), extra={"spider": self.spider},
+        )
+        return True
+
+    def _refused(self, exc: ResponseError) -> None:
+        """A script refused a call before it wrote anything: no outage, but
+        nothing to do until the key it names is fixed."""
+        self.stats.inc_value("frontier/redis/refused")
+        self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
+        self._down_until = time.monotonic() + self._backoff
+        logger.error(
+            "Redis refused a frontier call (%s); %d writes kept; trying again in %.1fs",
+            exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
+        )
 
     def _outage(self, exc: Exception) -> None:
         # Redis may come back from an older snapshot, without fingerprints

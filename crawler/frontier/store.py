@@ -15,8 +15,8 @@ key                                 type    holds
 ``{s}:due``                         hash    site -> ms before which it is not served
 ``{s}:active``                      hash    site -> requests leased now
 ``{s}:count``                       string  requests queued, all sites
-``{s}:leases``                      zset    lease id -> deadline (ms)
-``{s}:ldata``                       hash    lease id -> ``priority\\tsite\\trequest``
+``{s}:leases``                      zset    lease id (``<holder>:<n>``) -> deadline (ms)
+``{s}:ldata``                       hash    lease id -> ``priority\\tsite\\t#<deliveries>#request``
 ``{s}:retries``                     zset    ``priority\\tsite\\trequest`` -> due (ms)
 ``{s}:dead``                        list    dead letters, JSON objects
 ``{s}:delay`` / ``{s}:conc``        hash    per-site delay (ms) / concurrency overrides,
@@ -24,13 +24,21 @@ key                                 type    holds
 ``{s}:slow``                        hash    per-site adaptive extra delay (ms)
 ``{s}:rdelay``                      hash    per-site robots.txt Crawl-delay (ms)
 ``{s}:robots``                      hash    per-site robots.txt, ``fetched\nbody``
-``{s}:alive``                       zset    worker id -> ms of its last lease call
+``{s}:alive``                       zset    holder -> ms of its last lease call
                                             or heartbeat
-``{s}:lslot``                       hash    lease id -> 1 while its download holds a
-                                            slot of its site
-``{s}:wactive``                     hash    ``worker\tsite`` -> leases the worker holds
+``{s}:sent:<holder>``               string  sequence number of the holder's last
+                                            commit (found out after a lost reply)
+``{s}:lslot``                       hash    lease id -> its site, while its download
+                                            holds a slot there
+``{s}:wactive``                     hash    ``holder\tsite`` -> slots the worker holds
 ``{s}:dupefilter``                  set     request fingerprints
 ==================================  ======  ==========================================
+
+A queued request that was handed out before and never acknowledged (its
+worker died) is stored as ``#<deliveries>#<request>``. A *holder* is a
+worker's id and a nonce of its process (``<worker id>#<nonce>``): a worker
+restarted under the same id is another holder, so its lease ids never equal
+the dead process's.
 
 A *site* is a host, with its port when that is not the scheme's default
 (``example.com``, ``127.0.0.2:8080``). Times are milliseconds of the Redis
@@ -42,9 +50,9 @@ with a comment on every key and argument.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 from redis import StrictRedis
 
@@ -56,7 +64,10 @@ if TYPE_CHECKING:
 
     from crawler.frontier.bloom import BloomFilter
 
-__all__ = ["Frontier", "Lease", "NotDue", "Push", "frontier_prefix"]
+__all__ = [
+    "Commit", "Committed", "Frontier", "Lease", "NotDue", "Push", "Retry", "frontier_prefix",
+    "holder_of",
+]
 
 #: Highest and lowest priorities kept apart; larger ones are clamped.
 PRIORITY_LIMIT = 1_000_000
@@ -70,19 +81,29 @@ def frontier_prefix(spider_name: str) -> str:
 class _Lua:
     """One Lua script of ``lua/``, callable directly or on a pipeline.
 
-    Called directly, it is redis-py's :class:`~redis.commands.core.Script`
-    (``EVALSHA``, loading the script when Redis lacks it). Queued on a
-    pipeline of a standalone Redis, it is a bare ``EVALSHA``: redis-py's
-    Script objects make every pipeline ``execute`` ask ``SCRIPT EXISTS``
-    first, one more round trip per transaction. The scripts are loaded with
-    :meth:`Frontier.load_scripts`; a pipeline that meets ``NOSCRIPT`` (Redis
-    restarted) loads them and is sent again.
+    ``commit.lua`` and ``lease.lua`` get ``lib.lua`` (their shared helpers)
+    prepended, so each is still one atomic call. Called directly, it is
+    redis-py's :class:`~redis.commands.core.Script` (``EVALSHA``, loading the
+    script when Redis lacks it). Queued on a pipeline of a standalone Redis,
+    it is a bare ``EVALSHA``: redis-py's Script objects make every pipeline
+    ``execute`` ask ``SCRIPT EXISTS`` first, one more round trip per call.
+    The scripts are loaded with :meth:`Frontier.load_scripts`; a pipeline
+    that meets ``NOSCRIPT`` (Redis restarted) loads them; the scheduler then
+    finds out what ran before it sends anything again.
     """
 
-    def __init__(self, redis: Redis, name: str) -> None:
-        self.source = resources.files("crawler.frontier").joinpath("lua", name).read_text()
+    def __init__(self, redis: Redis, name: str, *, lib: bool = False) -> None:
+        folder = resources.files("crawler.frontier").joinpath("lua")
+        self.source = (folder.joinpath("lib.lua").read_text() + "\n" if lib else "") + (
+            folder.joinpath(name).read_text()
+        )
         self.script: Script = redis.register_script(self.source)
         self.bare_pipelines = isinstance(redis, StrictRedis)
+
+    @property
+    def sha(self) -> str:
+        """The script's SHA1, as sent in ``EVALSHA``."""
+        return str(self.script.sha)
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
         if client is not None and self.bare_pipelines:
@@ -107,6 +128,79 @@ class Push(NamedTuple):
     dont_filter: bool
 
 
+class Retry(NamedTuple):
+    """One request for the retry set: queued again ``delay`` seconds from now."""
+
+    data: bytes
+    site: str
+    priority: int
+    delay: float
+
+
+@dataclass
+class Commit:
+    """A worker's writes for :meth:`Frontier.commit`, sent in one atomic call.
+
+    :ivar pushes: new requests (queued unless seen).
+    :ivar retries: requests for the retry set.
+    :ivar dead: dead letters, JSON objects.
+    :ivar slots: lease ids whose download ended (their site's slot is freed).
+    :ivar acks: lease ids whose request was handled (the lease ends).
+    :ivar givebacks: lease ids given back unhandled (their requests return
+        to the front of their queues, not counted as failed deliveries).
+    :ivar marker: ``(holder, sequence number)``: the call also stores the
+        number in ``{s}:sent:<holder>``, so that after a lost reply
+        :meth:`Frontier.recover` tells whether it ran.
+    :ivar claim: a dead letter (its exact bytes in ``{s}:dead``) to take out
+        of the list first; when it is gone, the call writes nothing.
+    """
+
+    pushes: list[Push] = field(default_factory=list)
+    retries: list[Retry] = field(default_factory=list)
+    dead: list[bytes] = field(default_factory=list)
+    slots: list[str] = field(default_factory=list)
+    acks: list[str] = field(default_factory=list)
+    givebacks: list[str] = field(default_factory=list)
+    marker: tuple[str, int] | None = None
+    claim: bytes | None = None
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.pushes or self.retries or self.dead or self.slots or self.acks
+            or self.givebacks or self.claim
+        )
+
+
+class Committed(NamedTuple):
+    """What :meth:`Frontier.commit` did.
+
+    :ivar pushed: per push, True when queued, False when filtered as seen.
+    :ivar freed: slots freed (of ``slots``).
+    :ivar acked: leases ended (of ``acks``; leases that had expired meanwhile
+        are not counted).
+    :ivar given: leases given back (of ``givebacks``).
+    :ivar problems: bad values met in Redis, one line of text each (the key,
+        the field, the value and what was done instead).
+    :ivar claimed: False when ``claim`` was not in the list (nothing done).
+    """
+
+    pushed: list[bool]
+    freed: int
+    acked: int
+    given: int
+    problems: list[str]
+    claimed: bool
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> Committed:
+        """Read ``commit.lua``'s reply."""
+        pushed, freed, acked, given, problems, claimed = reply
+        return cls(
+            [bool(p) for p in pushed], int(freed), int(acked), int(given),
+            [_text(p) for p in problems], bool(claimed),
+        )
+
+
 @dataclass(frozen=True)
 class Lease:
     """A request handed to this worker until it is acknowledged.
@@ -114,15 +208,22 @@ class Lease:
     :ivar data: the encoded request.
     :ivar site: the site it belongs to.
     :ivar lease_id: the id to acknowledge.
+    :ivar deliveries: how often it was handed out, this time included.
     :ivar expired: leases of others this call returned to the queue.
     :ivar retried: due retries this call moved into the queue.
+    :ivar dead: requests this call moved to the dead-letter list (past their
+        deliveries, or unreadable).
+    :ivar problems: bad values the call met in Redis (see :class:`Committed`).
     """
 
     data: bytes
     site: str
     lease_id: str
-    expired: int
-    retried: int
+    deliveries: int = 1
+    expired: int = 0
+    retried: int = 0
+    dead: int = 0
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,10 +237,18 @@ class NotDue:
     wait: float | None
     expired: int
     retried: int
+    dead: int = 0
+    problems: tuple[str, ...] = ()
 
 
 class Frontier:
     """Atomic frontier operations for one spider, each one Redis round trip.
+
+    Every write goes through one script, ``commit.lua``
+    (:meth:`commit`); leases through ``lease.lua`` (:meth:`lease_many`).
+    Neither may be sent twice: the client must not retry them on its own
+    (:func:`crawler.frontier.connection.get_redis` turns redis-py's retries
+    off), and after a lost reply :meth:`recover` tells what ran.
 
     :param redis: a redis-py client returning bytes.
     :param spider_name: the spider; keys are ``{<name>}:...``.
@@ -148,6 +257,9 @@ class Frontier:
     :param default_concurrency: requests to one site at once, across all
         workers, unless ``{s}:conc`` overrides it.
     :param lease_timeout: seconds a lease lasts without a heartbeat.
+    :param max_deliveries: a request handed out this many times without
+        being acknowledged (its worker died each time) goes to the
+        dead-letter list when its last lease expires; 0: no limit.
     :param candidates: due sites compared for priority per lease.
     :param housekeeping: expired leases and due retries handled per lease.
     :param delay_margin: a site's delay is stretched by this fraction, so that
@@ -161,6 +273,10 @@ class Frontier:
         ``{s}:dupefilter``.
     """
 
+    #: How long a commit marker (``{s}:sent:<holder>``) lasts, ms: a worker
+    #: cut off from Redis longer than this may send a commit twice.
+    MARKER_TTL_MS = 86_400_000
+
     def __init__(
         self,
         redis: Redis,
@@ -169,6 +285,7 @@ class Frontier:
         default_delay: float = 0.0,
         default_concurrency: int = 8,
         lease_timeout: float = 60.0,
+        max_deliveries: int = 5,
         candidates: int = 32,
         housekeeping: int = 50,
         bloom: BloomFilter | None = None,
@@ -181,6 +298,7 @@ class Frontier:
         self.default_delay_ms = round(default_delay * 1000)
         self.default_concurrency = default_concurrency
         self.lease_timeout_ms = int(lease_timeout * 1000)
+        self.max_deliveries = max_deliveries
         self.candidates = candidates
         self.housekeeping = housekeeping
         self.delay_margin = delay_margin
@@ -188,17 +306,11 @@ class Frontier:
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency (an ack elsewhere frees a slot).
         self.recheck_ms = 50
-        self._push = _Lua(redis, "push.lua")
-        self._lease = _Lua(redis, "lease.lua")
-        self._ack = _Lua(redis, "ack.lua")
+        self._commit = _Lua(redis, "commit.lua", lib=True)
+        self._lease = _Lua(redis, "lease.lua", lib=True)
         self._extend = _Lua(redis, "extend.lua")
-        self._retry = _Lua(redis, "retry.lua")
-        self._release_slots = _Lua(redis, "release.lua")
         self._alive = _Lua(redis, "alive.lua")
-        self._scripts = [
-            self._push, self._lease, self._ack, self._extend, self._retry, self._release_slots,
-            self._alive,
-        ]
+        self._scripts = [self._commit, self._lease, self._extend, self._alive]
 
     def load_scripts(self) -> None:
         """Load the Lua scripts into Redis (``SCRIPT LOAD``), e.g. after a restart.
@@ -211,6 +323,63 @@ class Frontier:
     def key(self, name: str) -> str:
         """The full key of ``name``, e.g. ``key("wait") == "{s}:wait"``."""
         return self.prefix + name
+
+    # -- writes ------------------------------------------------------------------
+
+    def commit(self, batch: Commit, client: Any = None) -> Committed | None:
+        """Apply ``batch`` in one ``commit.lua`` call (atomic; see ``lua/commit.lua``).
+
+        :param client: a redis-py pipeline to queue the call on; this then
+            returns None and :meth:`Committed.of` reads the reply.
+        :raises redis.exceptions.ResponseError: the call was refused before
+            it wrote anything (a key of the wrong type, a counter that is
+            not a number, a Bloom bitmap of another size); the message names
+            the key and the value.
+        """
+        k = self.key
+        bloom = self.bloom
+        holder, seq = batch.marker or ("", None)
+        args: list[Any] = [
+            self.prefix,
+            self.default_concurrency,
+            "set" if bloom is None else "bloom",
+            "" if bloom is None else bloom.size,
+            "1" if self.robots_gate else "0",
+            "" if seq is None else seq,
+            self.MARKER_TTL_MS,
+            batch.claim or b"",
+            len(batch.pushes), len(batch.retries), len(batch.dead),
+            len(batch.slots), len(batch.acks), len(batch.givebacks),
+        ]
+        for p in batch.pushes:
+            spec = b""
+            if bloom is not None and p.fingerprint:
+                key, offsets = bloom.locate(p.fingerprint)
+                spec = key.encode() + b" " + offsets
+            args += (
+                p.fingerprint or b"", b"1" if p.dont_filter else b"0", p.site,
+                _clamp(p.priority), p.data, spec,
+            )
+        for r in batch.retries:
+            args += (_clamp(r.priority), r.site, r.data, max(0, int(r.delay * 1000)))
+        args += batch.dead
+        args += batch.slots
+        args += batch.acks
+        args += batch.givebacks
+        reply = self._commit(
+            keys=[
+                k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
+                k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
+                k("retries"), k("dead"), self.marker_key(holder),
+            ],
+            args=args,
+            client=client,
+        )
+        return None if client is not None else Committed.of(reply)
+
+    def marker_key(self, holder: str) -> str:
+        """``{s}:sent:<holder>``: the sequence number of the holder's last commit."""
+        return self.key("sent:" + holder)
 
     def push(
         self,
@@ -227,9 +396,8 @@ class Frontier:
         :param fingerprint: recorded in the dupefilter (the set, or the
             Bloom filter's bits when the frontier has one); None skips it.
         :param dont_filter: queue even when the fingerprint was seen.
-        :param client: a redis-py pipeline to queue the call on (its result,
-            ``[1]`` or ``[0]``, then comes from ``execute()``); default: run
-            it now.
+        :param client: a redis-py pipeline to queue the call on; default:
+            run it now.
         :returns: False when filtered as a duplicate (always False when
             queued on a pipeline).
         """
@@ -238,60 +406,65 @@ class Frontier:
 
     def push_many(self, pushes: Sequence[Push], client: Any = None) -> list[bool]:
         """Queue encoded requests, each unless its fingerprint was seen: one
-        ``push.lua`` call, one round trip however many there are.
+        ``commit.lua`` call, one round trip however many there are.
 
         Requests are handled in order, so of two with one fingerprint the
         second is filtered. In Bloom mode every bitmap is checked before
         anything is written.
 
-        :param client: a redis-py pipeline to queue the call on (the list of
-            1/0 then comes from ``execute()``, and this returns ``[]``).
+        :param client: a redis-py pipeline to queue the call on (this then
+            returns ``[]``).
         :returns: per request, True when queued, False when filtered.
         :raises redis.exceptions.ResponseError: a Bloom bitmap exists with
             another size than this worker's settings give.
         """
         if not pushes:
             return []
-        k = self.key
-        bloom = self.bloom
-        args: list[Any] = [
-            self.prefix,
-            self.default_concurrency,
-            "set" if bloom is None else "bloom",
-            "" if bloom is None else bloom.size,
-        ]
-        for p in pushes:
-            spec = b""
-            if bloom is not None and p.fingerprint:
-                key, offsets = bloom.locate(p.fingerprint)
-                spec = key.encode() + b" " + offsets
-            args += (
-                p.fingerprint or b"", b"1" if p.dont_filter else b"0", p.site,
-                _clamp(p.priority), p.data, spec,
-            )
-        queued = self._push(
-            keys=[k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count")],
-            args=args,
-            client=client,
-        )
-        if client is not None:
-            return []
-        return [bool(q) for q in queued]
+        done = self.commit(Commit(pushes=list(pushes)), client)
+        return [] if done is None else done.pushed
 
     def push_retry(
         self, data: bytes, *, site: str, priority: int, delay: float, client: Any = None
     ) -> None:
         """Hold an encoded request in ``{s}:retries`` for ``delay`` seconds."""
-        entry = f"{_clamp(priority)}\t{site}\t".encode() + data
-        self._retry(
-            keys=[self.key("retries")], args=[entry, int(delay * 1000)], client=client
-        )
+        self.commit(Commit(retries=[Retry(data, site, priority, delay)]), client)
+
+    def ack(self, lease_ids: list[str], client: Any = None) -> int:
+        """End leases; returns how many were still held (0 on a pipeline)."""
+        if not lease_ids:
+            return 0
+        done = self.commit(Commit(acks=list(lease_ids)), client)
+        return 0 if done is None else done.acked
+
+    def release_slots(self, lease_ids: list[str], client: Any = None) -> int:
+        """Free the download slots of leases whose download has ended.
+
+        The leases stay until :meth:`ack`; a site's concurrency counts
+        downloads in flight, not responses being processed. Returns how many
+        slots were freed (0 when queued on a pipeline).
+        """
+        if not lease_ids:
+            return 0
+        done = self.commit(Commit(slots=list(lease_ids)), client)
+        return 0 if done is None else done.freed
+
+    def release(self, lease_ids: list[str], client: Any = None) -> None:
+        """Give leases back unhandled: their requests return to the front of
+        their queues at once (not counted as failed deliveries)."""
+        if lease_ids:
+            self.commit(Commit(givebacks=list(lease_ids)), client)
+
+    def dead_letter(self, record: dict[str, Any], client: Any = None) -> None:
+        """Append a JSON dead letter to ``{s}:dead``."""
+        self.commit(Commit(dead=[json.dumps(record, default=str).encode()]), client)
+
+    # -- leases ------------------------------------------------------------------
 
     def lease(self, lease_id: str) -> Lease | NotDue:
         """Lease the best due request (see ``lua/lease.lua``).
 
-        :param lease_id: unique id for the lease, ``<worker id>:<n>``; a
-            worker takes at most its fair share of a site's concurrency (the
+        :param lease_id: unique id for the lease, ``<holder>:<n>``; a worker
+            takes at most its fair share of a site's concurrency (the
             concurrency divided among workers that leased within a lease's
             length, rounded up).
         """
@@ -312,13 +485,17 @@ class Frontier:
         Each request is chosen as :meth:`lease` chooses one, with the
         previous ones of the call already counted against their sites'
         delay, concurrency and this worker's share; the first leases use the
-        first ids. All ids must belong to one worker.
+        first ids. All ids must belong to one holder, and be new: ``lease.lua``
+        refuses an id that exists already.
 
         :param client: a redis-py pipeline to queue the call on; this then
             returns None, and :meth:`leases_of` reads the reply.
         :returns: the leases (at least one; housekeeping counts on the
             first), or :class:`NotDue` when nothing can be leased now.
         :raises ValueError: ``lease_ids`` is empty.
+        :raises redis.exceptions.ResponseError: the call was refused before
+            it wrote anything (a lease id that exists, a key of the wrong
+            type).
         """
         if not lease_ids:
             raise ValueError("lease_many needs at least one lease id")
@@ -328,16 +505,17 @@ class Frontier:
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
                 k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
+                k("dead"),
             ],
             args=[
                 self.prefix,
-                "",
+                self.max_deliveries,
                 self.lease_timeout_ms,
                 self.default_delay_ms,
                 self.default_concurrency,
                 self.candidates,
                 self.housekeeping,
-                lease_ids[0].rsplit(":", 1)[0],
+                holder_of(lease_ids[0]),
                 self.recheck_ms,
                 self.delay_margin,
                 "1" if self.robots_gate else "0",
@@ -350,59 +528,49 @@ class Frontier:
     @staticmethod
     def leases_of(reply: list[Any], lease_ids: Sequence[str]) -> list[Lease] | NotDue:
         """Read ``lease.lua``'s reply to a call with ``lease_ids``."""
-        n, wait, expired, retried = (int(v) for v in reply[:4])
+        n, wait, expired, retried, dead = (int(v) for v in reply[:5])
+        problems = tuple(_text(p) for p in reply[5])
         if n == 0:
-            return NotDue(None if wait < 0 else wait / 1000, expired, retried)
+            return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems)
         return [
-            Lease(
-                reply[4 + 2 * i], reply[5 + 2 * i].decode(), lease_ids[i],
-                expired if i == 0 else 0, retried if i == 0 else 0,
-            )
+            Lease(reply[6 + 3 * i], reply[7 + 3 * i].decode(), lease_ids[i], int(reply[8 + 3 * i]))
+            if i else
+            Lease(reply[6], reply[7].decode(), lease_ids[0], int(reply[8]),
+                  expired, retried, dead, problems)
             for i in range(n)
         ]
 
-    def ack(self, lease_ids: list[str], client: Any = None) -> int:
-        """End leases; returns how many were still held."""
-        if not lease_ids:
-            return 0
-        k = self.key
-        ended = self._ack(
-            keys=[
-                k("wait"), k("leases"), k("ldata"), k("active"), k("due"), k("conc"),
-                k("wactive"), k("lslot"),
-            ],
-            args=[self.prefix, self.default_concurrency, *lease_ids],
-            client=client,
-        )
-        return 0 if client is not None else int(ended)
+    def recover(
+        self, holder: str, seq: int | None, lease_ids: Sequence[str]
+    ) -> tuple[bool, list[Lease]]:
+        """Find out what a call whose reply was lost did (one round trip).
 
-    def release_slots(self, lease_ids: list[str], client: Any = None) -> int:
-        """Free the download slots of leases whose download has ended.
-
-        The leases stay until :meth:`ack`; a site's concurrency counts
-        downloads in flight, not responses being processed. Returns how many
-        slots were freed (0 when queued on a pipeline).
+        :param holder: the holder that sent it.
+        :param seq: the sequence number of its commit, or None when it
+            carried none.
+        :param lease_ids: the lease ids it asked for (none if no lease).
+        :returns: whether the commit ran (True when there was none), and
+            the leases it took under ``lease_ids`` that are still held.
+        :raises redis.exceptions.RedisError: Redis failed (still unknown).
         """
-        if not lease_ids:
-            return 0
-        k = self.key
-        freed = self._release_slots(
-            keys=[
-                k("wait"), k("ldata"), k("active"), k("due"), k("conc"), k("wactive"),
-                k("lslot"), k("robots"),
-            ],
-            args=[
-                self.prefix, self.default_concurrency, "1" if self.robots_gate else "0",
-                *lease_ids,
-            ],
-            client=client,
-        )
-        return 0 if client is not None else int(freed)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.marker_key(holder))
+            if lease_ids:
+                pipe.hmget(self.key("ldata"), list(lease_ids))
+            replies = pipe.execute()
+        committed = seq is None or replies[0] == str(seq).encode()
+        leases = []
+        for lease_id, entry in zip(lease_ids, replies[1] if lease_ids else [], strict=True):
+            parsed = _lease_entry(entry) if entry else None
+            if parsed is not None:
+                site, deliveries, data = parsed
+                leases.append(Lease(data, site, lease_id, deliveries))
+        return committed, leases
 
     def alive(self, worker: str) -> None:
-        """Count ``worker`` as live in fair shares now (at open and on each
-        heartbeat; lease calls do it too). A worker silent for a lease's
-        length stops counting."""
+        """Count ``worker`` (a holder) as live in fair shares now (at open
+        and on each heartbeat; lease calls do it too). A worker silent for a
+        lease's length stops counting."""
         self._alive(keys=[self.key("alive")], args=[worker])
 
     def leave(self, worker: str) -> None:
@@ -414,21 +582,12 @@ class Frontier:
         """Push the deadlines of held leases ``lease_timeout`` past now.
 
         Leases that already expired are not revived. Returns how many were
-        extended.
+        extended. Idempotent: safe to send again.
         """
         if not lease_ids:
             return 0
         n = self._extend(keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids])
         return int(n)
-
-    def release(self, lease_ids: list[str], client: Any = None) -> None:
-        """Give leases back: they expire now and the next lease requeues them."""
-        if lease_ids:
-            self._extend(keys=[self.key("leases")], args=[0, *lease_ids], client=client)
-
-    def dead_letter(self, record: dict[str, Any], client: Any = None) -> None:
-        """Append a JSON dead letter to ``{s}:dead``."""
-        (client or self.redis).rpush(self.key("dead"), json.dumps(record, default=str))
 
     def pending(self) -> int:
         """Requests queued, waiting to be retried, or leased (one round trip)."""
@@ -458,12 +617,12 @@ class Frontier:
         problems: dict[str, Any] = {}
         leases = r.zrange(self.key("leases"), 0, -1)
         if leases:
-            problems["leases"] = [x.decode() for x in leases]
+            problems["leases"] = [_text(x) for x in cast("list[bytes]", leases)]
         for name in ("lslot", "active", "wactive"):
             held = {
-                k.decode(): v.decode()
+                _text(k): _text(v)
                 for k, v in r.hgetall(self.key(name)).items()
-                if v not in (b"0",)
+                if v != b"0"
             }
             if held:
                 problems[name] = held
@@ -483,6 +642,29 @@ class Frontier:
         doomed = [key for key in keys if key != keep]
         for i in range(0, len(doomed), 500):
             self.redis.delete(*doomed[i : i + 500])
+
+
+def holder_of(lease_id: str) -> str:
+    """The holder of a lease id ``<holder>:<n>``."""
+    return lease_id.rsplit(":", 1)[0]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _lease_entry(entry: bytes) -> tuple[str, int, bytes] | None:
+    """``priority\\tsite\\t#<deliveries>#request`` -> site, deliveries, request."""
+    parts = entry.split(b"\t", 2)
+    if len(parts) != 3:
+        return None
+    rest = parts[2]
+    deliveries = 1
+    if rest[:1] == b"#":
+        count, sep, data = rest[1:].partition(b"#")
+        if sep and count.isdigit():
+            deliveries, rest = int(count), data
+    return parts[1].decode("utf-8", "replace"), deliveries, rest
 
 
 def _clamp(priority: int) -> int:

@@ -1,8 +1,11 @@
 -- lease.lua: hand the best due requests to a worker, each under a lease.
+-- lib.lua is prepended.
 --
 -- Before choosing, it returns expired leases to their queues and moves due
 -- retries into theirs, a bounded number each call, so any worker does this
--- housekeeping and no separate daemon is needed.
+-- housekeeping and no separate daemon is needed. A request whose lease
+-- expired ARGV[2] times (its worker died each time it was handed out: a
+-- poison request) goes to the dead-letter list instead, with its count.
 --
 -- A site is a candidate when its due time has passed, it has fewer leases
 -- than its concurrency, and this worker holds fewer than its fair share of
@@ -14,30 +17,38 @@
 -- higher priority pops first, and equal priorities pop first in, first out
 -- (one list per site and priority).
 --
+-- Lease ids are "<holder>:<n>", where the holder is the worker's id and a
+-- nonce of its process, so a worker restarted under the same id never
+-- reuses one; an id that exists already refuses the whole call before any
+-- write. The caller never sends the same call twice: after a lost reply it
+-- reads KEYS[3] for its ids instead.
+--
 -- KEYS[1]  {s}:wait     zset site -> ms when the site may be served next
 -- KEYS[2]  {s}:leases   zset lease id -> deadline, ms
--- KEYS[3]  {s}:ldata    hash lease id -> "priority\tsite\tencoded request"
--- KEYS[4]  {s}:active   hash site -> requests leased now
+-- KEYS[3]  {s}:ldata    hash lease id -> "priority\tsite\t#deliveries#request"
+-- KEYS[4]  {s}:active   hash site -> download slots taken now
 -- KEYS[5]  {s}:due      hash site -> ms before which the site is not served
--- KEYS[6]  {s}:retries  zset "priority\tsite\tencoded request" -> due, ms
--- KEYS[7]  {s}:delay    hash site -> delay override, ms (settings, live edits)
--- KEYS[8]  {s}:conc     hash site -> concurrency override
+-- KEYS[6]  {s}:retries  zset "priority\tsite\trequest" -> due, ms
+-- KEYS[7]  {s}:delay    hash site -> delay override, ms (integer >= 0)
+-- KEYS[8]  {s}:conc     hash site -> concurrency override (integer >= 1)
 -- KEYS[9]  {s}:count    string: requests queued (all sites)
 -- KEYS[10] {s}:slow     hash site -> adaptive extra delay, ms
--- KEYS[11] {s}:alive    zset worker id -> ms of its last lease or heartbeat
--- KEYS[12] {s}:wactive  hash "worker\tsite" -> requests the worker has leased
+-- KEYS[11] {s}:alive    zset holder -> ms of its last lease or heartbeat
+-- KEYS[12] {s}:wactive  hash "holder\tsite" -> slots the worker holds
 -- KEYS[13] {s}:rdelay   hash site -> robots.txt Crawl-delay, ms
--- KEYS[14] {s}:lslot    hash lease id -> 1 while the lease holds a download
---                       slot of its site (released when the download ends)
+-- KEYS[14] {s}:lslot    hash lease id -> its site, while the lease holds a
+--                       download slot there (freed when the download ends)
 -- KEYS[15] {s}:robots   hash site -> robots.txt as stored by the workers
+-- KEYS[16] {s}:dead     list of dead letters (JSON)
 -- ARGV[1]  key prefix "{s}:"
--- ARGV[2]  unused (kept so that the arguments keep their numbers)
+-- ARGV[2]  most deliveries without acknowledgement (FRONTIER_MAX_DELIVERIES);
+--          0: no limit
 -- ARGV[3]  lease duration, ms
 -- ARGV[4]  default delay per site, ms
 -- ARGV[5]  default concurrency per site
 -- ARGV[6]  most candidate sites compared per call
 -- ARGV[7]  most expired leases and due retries handled per call
--- ARGV[8]  the worker's id (lease ids are "<worker id>:<n>")
+-- ARGV[8]  the holder (lease ids are "<holder>:<n>")
 -- ARGV[9]  ms to wait before asking again when all queued work is on sites
 --          at their concurrency
 -- ARGV[10] pacing margin: a site's delay is stretched by this fraction, so
@@ -45,121 +56,138 @@
 --          closer than the delay
 -- ARGV[11] "1" when robots.txt is obeyed: a site whose robots.txt is not
 --          known yet is served one request at a time
--- ARGV[12..] lease ids, one per request wanted ("<worker id>:<n>")
--- Times are the Redis server's clock (TIME), ms.
--- Returns {n, wait, expired, retried, data1, site1, ..., dataN, siteN}: the
--- first n lease ids were used, for those requests; when n is 0, wait is the
--- ms until a site or a retry is due, or -1 when nothing is queued.
-local P = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cap_default = tonumber(ARGV[5])
+-- ARGV[12..] lease ids, one per request wanted
+-- Returns {n, wait, expired, retried, dead, problems, data1, site1,
+-- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
+-- used, for those requests (deliveries counts this one); when n is 0, wait
+-- is the ms until a site or a retry is due, or -1 when nothing is queued.
+-- expired and retried count the housekeeping done, dead the requests it
+-- dead-lettered; problems lists the bad values met, a line of text each.
+K.P = ARGV[1]
+K.cap = tonumber(ARGV[5])
+K.gate = ARGV[11] == '1'
+K.wait, K.active, K.due, K.conc, K.count = KEYS[1], KEYS[4], KEYS[5], KEYS[8], KEYS[9]
+K.wactive, K.lslot, K.robots, K.ldata = KEYS[12], KEYS[14], KEYS[15], KEYS[3]
+local leases, ldata, retries, dead = KEYS[2], KEYS[3], KEYS[6], KEYS[16]
+local max_deliveries = tonumber(ARGV[2])
 local batch = tonumber(ARGV[7])
-local worker = ARGV[8]
+local holder = ARGV[8]
 local lease_ms = tonumber(ARGV[3])
 
+-- Checks that may refuse the call: before any write. (The overrides and
+-- politeness hashes, KEYS[7], [8], [10], [13], [15], are read leniently: a
+-- wrong type there is reported and ignored.)
+local err = check_types({
+  {KEYS[1], 'zset'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
+  {KEYS[5], 'hash'}, {KEYS[6], 'zset'}, {KEYS[9], 'string'}, {KEYS[11], 'zset'},
+  {KEYS[12], 'hash'}, {KEYS[14], 'hash'}, {KEYS[16], 'list'},
+}) or check_counter(KEYS[9])
+if err then return err end
+for a = 12, #ARGV do
+  if redis.call('HEXISTS', ldata, ARGV[a]) == 1 or redis.call('ZSCORE', leases, ARGV[a]) then
+    return redis.error_reply('ERR lease id ' .. ARGV[a] .. ' exists already in ' .. ldata ..
+      ': refused (nothing was written)')
+  end
+end
+
+K.now = now_ms()
+local now = K.now
+
 -- This worker is alive; workers silent for a lease's length are not.
-redis.call('ZADD', KEYS[11], now, worker)
+redis.call('ZADD', KEYS[11], now, holder)
 redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now - lease_ms)
 local live = math.max(1, redis.call('ZCARD', KEYS[11]))
+local buried = 0
 
-local function worker_of(id)
-  local last = 0
-  local i = string.find(id, ':', 1, true)
-  while i do last = i; i = string.find(id, ':', i + 1, true) end
-  return string.sub(id, 1, last - 1)
-end
-
-local robots = ARGV[11] == '1'
-local function cap_of(site)
-  if robots and redis.call('HEXISTS', KEYS[15], site) == 0 then return 1 end
-  return tonumber(redis.call('HGET', KEYS[8], site) or cap_default)
-end
-
--- Make `site` a candidate again if it has work and room.
-local function wake(site)
-  if redis.call('EXISTS', P .. 'lv:' .. site) == 0 then
-    redis.call('ZREM', KEYS[1], site)
-    return
-  end
-  local active = tonumber(redis.call('HGET', KEYS[4], site) or '0')
-  if active < cap_of(site) then
-    local due = tonumber(redis.call('HGET', KEYS[5], site) or '0')
-    if due < now then due = now end
-    redis.call('ZADD', KEYS[1], 'NX', due, site)
-  end
-end
-
-local function enqueue_front(prio, site, data)
-  redis.call('RPUSH', P .. 'q:' .. site .. ':' .. prio, data)
-  redis.call('ZADD', P .. 'lv:' .. site, -tonumber(prio), prio)
-  redis.call('INCR', KEYS[9])
-end
-
-local function enqueue_back(prio, site, data)
-  redis.call('LPUSH', P .. 'q:' .. site .. ':' .. prio, data)
-  redis.call('ZADD', P .. 'lv:' .. site, -tonumber(prio), prio)
-  redis.call('INCR', KEYS[9])
-end
-
-local function split(entry)
-  local t1 = string.find(entry, '\t', 1, true)
-  local t2 = string.find(entry, '\t', t1 + 1, true)
-  return string.sub(entry, 1, t1 - 1), string.sub(entry, t1 + 1, t2 - 1),
-         string.sub(entry, t2 + 1)
-end
-
--- 1. Expired leases go back to the front of their queue.
--- Requeued in reverse, so that they keep their order at the front.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+-- 1. Expired leases go back to the front of their queue, with their count
+-- of deliveries; past the limit, to the dead-letter list. Requeued in
+-- reverse, so that they keep their order at the front.
+local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 for i = #expired, 1, -1 do
   local id = expired[i]
-  local entry = redis.call('HGET', KEYS[3], id)
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
+  local entry = redis.call('HGET', ldata, id)
   if entry then
-    local prio, site, data = split(entry)
-    if redis.call('HDEL', KEYS[14], id) == 1 then
-      if tonumber(redis.call('HINCRBY', KEYS[4], site, -1)) <= 0 then
-        redis.call('HDEL', KEYS[4], site)
-      end
-      local wkey = worker_of(id) .. '\t' .. site
-      if tonumber(redis.call('HINCRBY', KEYS[12], wkey, -1)) <= 0 then
-        redis.call('HDEL', KEYS[12], wkey)
+    local prio, site, rest = split3(entry)
+    local d, data = 0, entry
+    if prio then d, data = deliveries_of(rest) end
+    local why = nil
+    if not (prio and string.match(prio, INT)) then
+      why = 'malformed lease data'
+      problem(ldata .. ' ' .. id .. ' is malformed: request dead-lettered')
+    elseif max_deliveries > 0 and d >= max_deliveries then
+      why = 'delivered ' .. d .. ' times without acknowledgement ' ..
+            '(FRONTIER_MAX_DELIVERIES=' .. max_deliveries .. '): its worker died each time'
+    else
+      local bad = enqueue(K.P, K.count, site, prio, with_deliveries(d, data), true)
+      if bad then
+        why = 'could not be requeued: ' .. bad
+        problem(bad .. ': request dead-lettered')
       end
     end
-    enqueue_front(prio, site, data)
-    wake(site)
+    if why then
+      bury(dead, why, site, prio, data, d, now)
+      buried = buried + 1
+    end
+    local freed_site = free_slot(id)
+    if site then wake(site) end
+    if freed_site and freed_site ~= site then wake(freed_site) end
   end
+  redis.call('HDEL', ldata, id)
+  redis.call('ZREM', leases, id)
 end
 
 -- 2. Due retries join the back of their queue.
-local retries = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, batch)
-for _, entry in ipairs(retries) do
-  redis.call('ZREM', KEYS[6], entry)
-  local prio, site, data = split(entry)
-  enqueue_back(prio, site, data)
-  wake(site)
+local due_retries = redis.call('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
+for _, entry in ipairs(due_retries) do
+  local prio, site, data = split3(entry)
+  local why = nil
+  if not (prio and string.match(prio, INT)) then
+    why = 'malformed retry entry'
+    problem(retries .. ' holds a malformed entry: dead-lettered')
+  else
+    local bad = enqueue(K.P, K.count, site, prio, data, false)
+    if bad then
+      why = 'could not be queued: ' .. bad
+      problem(bad .. ': request dead-lettered')
+    else
+      wake(site)
+    end
+  end
+  if why then
+    bury(dead, why, site, prio, data or entry, 0, now)
+    buried = buried + 1
+  end
+  redis.call('ZREM', retries, entry)
 end
 
 -- 3. Due sites, in due order, with what choosing among them needs.
+local function best_level(site)
+  local head = redis.pcall('ZRANGE', K.P .. 'lv:' .. site, 0, 0, 'WITHSCORES')
+  if type(head) == 'table' and head['err'] then
+    problem(K.P .. 'lv:' .. site .. ' is not a sorted set: site skipped')
+    return {}
+  end
+  return head
+end
+
 local cands = {}
-for _, site in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0,
+for _, site in ipairs(redis.call('ZRANGEBYSCORE', K.wait, '-inf', now, 'LIMIT', 0,
                                  tonumber(ARGV[6]))) do
-  local head = redis.call('ZRANGE', P .. 'lv:' .. site, 0, 0, 'WITHSCORES')
+  local head = best_level(site)
   if #head == 0 then
-    redis.call('ZREM', KEYS[1], site)
+    redis.call('ZREM', K.wait, site)
   else
     local cap = cap_of(site)
-    if tonumber(redis.call('HGET', KEYS[4], site) or '0') >= cap then
+    if hnum(K.active, site, INT, 0, 'not an integer: counted as 0') >= cap then
       -- At its concurrency (lowered while the crawl runs, or still gated
-      -- on robots.txt): release.lua and ack.lua wake it when a slot frees.
-      redis.call('ZREM', KEYS[1], site)
+      -- on robots.txt): commit.lua wakes it when a slot frees.
+      redis.call('ZREM', K.wait, site)
     else
-      local mine = tonumber(redis.call('HGET', KEYS[12], worker .. '\t' .. site) or '0')
-      if mine < math.ceil(cap / live) then
+      local share = math.ceil(cap / live)
+      local mine = hnum(K.wactive, holder .. '\t' .. site, INT, 0, 'not an integer: counted as 0')
+      if mine < share then
         cands[#cands + 1] = {site = site, level = head[1], score = tonumber(head[2]),
-                             cap = cap, mine = mine, share = math.ceil(cap / live)}
+                             cap = cap, mine = mine, share = share}
       end
       -- else this worker has its share of the site; others may take the rest
     end
@@ -169,61 +197,82 @@ end
 -- 4. Lease, one request per lease id, each from the candidate whose best
 -- queued priority is highest (ties: earliest due); a site stays a candidate
 -- while it is still due, under its concurrency and this worker's share.
-local out = {0, 0, #expired, #retries}
+local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-for a = 12, #ARGV do
+local a = 12
+while a <= #ARGV do
   local bi = nil
-  for i, c in ipairs(cands) do
-    if bi == nil or c.score < cands[bi].score then bi = i end
+  for ci, c in ipairs(cands) do
+    if bi == nil or c.score < cands[bi].score then bi = ci end
   end
   if bi == nil then break end
   local c = cands[bi]
-  local best, best_level, id = c.site, c.level, ARGV[a]
-  local qkey = P .. 'q:' .. best .. ':' .. best_level
-  local data = redis.call('RPOP', qkey)
+  local site, level, id = c.site, c.level, ARGV[a]
+  local qkey = K.P .. 'q:' .. site .. ':' .. level
+  local entry = redis.pcall('RPOP', qkey)
   local head = nil
-  if redis.call('LLEN', qkey) == 0 then
-    redis.call('ZREM', P .. 'lv:' .. best, best_level)
-    head = redis.call('ZRANGE', P .. 'lv:' .. best, 0, 0, 'WITHSCORES')
-  end
-  redis.call('DECR', KEYS[9])
-  local active = tonumber(redis.call('HINCRBY', KEYS[4], best, 1))
-  redis.call('HINCRBY', KEYS[12], worker .. '\t' .. best, 1)
-  local delay = tonumber(redis.call('HGET', KEYS[7], best) or ARGV[4])
-  delay = math.max(delay, tonumber(redis.call('HGET', KEYS[13], best) or '0'))
-  delay = delay + tonumber(redis.call('HGET', KEYS[10], best) or '0')
-  local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
-  redis.call('HSET', KEYS[5], best, due)
-  local more = head == nil or #head > 0
-  if active < c.cap and more then
-    redis.call('ZADD', KEYS[1], due, best)
-  else
-    redis.call('ZREM', KEYS[1], best)
-  end
-  redis.call('ZADD', KEYS[2], now + lease_ms, id)
-  redis.call('HSET', KEYS[14], id, 1)
-  redis.call('HSET', KEYS[3], id, best_level .. '\t' .. best .. '\t' .. data)
-  out[#out + 1] = data
-  out[#out + 1] = best
-  n = n + 1
-  c.mine = c.mine + 1
-  if due > now or active >= c.cap or not more or c.mine >= c.share then
+  if type(entry) == 'table' then
+    problem(qkey .. ' is not a list: site skipped')
     table.remove(cands, bi)
-  elseif head ~= nil then
-    c.level, c.score = head[1], tonumber(head[2])
+  elseif not entry then
+    -- a level without entries (removed by hand): forget it, try the next
+    redis.call('ZREM', K.P .. 'lv:' .. site, level)
+    head = best_level(site)
+    if #head == 0 then
+      redis.call('ZREM', K.wait, site)
+      table.remove(cands, bi)
+    else
+      c.level, c.score = head[1], tonumber(head[2])
+    end
+  else
+    if redis.call('LLEN', qkey) == 0 then
+      redis.call('ZREM', K.P .. 'lv:' .. site, level)
+      head = best_level(site)
+    end
+    redis.call('DECR', K.count)
+    local d, data = deliveries_of(entry)
+    d = d + 1
+    local active = hadd(K.active, site, 1)
+    hadd(K.wactive, holder .. '\t' .. site, 1)
+    local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
+                       'delay must be whole ms >= 0: default used')
+    delay = math.max(delay, hnum(KEYS[13], site, NAT, 0, 'not whole ms: ignored'))
+    delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
+    local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
+    redis.call('HSET', K.due, site, due)
+    local more = head == nil or #head > 0
+    if active < c.cap and more then
+      redis.call('ZADD', K.wait, due, site)
+    else
+      redis.call('ZREM', K.wait, site)
+    end
+    redis.call('ZADD', leases, now + lease_ms, id)
+    redis.call('HSET', K.lslot, id, site)
+    redis.call('HSET', ldata, id, level .. '\t' .. site .. '\t#' .. d .. '#' .. data)
+    out[#out + 1] = data
+    out[#out + 1] = site
+    out[#out + 1] = d
+    n = n + 1
+    a = a + 1
+    c.mine = c.mine + 1
+    if due > now or active >= c.cap or not more or c.mine >= c.share then
+      table.remove(cands, bi)
+    elseif head ~= nil then
+      c.level, c.score = head[1], tonumber(head[2])
+    end
   end
 end
 out[1] = n
 if n > 0 then return out end
 
 local wait = -1
-local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local nxt = redis.call('ZRANGE', K.wait, 0, 0, 'WITHSCORES')
 if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
-if wait < 0 and tonumber(redis.call('GET', KEYS[9]) or '0') > 0 then
+if wait < 0 and tonumber(redis.call('GET', K.count) or '0') > 0 then
   -- work is queued on sites at their concurrency: look again soon
   wait = tonumber(ARGV[9])
 end
-local rnext = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+local rnext = redis.call('ZRANGE', retries, 0, 0, 'WITHSCORES')
 if #rnext > 0 then
   local rwait = math.max(0, tonumber(rnext[2]) - now)
   if wait < 0 or rwait < wait then wait = rwait end

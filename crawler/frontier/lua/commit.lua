@@ -1,0 +1,214 @@
+-- commit.lua: a worker's writes to the frontier, all in one atomic call:
+-- new requests (each unless its fingerprint was seen), retries, dead
+-- letters, freed download slots, acknowledged leases and leases given back.
+-- lib.lua is prepended. Sent once per outbox flush; a reply lost on the way
+-- back is found out through the commit marker (KEYS[14]), never by sending
+-- the call again blindly.
+--
+-- KEYS[1]  {s}:dupefilter   set of request fingerprints
+-- KEYS[2]  {s}:wait         zset site -> ms when the site may be served next
+-- KEYS[3]  {s}:active       hash site -> download slots taken now
+-- KEYS[4]  {s}:due          hash site -> ms before which the site is not served
+-- KEYS[5]  {s}:conc         hash site -> concurrency override (integer >= 1)
+-- KEYS[6]  {s}:count        string: requests queued (all sites)
+-- KEYS[7]  {s}:leases       zset lease id -> deadline, ms
+-- KEYS[8]  {s}:ldata        hash lease id -> "priority\tsite\t#deliveries#request"
+-- KEYS[9]  {s}:wactive      hash "holder\tsite" -> slots the worker holds
+-- KEYS[10] {s}:lslot        hash lease id -> its site, while it holds a slot
+-- KEYS[11] {s}:robots       hash site -> robots.txt as stored by the workers
+-- KEYS[12] {s}:retries      zset "priority\tsite\trequest" -> due, ms
+-- KEYS[13] {s}:dead         list of dead letters (JSON)
+-- KEYS[14] {s}:sent:<holder> string: the sequence number of the holder's
+--                           last commit (the commit marker)
+-- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
+-- ARGV[2]  default concurrency per site
+-- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
+-- ARGV[4]  bloom: bitmap size in bytes (an absent bitmap is created zeroed at
+--          this size); else ""
+-- ARGV[5]  "1" when robots.txt is obeyed (a site is served one request at a
+--          time until its robots.txt is known)
+-- ARGV[6]  commit sequence number to store in KEYS[14], or "" for none
+-- ARGV[7]  how long the marker lasts, ms
+-- ARGV[8]  a dead letter (exact list entry) to take out of KEYS[13] first, or
+--          "": when it is no longer there, nothing is written (requeue and
+--          purge never both act on one dead letter)
+-- ARGV[9..14] how many of each group follow: pushes, retries, dead letters,
+--          slots, acks, givebacks; then the groups, in that order:
+--   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
+--          queue even if seen (dont_filter) else "0", site, priority, encoded
+--          request, bloom spec ("bitmap-key offsets", decimal offsets
+--          separated by spaces; "" in set mode)
+--   retry (4 each): priority, site, encoded request, delay ms
+--   dead (1 each): the dead letter, JSON
+--   slot (1 each): lease id whose download ended (its slot is freed, the
+--          lease stays until acked)
+--   ack (1 each): lease id whose request was handled (lease ended, slot freed)
+--   giveback (1 each): lease id not handled, given back: its request returns
+--          to the front of its queue, not counted as a failed delivery
+-- Returns {pushed, slots freed, acks ended, given back, problems, claimed}:
+-- pushed has per push 1 (queued) or 0 (filtered as seen); problems lists
+-- the bad values met (each a line of text); claimed is 0 when ARGV[8] was
+-- not in the list (then nothing else was done).
+K.P = ARGV[1]
+K.cap = tonumber(ARGV[2])
+K.gate = ARGV[5] == '1'
+K.wait, K.active, K.due, K.conc, K.count = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+K.wactive, K.lslot, K.robots, K.ldata = KEYS[9], KEYS[10], KEYS[11], KEYS[8]
+local leases, ldata, retries, dead = KEYS[7], KEYS[8], KEYS[12], KEYS[13]
+local bloom = ARGV[3] == 'bloom'
+local size = tonumber(ARGV[4])
+local n_push, n_retry, n_dead = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local n_slot, n_ack, n_give = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local first = 15
+
+-- Checks that may refuse the call: before any write. (KEYS[5] and KEYS[11]
+-- are read leniently: a wrong type there is reported and ignored.)
+local err = check_types({
+  {KEYS[1], 'set'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
+  {KEYS[6], 'string'}, {KEYS[7], 'zset'}, {KEYS[8], 'hash'}, {KEYS[9], 'hash'},
+  {KEYS[10], 'hash'}, {KEYS[12], 'zset'}, {KEYS[13], 'list'}, {KEYS[14], 'string'},
+}) or check_counter(KEYS[6])
+if err then return err end
+-- Bloom mode: every bitmap is checked (and created) before anything is
+-- written, so a size mismatch fails the whole call.
+local bitmaps = {}
+if bloom then
+  for i = first, first + 6 * n_push - 1, 6 do
+    local spec = ARGV[i + 5]
+    if spec ~= '' then
+      local key = string.sub(spec, 1, string.find(spec, ' ', 1, true) - 1)
+      if not bitmaps[key] then
+        bitmaps[key] = true
+        local kind = redis.call('TYPE', key)['ok']
+        if kind ~= 'none' and kind ~= 'string' then
+          return redis.error_reply('ERR frontier key ' .. key .. ' holds a ' .. kind ..
+            ', not a string: nothing was written')
+        end
+        local len = redis.call('STRLEN', key)
+        if len ~= 0 and len ~= size then
+          return redis.error_reply('ERR Bloom filter ' .. key .. ' holds ' .. len ..
+            ' bytes but this worker expects ' .. size .. ': FRONTIER_BLOOM_CAPACITY ' ..
+            'or FRONTIER_BLOOM_ERROR_RATE differ from those the filter was created with')
+        end
+      end
+    end
+  end
+end
+
+-- A dead letter being requeued: take it out first, or do nothing.
+if ARGV[8] ~= '' and redis.call('LREM', dead, 1, ARGV[8]) == 0 then
+  return {{}, 0, 0, 0, {}, 0}
+end
+
+K.now = now_ms()
+for key in pairs(bitmaps) do
+  if redis.call('STRLEN', key) == 0 then redis.call('SETRANGE', key, size - 1, '\0') end
+end
+
+-- 1 when the bits of spec ("key offsets") were not all set before.
+local function bloom_add(spec)
+  local sp = string.find(spec, ' ', 1, true)
+  local key = string.sub(spec, 1, sp - 1)
+  local args = {}
+  for o in string.gmatch(string.sub(spec, sp + 1), '%d+') do
+    local j = #args
+    args[j + 1], args[j + 2], args[j + 3], args[j + 4] = 'SET', 'u1', o, '1'
+  end
+  for _, old in ipairs(redis.call('BITFIELD', key, unpack(args))) do
+    if old == 0 then return 1 end
+  end
+  return 0
+end
+
+-- New requests.
+local pushed = {}
+local i = first
+for _ = 1, n_push do
+  local fp, dont_filter, site, prio, data, spec = ARGV[i], ARGV[i + 1], ARGV[i + 2],
+                                                  ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  i = i + 6
+  local added = 1
+  if bloom and spec ~= '' then
+    added = bloom_add(spec)
+  elseif fp ~= '' then
+    added = redis.call('SADD', KEYS[1], fp)
+  end
+  if added == 0 and dont_filter ~= '1' then
+    pushed[#pushed + 1] = 0
+  else
+    local why = enqueue(K.P, K.count, site, prio, data, false)
+    if why then
+      problem(why .. ': request dead-lettered')
+      bury(dead, 'could not be queued: ' .. why, site, prio, data, 0, K.now)
+    elseif redis.call('ZSCORE', K.wait, site) == false then
+      wake(site)
+    end
+    pushed[#pushed + 1] = 1
+  end
+end
+
+-- Retries wait in the retry set until their backoff has passed.
+for _ = 1, n_retry do
+  redis.call('ZADD', retries, K.now + tonumber(ARGV[i + 3]),
+             ARGV[i] .. '\t' .. ARGV[i + 1] .. '\t' .. ARGV[i + 2])
+  i = i + 4
+end
+
+for _ = 1, n_dead do
+  redis.call('RPUSH', dead, ARGV[i])
+  i = i + 1
+end
+
+local freed = 0
+for _ = 1, n_slot do
+  local site = free_slot(ARGV[i])
+  i = i + 1
+  if site then
+    freed = freed + 1
+    wake(site)
+  end
+end
+
+local ended = 0
+for _ = 1, n_ack do
+  local id = ARGV[i]
+  i = i + 1
+  local site = free_slot(id)
+  if redis.call('HDEL', ldata, id) == 1 then
+    ended = ended + 1
+    redis.call('ZREM', leases, id)
+  end
+  if site then wake(site) end
+end
+
+local given = 0
+for _ = 1, n_give do
+  local id = ARGV[i]
+  i = i + 1
+  local entry = redis.call('HGET', ldata, id)
+  if entry then
+    given = given + 1
+    local prio, site, rest = split3(entry)
+    local d, data = 0, entry
+    if prio then d, data = deliveries_of(rest) end
+    -- Not a failed delivery: it goes back with the count it came with.
+    local why = 'malformed lease data'
+    if prio and string.match(prio, INT) then
+      why = enqueue(K.P, K.count, site, prio, with_deliveries(math.max(0, d - 1), data), true)
+    end
+    if why then
+      problem(ldata .. ' ' .. id .. ': ' .. why .. ': request dead-lettered')
+      bury(dead, 'could not be given back: ' .. why, site, prio, data, d, K.now)
+    end
+    redis.call('HDEL', ldata, id)
+    redis.call('ZREM', leases, id)
+    local freed_site = free_slot(id)
+    if site then wake(site) end
+    if freed_site and freed_site ~= site then wake(freed_site) end
+  end
+end
+
+if ARGV[6] ~= '' then
+  redis.call('SET', KEYS[14], ARGV[6], 'PX', tonumber(ARGV[7]))
+end
+return {pushed, freed, ended, given, problems, 1}

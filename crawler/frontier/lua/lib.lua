@@ -1,0 +1,210 @@
+-- lib.lua: helpers shared by the frontier's scripts. It is prepended to
+-- commit.lua and lease.lua when they are loaded (crawler/frontier/store.py),
+-- so each script stays one atomic call.
+--
+-- The rules every script follows, so that a bad value or a wrong type never
+-- loses work:
+-- * Every check that can refuse the call (a key of the wrong type, a counter
+--   that is not a number, a lease id that exists already) runs before the
+--   first write, and refuses with an error reply that names the key and the
+--   value: nothing was written, so the caller may send the call again once
+--   the operator has fixed the key.
+-- * After the first write nothing raises. A bad override falls back to its
+--   default; a bad entry goes to the dead-letter list with the reason; each
+--   is reported in the reply's list of problems (key, field, value, what was
+--   done), which the worker logs once.
+-- * A request is written to its destination before it is removed from its
+--   source, or both happen in one step that cannot fail half-way.
+-- Times are the Redis server's clock (TIME), in ms.
+
+local problems, reported = {}, {}
+
+-- Report `text` once per call.
+local function problem(text)
+  if not reported[text] then
+    reported[text] = true
+    problems[#problems + 1] = text
+  end
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- An error reply (or nil) when one of `spec` ({{key, type}, ...}) holds
+-- another type than its own; call it before any write.
+local function check_types(spec)
+  for _, kt in ipairs(spec) do
+    local t = redis.call('TYPE', kt[1])['ok']
+    if t ~= 'none' and t ~= kt[2] then
+      return redis.error_reply('ERR frontier key ' .. kt[1] .. ' holds a ' .. t ..
+        ', not a ' .. kt[2] .. ': nothing was written')
+    end
+  end
+  return nil
+end
+
+-- An error reply (or nil) when the string `key` holds something other than
+-- an integer; call it before any write.
+local function check_counter(key)
+  local v = redis.call('GET', key)
+  if v and not string.match(v, '^%-?%d+$') then
+    return redis.error_reply('ERR frontier key ' .. key .. ' holds ' ..
+      string.format('%q', v) .. ', not an integer: nothing was written')
+  end
+  return nil
+end
+
+-- A per-site value of hash `key`, when it matches `pattern`; else `default`
+-- (a value that does not match, or a key that is not a hash, is reported as
+-- `rule` says). Never raises, so it may be used after writes.
+local function hnum(key, site, pattern, default, rule)
+  local v = redis.pcall('HGET', key, site)
+  if type(v) == 'table' then
+    problem(key .. ' is not a hash: ignored (' .. rule .. ')')
+    return default
+  end
+  if not v then return default end
+  if string.match(v, pattern) then return tonumber(v) end
+  problem(key .. ' ' .. site .. ' = ' .. string.format('%q', v) .. ' ignored (' .. rule .. ')')
+  return default
+end
+
+local INT = '^%-?%d+$'
+local NAT = '^%d+$'
+local POS = '^[1-9]%d*$'
+
+-- Add `by` to the counter `field` of hash `key`; a counter that falls to 0
+-- or below is deleted. A counter that is not an integer counts as 0.
+local function hadd(key, field, by)
+  local n = hnum(key, field, INT, 0, 'not an integer: counted as 0') + by
+  if n <= 0 then
+    redis.call('HDEL', key, field)
+    return 0
+  end
+  redis.call('HSET', key, field, n)
+  return n
+end
+
+-- The worker (lease holder) of a lease id "<holder>:<n>".
+local function holder_of(id)
+  return string.match(id, '^(.*):[^:]*$') or id
+end
+
+-- "a\tb\trest" -> a, b, rest (nil when there are fewer than two tabs).
+local function split3(entry)
+  local t1 = string.find(entry, '\t', 1, true)
+  if not t1 then return nil end
+  local t2 = string.find(entry, '\t', t1 + 1, true)
+  if not t2 then return nil end
+  return string.sub(entry, 1, t1 - 1), string.sub(entry, t1 + 1, t2 - 1),
+         string.sub(entry, t2 + 1)
+end
+
+-- A queue entry "#<deliveries>#<request>" (a request delivered before and
+-- not acknowledged) -> deliveries, request; a plain request -> 0, request.
+local function deliveries_of(entry)
+  local d, rest = string.match(entry, '^#(%d+)#(.*)$')
+  if d then return tonumber(d), rest end
+  return 0, entry
+end
+
+local function with_deliveries(d, data)
+  if d > 0 then return '#' .. d .. '#' .. data end
+  return data
+end
+
+-- The full URL of a queued request, when its JSON can be read.
+local function url_of(site, data)
+  local ok, req = pcall(cjson.decode, data)
+  if not ok or type(req) ~= 'table' or type(req['u']) ~= 'string' then return nil end
+  local u = req['u']
+  if string.sub(u, 1, 1) ~= '/' then return u end
+  local scheme = 'https'
+  if req['w'] == 1 then scheme = 'http' end
+  return scheme .. '://' .. site .. u
+end
+
+-- Append a dead letter for a queued request to list `dead`.
+local function bury(dead, reason, site, prio, data, deliveries, now)
+  local record = {reason = reason, attempts = deliveries, deliveries = deliveries,
+                  time = now / 1000, entry = data}
+  if site then
+    record['site'] = site
+    record['url'] = url_of(site, data)
+  end
+  if prio then record['priority'] = tonumber(prio) end
+  redis.call('RPUSH', dead, cjson.encode(record))
+end
+
+-- Queue `data` on `site` at priority `prio` (front: next out; else back).
+-- Returns nil, or the reason it could not be queued (a per-site key of the
+-- wrong type); in that case nothing was written.
+local function enqueue(P, count, site, prio, data, front)
+  local lv, q = P .. 'lv:' .. site, P .. 'q:' .. site .. ':' .. prio
+  local probe = redis.pcall('ZSCORE', lv, prio)
+  if type(probe) == 'table' and probe['err'] then
+    return lv .. ' is not a sorted set'
+  end
+  local pushed
+  if front then pushed = redis.pcall('RPUSH', q, data) else pushed = redis.pcall('LPUSH', q, data) end
+  if type(pushed) == 'table' and pushed['err'] then
+    return q .. ' is not a list'
+  end
+  redis.call('ZADD', lv, -tonumber(prio), prio)
+  redis.call('INCR', count)
+  return nil
+end
+
+-- The keys and settings of the crawl, filled in by the script that runs:
+-- K.wait, K.active, K.due, K.conc, K.robots, K.wactive, K.lslot, K.ldata,
+-- K.count (keys), K.P (the key prefix "{s}:"), K.cap (default concurrency), K.gate
+-- (true when robots.txt is obeyed), K.now (ms).
+local K = {}
+
+-- The concurrency of `site`: 1 while its robots.txt is not known (K.gate),
+-- else its override in K.conc or the default.
+local function cap_of(site)
+  if K.gate then
+    local known = redis.pcall('HEXISTS', K.robots, site)
+    if type(known) == 'table' then
+      problem(K.robots .. ' is not a hash: robots.txt counted as unknown')
+      return 1
+    end
+    if known == 0 then return 1 end
+  end
+  return hnum(K.conc, site, POS, K.cap, 'concurrency must be an integer >= 1: default used')
+end
+
+-- Make `site` a candidate again (in K.wait at its due time) if it has
+-- queued work and a free slot; drop it from K.wait when it has no work.
+local function wake(site)
+  if redis.call('EXISTS', K.P .. 'lv:' .. site) == 0 then
+    redis.call('ZREM', K.wait, site)
+    return
+  end
+  if hnum(K.active, site, INT, 0, 'not an integer: counted as 0') < cap_of(site) then
+    local due = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
+    if due < K.now then due = K.now end
+    redis.call('ZADD', K.wait, 'NX', due, site)
+  end
+end
+
+-- Free the download slot lease `id` holds, if it still holds one; returns
+-- the slot's site (K.lslot keeps it, so a slot is freed even when the
+-- lease's data is unreadable), or nil. A slot taken before K.lslot kept
+-- sites (value "1") takes its site from K.ldata.
+local function free_slot(id)
+  local site = redis.call('HGET', K.lslot, id)
+  if not site then return nil end
+  redis.call('HDEL', K.lslot, id)
+  if site == '1' then
+    local _, s = split3(redis.call('HGET', K.ldata, id) or '')
+    if not s then return nil end
+    site = s
+  end
+  hadd(K.wactive, holder_of(id) .. '\t' .. site, -1)
+  hadd(K.active, site, -1)
+  return site
+end

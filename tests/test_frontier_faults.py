@@ -1,0 +1,340 @@
+"""The frontier's scripts and scheduler when Redis is not well behaved, in
+process against a real Redis: ids reused, bad values and wrong types, poison
+requests, lost replies, dead letters raced. (Whole crawls under the same
+faults, through a proxy that loses replies: tests/test_faults.py.)"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from scrapy import Request, Spider
+
+from crawler.commands.deadletters import purge, requeue
+from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push
+from tests import scheduler_harness as harness
+from tests.scheduler_harness import finish, lease_all
+
+if TYPE_CHECKING:
+    import redis
+
+    from crawler.frontier.scheduler import FrontierScheduler
+
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+
+
+class _Spider(Spider):
+    name = "t"
+
+
+def _frontier(rds: redis.Redis, **kwargs: Any) -> Frontier:
+    frontier = Frontier(rds, "t", **{"default_concurrency": 8, **kwargs})
+    frontier.load_scripts()
+    return frontier
+
+
+def _push(frontier: Frontier, url: str, priority: int = 0) -> None:
+    site = url.split("/")[2]
+    assert frontier.push(url.encode(), site=site, priority=priority,
+                         fingerprint=url.encode(), dont_filter=False)
+
+
+def _leased(result: list[Lease] | NotDue) -> list[Lease]:
+    assert isinstance(result, list), result
+    return result
+
+
+def _ack_all(frontier: Frontier) -> None:
+    """Lease and acknowledge everything due, until nothing is."""
+    n = 0
+    while isinstance(result := frontier.lease_many([f"drain#x:{n}"]), list):
+        frontier.ack([lease.lease_id for lease in result])
+        n += 1
+
+
+# -- lease ids ----------------------------------------------------------------------
+
+
+def test_a_lease_id_that_exists_is_refused_before_anything_is_written(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    for i in range(4):
+        _push(frontier, f"https://a.example/{i}")
+    first = _leased(frontier.lease_many(["w1#a:0", "w1#a:1"]))
+    with pytest.raises(ResponseError, match="w1#a:0 exists already"):
+        frontier.lease_many(["w1#a:0", "w1#a:1"])
+    # The first leases are intact; the queue kept the two others.
+    assert rds.zcard("{t}:leases") == 2
+    assert int(rds.get("{t}:count") or 0) == 2
+    assert {e.decode().rsplit("#", 1)[-1] for e in rds.hvals("{t}:ldata")} == {
+        lease.data.decode() for lease in first
+    }
+
+
+def test_a_worker_restarted_under_the_same_id_gets_lease_ids_of_its_own(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    settings = {"FRONTIER_WORKER_ID": "w1", "FRONTIER_CONCURRENCY": 20}
+    first, _ = harness.open_scheduler(redis_url, _Spider, **settings)
+    for i in range(10):
+        first.enqueue_request(Request(f"https://a.example/{i}"))
+    assert first.flush_outbox()
+    held = lease_all(first)
+    # The process dies (no close); a new "w1" starts at once.
+    second, _ = harness.open_scheduler(redis_url, _Spider, **settings)
+    assert first.holder != second.holder
+    assert first.holder.startswith("w1#") and second.holder.startswith("w1#")
+    for i in range(10, 20):
+        second.enqueue_request(Request(f"https://a.example/{i}"))
+    assert second.flush_outbox()
+    again = lease_all(second)
+    assert (len(held), len(again)) == (10, 10)
+    assert rds.zcard("{t}:leases") == len(held) + len(again)
+    urls = {r.url for r in held} | {r.url for r in again}
+    assert len(urls) == len(held) + len(again)  # no lease overwritten
+
+
+# -- bad values ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("{t}:delay", "2s"), ("{t}:conc", "1O"), ("{t}:conc", "-1"), ("{t}:conc", ""),
+    ("{t}:conc", "0"), ("{t}:delay", "-5"), ("{t}:delay", "nan"), ("{t}:slow", "x"),
+    ("{t}:rdelay", "1e3"),
+])
+def test_a_bad_override_falls_back_to_the_default_and_is_reported(
+    rds: redis.Redis, key: str, value: str
+) -> None:
+    frontier = _frontier(rds, default_concurrency=2)
+    rds.hset(key, "a.example", value)
+    for i in range(5):
+        _push(frontier, f"https://a.example/{i}")
+    leases = _leased(frontier.lease_many([f"w#a:{i}" for i in range(5)]))
+    # The default concurrency (2) holds; nothing was taken off and lost.
+    assert len(leases) == 2
+    assert any(key in p and json.dumps(value) in p for p in leases[0].problems), leases[0]
+    assert int(rds.get("{t}:count") or 0) == 3
+    frontier.ack([lease.lease_id for lease in leases])
+    # A push meets the same value and queues once.
+    assert frontier.push_many([Push(b"https://a.example/new", "a.example", 0, b"n", False)]) == [
+        True
+    ]
+    assert int(rds.get("{t}:count") or 0) == 4
+    rds.hdel(key, "a.example")
+    _ack_all(frontier)
+    assert frontier.audit() == {}
+
+
+@pytest.mark.parametrize("key", ["{t}:delay", "{t}:conc", "{t}:robots", "{t}:slow"])
+def test_an_override_key_of_the_wrong_type_is_reported_and_ignored(
+    rds: redis.Redis, key: str
+) -> None:
+    frontier = _frontier(rds, robots_gate=key == "{t}:robots")
+    rds.set(key, "2000")
+    _push(frontier, "https://a.example/0")
+    [lease] = _leased(frontier.lease_many(["w#a:0"]))
+    assert any(key in p and "not a hash" in p for p in lease.problems)
+    frontier.ack([lease.lease_id])
+    assert frontier.audit() == {}
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("{t}:active", "a list"), ("{t}:leases", "a string"), ("{t}:count", "12x"),
+])
+def test_a_frontier_key_of_the_wrong_type_refuses_the_call_and_writes_nothing(
+    rds: redis.Redis, key: str, value: str
+) -> None:
+    frontier = _frontier(rds)
+    _push(frontier, "https://a.example/0")
+    before = {k: rds.dump(k) for k in rds.keys("{t}:*")}
+    if value == "a list":
+        rds.delete(key)
+        rds.rpush(key, "x")
+    else:
+        rds.delete(key)
+        rds.set(key, value)
+    bad = rds.dump(key)
+    with pytest.raises(ResponseError, match=r"frontier key \{t\}:"):
+        frontier.lease_many(["w#a:0"])
+    with pytest.raises(ResponseError, match=r"frontier key \{t\}:"):
+        frontier.push_many([Push(b"https://a.example/1", "a.example", 0, b"1", False)])
+    after = {k: rds.dump(k) for k in rds.keys("{t}:*")}
+    assert after == {**before, key.encode(): bad}
+
+
+def test_a_queue_key_of_the_wrong_type_dead_letters_the_push_instead_of_losing_it(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    rds.set("{t}:q:a.example:0", "not a list")
+    assert frontier.push_many([Push(b'{"u":"/x"}', "a.example", 0, b"1", False)]) == [True]
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert "{t}:q:a.example:0 is not a list" in dead["reason"]
+    assert dead["url"] == "https://a.example/x"
+    assert int(rds.get("{t}:count") or 0) == 0
+    assert rds.zcard("{t}:lv:a.example") == 0
+
+
+def test_malformed_lease_data_is_dead_lettered_when_it_expires(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, lease_timeout=0.05)
+    _push(frontier, "https://a.example/0")
+    _leased(frontier.lease_many(["w#a:0"]))
+    rds.hset("{t}:ldata", "w#a:0", "garbage without tabs")
+    time.sleep(0.1)  # the lease's 50 ms run out
+    result = frontier.lease_many(["v#b:0"])
+    assert isinstance(result, NotDue) and result.dead == 1
+    assert "malformed lease data" in json.loads(rds.lindex("{t}:dead", 0) or b"{}")["reason"]
+    assert frontier.audit() == {}
+
+
+# -- poison requests ------------------------------------------------------------------
+
+
+def test_a_request_whose_worker_dies_every_time_is_dead_lettered_after_its_deliveries(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds, lease_timeout=0.05, max_deliveries=3, default_concurrency=1)
+    _push(frontier, "https://a.example/poison")
+    _push(frontier, "https://a.example/fine")
+    for n in range(1, 4):
+        [lease] = _leased(frontier.lease_many([f"dies#{n}:0"]))
+        assert lease.data == b"https://a.example/poison"
+        assert lease.deliveries == n
+        time.sleep(0.1)  # the worker died; its 50 ms lease runs out
+    # The third expiry dead-letters it and frees its slot: the rest goes on.
+    [lease] = _leased(frontier.lease_many(["lives#1:0"]))
+    assert lease.dead == 1
+    assert lease.data == b"https://a.example/fine"
+    frontier.ack([lease.lease_id])
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert dead["deliveries"] == 3
+    assert "delivered 3 times without acknowledgement" in dead["reason"]
+    assert dead["site"] == "a.example"
+    assert frontier.audit() == {}
+
+
+def test_leases_given_back_do_not_count_as_failed_deliveries(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, max_deliveries=2)
+    _push(frontier, "https://a.example/0")
+    for n in range(5):
+        [lease] = _leased(frontier.lease_many([f"w#{n}:0"]))
+        assert lease.deliveries == 1
+        frontier.release([lease.lease_id])
+    assert rds.llen("{t}:dead") == 0
+    assert frontier.audit() == {}
+
+
+# -- lost replies -----------------------------------------------------------------------
+
+
+def _lose_replies(scheduler: FrontierScheduler, times: int = 1) -> list[int]:
+    """Make the next ``times`` round trips run in Redis and then lose their
+    reply, as a connection dropped after the call was sent would."""
+    send = scheduler._send
+    lost = [0]
+
+    def send_and_lose(*args: Any) -> Any:
+        result = send(*args)
+        if lost[0] < times:
+            lost[0] += 1
+            raise RedisConnectionError("reply lost (test)")
+        return result
+
+    scheduler._send = send_and_lose  # type: ignore[method-assign]
+    return lost
+
+
+def test_leases_whose_reply_was_lost_are_found_out_not_leased_again(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider)
+    for i in range(5):
+        scheduler.enqueue_request(Request(f"https://a.example/{i}"))
+    assert scheduler.flush_outbox()
+    _lose_replies(scheduler)
+    assert scheduler.next_request() is None  # the reply was lost
+    assert rds.zcard("{t}:leases") == 5  # but the call ran
+    scheduler._down_until = 0.0  # Redis answers again
+    got = lease_all(scheduler)
+    assert sorted(r.url for r in got) == [f"https://a.example/{i}" for i in range(5)]
+    assert rds.zcard("{t}:leases") == 5  # found out, not leased twice
+    for request in got:
+        finish(scheduler, request)
+    assert scheduler.queue.frontier.audit() == {}
+
+
+def test_a_commit_whose_reply_was_lost_is_not_sent_again(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider)
+    seed = Request("https://a.example/seed", dont_filter=True)
+    done: list[int] = []
+    scheduler.enqueue_request(seed)
+    scheduler.after_commit(lambda: done.append(1))
+    _lose_replies(scheduler)
+    assert not scheduler.flush_outbox()
+    assert done == []  # not known to be in Redis yet
+    scheduler._down_until = 0.0
+    assert scheduler.flush_outbox()  # found out: it ran
+    assert done == [1]
+    assert int(rds.get("{t}:count") or 0) == 1  # queued once, not twice
+    assert scheduler.queue.frontier.audit() == {}
+
+
+def test_a_commit_lost_before_it_reached_redis_is_sent_once_found_out(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider)
+    scheduler.enqueue_request(Request("https://a.example/x", dont_filter=True))
+    send = scheduler._send
+
+    def fail_before_sending(*args: Any) -> Any:
+        scheduler._send = send  # type: ignore[method-assign]
+        raise RedisConnectionError("connection refused (test)")
+
+    scheduler._send = fail_before_sending  # type: ignore[method-assign]
+    assert not scheduler.flush_outbox()
+    scheduler._down_until = 0.0
+    assert scheduler.flush_outbox()
+    assert int(rds.get("{t}:count") or 0) == 1
+
+
+# -- dead letters -------------------------------------------------------------------------
+
+
+def test_requeue_and_purge_never_both_act_on_one_dead_letter(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    request = json.dumps({"u": "https://a.example/x"})
+    rds.rpush("{t}:dead", json.dumps({"url": "https://a.example/x", "request": request}))
+    raw = rds.lindex("{t}:dead", 0)
+    assert raw is not None
+    # A purge lands between the requeue's read and its write: nothing is queued.
+    assert purge(frontier) == 1
+    done = frontier.commit(
+        Commit(pushes=[Push(request.encode(), "a.example", 0, None, True)], claim=raw)
+    )
+    assert done is not None and not done.claimed
+    assert int(rds.get("{t}:count") or 0) == 0
+    # Requeued while it is there: queued once and taken out.
+    rds.rpush("{t}:dead", raw)
+    assert requeue(frontier) == (1, 0)
+    assert requeue(frontier) == (0, 0)
+    assert int(rds.get("{t}:count") or 0) == 1
+
+
+def test_a_poison_dead_letter_can_be_requeued(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, lease_timeout=0.05, max_deliveries=1)
+    data = json.dumps({"u": "/p", "w": 1}).encode()
+    frontier.push(data, site="a.example", priority=3, fingerprint=b"p", dont_filter=False)
+    _leased(frontier.lease_many(["dies#1:0"]))
+    time.sleep(0.1)
+    assert isinstance(frontier.lease_many(["v#1:0"]), NotDue)
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert dead["url"] == "http://a.example/p"
+    assert requeue(frontier) == (1, 0)
+    [lease] = _leased(frontier.lease_many(["v#2:0"]))
+    assert json.loads(lease.data)["u"] == "/p"
+    assert lease.deliveries == 1
