@@ -1,24 +1,38 @@
-"""Item pipelines: batched writes into MongoDB, stored before acknowledged."""
+"""Item pipelines: batched writes into MongoDB, stored before acknowledged.
+
+Delivery is at least once: a response can be processed twice (its worker
+was killed after storing the items and before acknowledging the lease), and
+storage stays exactly once. An item with a natural key is stored by that
+key; an item without one is stored by an ``_id`` derived from the response
+that yielded it (:class:`crawler.middlewares.ItemIdMiddleware` derives it
+with :func:`derive_item_id` and hands it over through :class:`ItemIds`).
+Either way a second delivery updates the same document. Times never go
+backwards: ``last_seen`` only grows, ``first_seen`` only falls, and a
+version of a document older than the stored one never overwrites its fields
+(the pipeline's writes and ``scrapy loadspill`` alike).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import socket
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import count
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+from weakref import WeakKeyDictionary
 
 from bson import ObjectId, json_util
 from bson.errors import InvalidDocument
 from itemadapter import ItemAdapter
 from pymongo import ASCENDING, InsertOne, MongoClient, UpdateOne
 from pymongo.errors import BulkWriteError, ConnectionFailure, PyMongoError
+from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 if TYPE_CHECKING:
@@ -30,10 +44,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MongoPipeline", "as_document", "load_spill"]
+__all__ = [
+    "ItemIds",
+    "MongoPipeline",
+    "SpillLoad",
+    "as_document",
+    "collection_of",
+    "derive_item_id",
+    "load_spill",
+]
 
 #: MongoDB's error code for a unique index violation.
 DUPLICATE_KEY = 11000
+#: The key an item without a natural key is stored by.
+ID_KEY: tuple[str, ...] = ("_id",)
 #: Longest pause, in seconds, between two attempts to reach MongoDB.
 BACKOFF_CAP = 30.0
 
@@ -68,14 +92,162 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def collection_of(item: Any, spider_name: str) -> str:
+    """The collection ``item`` is stored in: its class's ``collection``
+    attribute, else the spider's name."""
+    return getattr(item, "collection", None) or spider_name
+
+
+def derive_item_id(
+    spider: str, fingerprint: bytes, collection: str, item_class: str, ordinal: int
+) -> str:
+    """The ``_id`` of an item without a natural key, the same at every delivery.
+
+    :param spider: the spider's name.
+    :param fingerprint: Scrapy's request fingerprint of the request whose
+        response yielded the item (``crawler.request_fingerprinter``, 20 bytes).
+    :param collection: the item's collection (:func:`collection_of`).
+    :param item_class: the item's class, ``module.QualName`` (``builtins.dict``).
+    :param ordinal: the item's rank among the items of its collection and
+        class (that need an id) which that response's callback yielded,
+        from 0.
+    :returns: 32 lowercase hex digits (128 bits of SHA-256 over the above):
+        a string, not an ObjectId, so that it never passes for a time.
+    """
+    digest = hashlib.sha256()
+    for part in (spider.encode(), fingerprint, collection.encode(), item_class.encode()):
+        digest.update(len(part).to_bytes(4, "big") + part)
+    digest.update(ordinal.to_bytes(8, "big"))
+    return digest.hexdigest()[:32]
+
+
+class ItemIds:
+    """Ids derived for items without a natural key, from the spider
+    middleware to the pipeline.
+
+    :class:`~crawler.middlewares.ItemIdMiddleware` sees each item with the
+    response that yielded it, and :meth:`put` s the id it derives;
+    :class:`MongoPipeline` :meth:`pop` s it when the item reaches it. The
+    item itself is left as it is (no undeclared field is added to an Item
+    or a dataclass, no ``_id`` key to a dict, so feed exports do not change).
+
+    Ids are held by the identity of the item (``id(item)``), with a
+    reference to the item, so an id can never go to another object that
+    happens to get the same address. Entries leave when the pipeline takes
+    them, or when the item is dropped or fails in an earlier pipeline
+    (``item_dropped``, ``item_error`` signals); an item that a later spider
+    middleware swallows leaves its entry behind, so at most ``capacity``
+    entries are kept, the oldest forgotten first (:meth:`put` says how
+    many). An item whose id was forgotten, or that an earlier pipeline
+    replaced with a new object, reaches the pipeline without an id and gets
+    a fresh ObjectId (stat ``mongo/ids/minted``): a redelivery would then
+    store it again.
+
+    One instance per crawler: :meth:`of`.
+    """
+
+    #: Default most entries kept (items between the middleware and the pipeline).
+    CAPACITY: ClassVar[int] = 100_000
+    _by_crawler: ClassVar[WeakKeyDictionary[Crawler, ItemIds]] = WeakKeyDictionary()
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> ItemIds:
+        """The crawler's instance, made (and hooked to its signals) on first use."""
+        ids = cls._by_crawler.get(crawler)
+        if ids is None:
+            ids = cls._by_crawler[crawler] = cls()
+            crawler.signals.connect(ids.discard, signal=signals.item_dropped)
+            crawler.signals.connect(ids.discard, signal=signals.item_error)
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def put(self, item: Any, ident: str) -> int:
+        """Hold ``ident`` for ``item``; return how many old entries were forgotten."""
+        self._ids[id(item)] = (item, ident)
+        self._ids.move_to_end(id(item))
+        forgotten = 0
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+            forgotten += 1
+        return forgotten
+
+    def pop(self, item: Any) -> str | None:
+        """The id held for ``item`` (and forget it), or None."""
+        entry = self._ids.get(id(item))
+        if entry is None or entry[0] is not item:
+            return None
+        del self._ids[id(item)]
+        return entry[1]
+
+    def discard(self, item: Any, **_: Any) -> None:
+        """Forget ``item``'s id (a signal handler: the item went no further)."""
+        self.pop(item)
+
+
+def _not_newer(last: datetime) -> dict[str, Any]:
+    """Filter: the stored document is not newer than ``last`` (or has no ``last_seen``)."""
+    return {"$or": [{"last_seen": {"$lte": last}}, {"last_seen": {"$exists": False}}]}
+
+
+def upsert_op(
+    key: tuple[str, ...], doc: Mapping[str, Any], first: datetime, last: datetime,
+    *, upsert: bool = True,
+) -> UpdateOne:
+    """The write of ``doc`` by ``key`` that never takes time backwards.
+
+    It matches the stored document by ``key`` only if that one is not newer
+    (its ``last_seen <= last``); then it sets ``doc``'s fields, raises
+    ``last_seen`` to ``last`` (``$max``) and lowers ``first_seen`` to ``first``
+    (``$min``). With no document of that key, it inserts one (``upsert``).
+    When the stored document is newer, the upsert's insert collides with it
+    on the unique index (error 11000): :func:`settle_ops` is then the write.
+
+    :param key: the natural key's fields, or ``("_id",)``.
+    :param doc: the fields (``first_seen``/``last_seen`` in it are ignored).
+    """
+    fields = {k: v for k, v in doc.items() if k not in ("_id", "first_seen", "last_seen")}
+    update: dict[str, Any] = {"$max": {"last_seen": last}, "$min": {"first_seen": first}}
+    if fields:
+        update["$set"] = fields
+    if "_id" in doc and key != ID_KEY:
+        update["$setOnInsert"] = {"_id": doc["_id"]}
+    match = {k: doc.get(k) for k in key}
+    return UpdateOne({**match, **_not_newer(last)}, update, upsert=upsert)
+
+
+def settle_ops(
+    key: tuple[str, ...], doc: Mapping[str, Any], first: datetime, last: datetime
+) -> tuple[UpdateOne, UpdateOne]:
+    """The writes of ``doc`` once its key is known to be stored.
+
+    The first is :func:`upsert_op` without the insert: it applies when the
+    stored document is not newer (another worker inserted the key a moment
+    ago). The second lowers the stored ``first_seen`` to ``first``, and is all
+    that applies when the stored document is newer: its fields and
+    ``last_seen`` stay.
+    """
+    match = {k: doc.get(k) for k in key}
+    return (
+        upsert_op(key, doc, first, last, upsert=False),
+        UpdateOne(match, {"$min": {"first_seen": first}}),
+    )
+
+
 @dataclass
 class _Pending:
     """One document waiting for a bulk write.
 
-    For an item with a natural key, the latest fields of that key in the open
-    batch (``first`` is when the key was first seen in it); for an item without
-    one, the item itself, with an ``_id`` minted here unless it had one
-    (``minted``), so that writing it again is harmless.
+    The latest fields of one key in the open batch (``first`` is when the
+    key was first seen in it, ``last`` the latest). ``key`` is the item's
+    natural key, or ``("_id",)`` for an item without one (``keyless``), whose
+    ``doc`` then starts with its ``_id``: its own, the one derived from its
+    response, or one minted here. Writing it again is therefore harmless.
     """
 
     collection: str
@@ -84,7 +256,7 @@ class _Pending:
     key: tuple[str, ...]
     first: datetime
     last: datetime
-    minted: bool = False
+    keyless: bool = False
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def insert(self) -> InsertOne[dict[str, Any]]:
@@ -92,16 +264,12 @@ class _Pending:
         return InsertOne({**self.doc, "first_seen": self.first, "last_seen": self.last})
 
     def upsert(self) -> UpdateOne:
-        """The upsert on the natural key: fields and ``last_seen`` always set,
-        ``first_seen`` on insert only."""
-        return UpdateOne(
-            {k: self.doc.get(k) for k in self.key},
-            {
-                "$set": {**self.doc, "last_seen": self.last},
-                "$setOnInsert": {"first_seen": self.first},
-            },
-            upsert=True,
-        )
+        """The upsert by key that never takes time backwards (:func:`upsert_op`)."""
+        return upsert_op(self.key, self.doc, self.first, self.last)
+
+    def settle(self) -> tuple[UpdateOne, UpdateOne]:
+        """The writes once the key is known to be stored (:func:`settle_ops`)."""
+        return settle_ops(self.key, self.doc, self.first, self.last)
 
 
 class MongoPipeline:
@@ -111,11 +279,23 @@ class MongoPipeline:
     attributes ``collection`` (str) and ``key`` (tuple of field names), as
     :mod:`crawler.items` does. Each collection gets a unique index on its key,
     so a key is stored once: a new key is inserted with ``first_seen`` and
-    ``last_seen`` (UTC datetimes); a key already stored gets its fields and
-    ``last_seen`` set and keeps its ``first_seen``. Crawling a site twice
-    therefore never duplicates a document. Items with no key (plain dicts)
-    are inserted, with both times, into the collection named after the
-    spider.
+    ``last_seen`` (UTC datetimes); a key already stored gets its fields set,
+    ``last_seen`` raised and ``first_seen`` lowered (``$max``, ``$min``), unless
+    the stored document is newer (a ``last_seen`` later than this item's,
+    written by another worker or an earlier load of a spill file): its fields
+    and ``last_seen`` then stay, and only an earlier ``first_seen`` is kept
+    (stat ``mongo/stale``). Crawling a site twice therefore never duplicates
+    a document, and time never goes backwards.
+
+    Items with no key (plain dicts, or classes without ``key``) go to their
+    class's ``collection``, else the collection named after the spider, and
+    are stored by ``_id``: their own ``_id`` field when they have one, else
+    the id that :class:`~crawler.middlewares.ItemIdMiddleware` derived from
+    the response that yielded them (:func:`derive_item_id`; stat
+    ``mongo/ids/derived``), else a fresh ObjectId (stat ``mongo/ids/minted``;
+    a warning is logged once). A response processed twice (at-least-once
+    delivery) thus stores its items without a key once: the second delivery
+    updates them as it would a stored key.
 
     Items are converted with :func:`as_document` and wait in an open batch
     (items with the same key in it are merged into one document). The batch
@@ -133,7 +313,8 @@ class MongoPipeline:
     an upsert (a lookup, then an insert). When most keys of a collection's
     batch turn out to exist (a re-crawl), its next batches go straight to
     upserts, until most of a batch is new again. A duplicate-key error on an
-    upsert (two workers inserting the same key at once) is retried once.
+    upsert (another worker inserted the key a moment ago, or the stored
+    document is newer) is settled with :func:`settle_ops`.
 
     ``process_item`` returns only once the item is stored (or set aside, see
     below), so Scrapy's engine finishes a request, and the frontier
@@ -158,8 +339,10 @@ class MongoPipeline:
     ("spill"), ``MONGO_DEAD_COLLECTION`` ("dead_items").
 
     Stats: ``mongo/bulk_writes`` (calls), ``mongo/upserted`` (keyed documents
-    created, by insert or upsert), ``mongo/modified`` (keyed documents
-    changed by an upsert), ``mongo/inserted`` (items without a key stored),
+    created, by insert or upsert), ``mongo/inserted`` (documents of items
+    without a key created), ``mongo/modified`` (stored documents changed),
+    ``mongo/stale`` (items older than their stored document: fields not
+    written), ``mongo/ids/derived``, ``mongo/ids/minted`` (see above),
     ``mongo/retries``, ``mongo/spilled``, ``mongo/dead``.
     """
 
@@ -184,11 +367,13 @@ class MongoPipeline:
         self.spill_dir = Path(spill_dir)
         self.dead_collection = dead_collection
         self.client: MongoClient[dict[str, Any]] | None = None
-        #: The open batch, by (collection, natural key as JSON or a serial).
+        #: The open batch, by (collection, natural key or _id as JSON).
         self._open: dict[tuple[str, str], _Pending] = {}
         #: Full batches waiting to be written, oldest first.
         self._sealed: deque[list[_Pending]] = deque()
-        self._serial = count()
+        #: Ids derived by ItemIdMiddleware, taken by process_item.
+        self._ids = ItemIds.of(crawler)
+        self._warned_minted = False
         self._indexed: set[tuple[str, tuple[str, ...]]] = set()
         #: Collections whose last batch was mostly keys stored already.
         self._upsert_first: set[str] = set()
@@ -241,25 +426,22 @@ class MongoPipeline:
     async def process_item(self, item: Any) -> Any:
         """Queue ``item`` for the next bulk write and return once it is stored."""
         now = datetime.now(UTC)
+        derived = self._ids.pop(item)
         doc = as_document(item)
         key: tuple[str, ...] = tuple(getattr(item, "key", ()))
-        collection = getattr(item, "collection", None) or self._spider_name
+        collection = collection_of(item, self._spider_name)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if key:
             ident = json.dumps([doc.get(k) for k in key], default=str)
-            pending = self._open.get((collection, ident))
-            if pending is None:
-                pending = _Pending(collection, ident, doc, key, now, now)
-                self._open[(collection, ident)] = pending
-            else:
-                pending.doc, pending.last = doc, now
         else:
-            minted = "_id" not in doc
-            if minted:
-                doc = {"_id": ObjectId(), **doc}
-            ident = f"#{next(self._serial)}"
-            pending = _Pending(collection, ident, doc, key, now, now, minted)
+            key, doc = ID_KEY, {"_id": self._id_for(doc, derived), **doc}
+            ident = json_util.dumps(doc["_id"])  # an ObjectId is not its hex string
+        pending = self._open.get((collection, ident))
+        if pending is None:
+            pending = _Pending(collection, ident, doc, key, now, now, keyless=key == ID_KEY)
             self._open[(collection, ident)] = pending
+        else:
+            pending.doc, pending.last = doc, now
         pending.waiters.append(done)
         if len(self._open) >= self.batch_size:
             self._seal()
@@ -267,6 +449,27 @@ class MongoPipeline:
                 self._flusher = asyncio.ensure_future(self.flush(everything=False))
         await done
         return item
+
+    def _id_for(self, doc: dict[str, Any], derived: str | None) -> Any:
+        """The ``_id`` of an item without a key: its own (taken out of
+        ``doc``), the derived one, or a new ObjectId."""
+        own = doc.pop("_id", None)
+        if own is not None:
+            return own
+        if derived is not None:
+            self.crawler.stats.inc_value("mongo/ids/derived")
+            return derived
+        self.crawler.stats.inc_value("mongo/ids/minted")
+        if not self._warned_minted:
+            self._warned_minted = True
+            logger.warning(
+                "An item without a key reached %s with no id derived from its response "
+                "(ItemIdMiddleware off, the item yielded by start() or replaced by an "
+                "earlier pipeline): it gets a new ObjectId, and a redelivery of its "
+                "response would store it again (stat mongo/ids/minted)",
+                type(self).__name__,
+            )
+        return ObjectId()
 
     def _seal(self) -> None:
         """Close the open batch: it is written after those sealed before it."""
@@ -327,8 +530,8 @@ class MongoPipeline:
         """Store ``batch`` (in a worker thread), collection by collection.
 
         Writing a batch again, after an error part-way, is harmless: keys
-        stored already are updated to the same values, and items without a
-        key bring the ``_id`` of their first attempt.
+        (and ``_id`` s of items without a key) stored already are updated to
+        the same values.
 
         :raises PyMongoError: MongoDB is unreachable or failing; the caller
             keeps the batch.
@@ -340,7 +543,7 @@ class MongoPipeline:
             by_collection.setdefault(pending.collection, []).append(pending)
         for name, entries in by_collection.items():
             coll = db[name]
-            for key in {p.key for p in entries if p.key}:
+            for key in {p.key for p in entries if p.key != ID_KEY}:
                 if (name, key) not in self._indexed:
                     coll.create_index([(k, ASCENDING) for k in key], unique=True)
                     self._indexed.add((name, key))
@@ -359,7 +562,8 @@ class MongoPipeline:
             self._store(coll, entries[half:])
 
     def _store_batch(self, coll: Collection[dict[str, Any]], entries: list[_Pending]) -> None:
-        """Insert-first, then upsert the keys found stored already.
+        """Insert-first, then upsert the keys found stored already, then
+        settle the upserts that collided with a stored document.
 
         :raises InvalidDocument: a document BSON cannot carry (a set, a
             Decimal, a key that is not a string; ``OverflowError`` for an int
@@ -368,42 +572,49 @@ class MongoPipeline:
         """
         name = coll.name
         upsert_first = name in self._upsert_first
-        updates = [p for p in entries if p.key and upsert_first]
-        inserts = [p for p in entries if not (p.key and upsert_first)]
-        if inserts:
+        updates = list(entries) if upsert_first else []
+        if not upsert_first:
             existing = 0
-            failed, _ = self._bulk(coll, [p.insert() for p in inserts], inserts)
+            failed, _ = self._bulk(coll, [p.insert() for p in entries], entries)
             for pending, error in failed:
-                duplicate = error.get("code") == DUPLICATE_KEY
-                if duplicate and pending.key:
-                    updates.append(pending)
+                if error.get("code") == DUPLICATE_KEY:
+                    updates.append(pending)  # stored already: an update
                     existing += 1
-                elif duplicate and pending.minted and error.get("keyPattern") == {"_id": 1}:
-                    pass  # stored by an earlier attempt at this batch
                 else:
                     self._dead(coll, pending, f"{error.get('code')}: {error.get('errmsg')}")
-            keyed = sum(1 for p in inserts if p.key)
-            if keyed and existing * 2 > keyed:
+            if existing * 2 > len(entries):
                 self._upsert_first.add(name)
-        for attempt in (1, 2):
-            if not updates:
-                break
-            failed, upserted = self._bulk(coll, [p.upsert() for p in updates], updates)
-            if attempt == 1 and upsert_first and upserted * 2 > len(updates):
-                self._upsert_first.discard(name)
-            updates = []
-            for pending, error in failed:
-                if attempt == 1 and error.get("code") == DUPLICATE_KEY:
-                    updates.append(pending)  # another worker inserted the key just now
-                else:
-                    self._dead(coll, pending, f"{error.get('code')}: {error.get('errmsg')}")
+        if not updates:
+            return
+        failed, details = self._bulk(coll, [p.upsert() for p in updates], updates)
+        if upsert_first and len(details.get("upserted", ())) * 2 > len(updates):
+            self._upsert_first.discard(name)
+        collided = []
+        for pending, error in failed:
+            if error.get("code") == DUPLICATE_KEY:
+                collided.append(pending)  # inserted a moment ago, or newer
+            else:
+                self._dead(coll, pending, f"{error.get('code')}: {error.get('errmsg')}")
+        if collided:
+            self._settle(coll, collided)
+
+    def _settle(self, coll: Collection[dict[str, Any]], entries: list[_Pending]) -> None:
+        """Write ``entries``, whose keys are stored, with :func:`settle_ops`:
+        an update where the stored document is not newer, else only an
+        earlier ``first_seen`` (stat ``mongo/stale``)."""
+        pairs = [p.settle() for p in entries]
+        failed, details = self._bulk(coll, [update for update, _ in pairs], entries)
+        failed += self._bulk(coll, [lower for _, lower in pairs], entries)[0]
+        self.crawler.stats.inc_value("mongo/stale", len(entries) - details.get("nMatched", 0))
+        for pending, error in {id(p): (p, e) for p, e in failed}.values():
+            self._dead(coll, pending, f"{error.get('code')}: {error.get('errmsg')}")
 
     def _bulk(
         self, coll: Collection[dict[str, Any]], ops: list[Any], entries: list[_Pending]
-    ) -> tuple[list[tuple[_Pending, dict[str, Any]]], int]:
-        """One unordered ``bulk_write`` of ``ops`` (all inserts or all upserts,
+    ) -> tuple[list[tuple[_Pending, dict[str, Any]]], Mapping[str, Any]]:
+        """One unordered ``bulk_write`` of ``ops`` (all inserts or all updates,
         one per entry); count it. Return the entries refused, each with its
-        write error, and the number of documents upserted."""
+        write error, and MongoDB's result (``nMatched``, ``upserted``, ...)."""
         stats = self.crawler.stats
         details: Mapping[str, Any]
         try:
@@ -414,13 +625,13 @@ class MongoPipeline:
         stats.inc_value("mongo/bulk_writes")
         if isinstance(ops[0], InsertOne):
             refused = {error["index"] for error in errors}
-            stored = [p for i, p in enumerate(entries) if i not in refused]
-            stats.inc_value("mongo/upserted", sum(1 for p in stored if p.key))
-            stats.inc_value("mongo/inserted", sum(1 for p in stored if not p.key))
+            created = [p for i, p in enumerate(entries) if i not in refused]
         else:
-            stats.inc_value("mongo/upserted", details.get("nUpserted", 0))
+            created = [entries[u["index"]] for u in details.get("upserted", ())]
             stats.inc_value("mongo/modified", details.get("nModified", 0))
-        return [(entries[error["index"]], error) for error in errors], details.get("nUpserted", 0)
+        stats.inc_value("mongo/upserted", sum(1 for p in created if not p.keyless))
+        stats.inc_value("mongo/inserted", sum(1 for p in created if p.keyless))
+        return [(entries[error["index"]], error) for error in errors], details
 
     def _dead(self, coll: Collection[dict[str, Any]], pending: _Pending, reason: str) -> None:
         """Store a refused item in the dead collection, with the reason."""
@@ -450,8 +661,11 @@ class MongoPipeline:
     def _spill_all(self) -> None:
         """Append everything sealed to this worker's spill file, then release it.
 
-        Documents of one key in several batches become one row (latest fields,
-        earliest ``first_seen``), so that loading the file stores the latest.
+        One row per document, in MongoDB extended JSON: ``{"collection",
+        "key" (field names; ``["_id"]`` for an item without a key), "doc",
+        "first_seen", "last_seen"}``. Documents of one key in several batches
+        become one row (latest fields, earliest ``first_seen``), so that
+        loading the file stores the latest.
         """
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         waiters: list[asyncio.Future[None]] = []
@@ -459,18 +673,17 @@ class MongoPipeline:
             for p in self._sealed.popleft():
                 waiters += p.waiters
                 known = rows.get((p.collection, p.ident))
-                if known is not None:
-                    known.update(doc=p.doc, last_seen=p.last)
-                elif p.key:
+                if known is None:
                     rows[(p.collection, p.ident)] = {
                         "collection": p.collection, "key": list(p.key), "doc": p.doc,
                         "first_seen": p.first, "last_seen": p.last,
                     }
                 else:
-                    doc = {**p.doc, "first_seen": p.first, "last_seen": p.last}
-                    rows[(p.collection, p.ident)] = {
-                        "collection": p.collection, "key": [], "doc": doc,
-                    }
+                    known.update(
+                        doc=p.doc,
+                        first_seen=min(known["first_seen"], p.first),
+                        last_seen=max(known["last_seen"], p.last),
+                    )
         if not rows:
             return
         self.spill_dir.mkdir(parents=True, exist_ok=True)
@@ -494,60 +707,112 @@ class MongoPipeline:
                 done.set_result(None)
 
 
-def load_spill(path: str | Path, uri: str, database: str) -> int:
+@dataclass(frozen=True)
+class SpillLoad:
+    """What :func:`load_spill` did with a file's rows.
+
+    :ivar stored: rows now stored: inserted, or written over a document not
+        newer than them.
+    :ivar stale: rows older than their stored document (a later crawl
+        stored it meanwhile): its fields and ``last_seen`` stay, and only an
+        earlier ``first_seen`` was kept.
+    """
+
+    stored: int
+    stale: int
+
+    @property
+    def rows(self) -> int:
+        """Every row of the file (``stored + stale``)."""
+        return self.stored + self.stale
+
+
+def _spill_row(line: str) -> tuple[str, tuple[str, ...], dict[str, Any], datetime, datetime]:
+    """``(collection, key, doc, first_seen, last_seen)`` of one spill file line.
+
+    Rows of an item without a key written before ``_id`` became their key
+    (``"key": []``, both times inside ``doc``) are read as ``["_id"]`` rows.
+    """
+    row = json_util.loads(line, json_options=json_util.JSONOptions(tz_aware=True))
+    doc: dict[str, Any] = row["doc"]
+    key = tuple(row["key"]) or ID_KEY
+    if "first_seen" in row:
+        first, last = row["first_seen"], row.get("last_seen")
+    else:
+        first, last = doc.pop("first_seen", None), doc.pop("last_seen", None)
+    if first is None or last is None:
+        raise ValueError(f"spill row without first_seen/last_seen: {line[:200]!r}")
+    return row["collection"], key, doc, first, last
+
+
+def load_spill(path: str | Path, uri: str, database: str) -> SpillLoad:
     """Store the items of a spill file written by :class:`MongoPipeline`.
 
-    Upserts keyed items as the pipeline would (keeping the earliest
-    ``first_seen``) and inserts the others with the ``_id`` the pipeline gave
-    them; one whose ``_id`` is stored already (the pipeline had stored it
-    before it spilled, or the file is loaded again) counts as stored. Loading
-    a file twice therefore stores nothing twice. Returns the number of items
-    stored; the file is left in place.
+    Each row is written as the pipeline writes a document stored already
+    (:func:`upsert_op`, then :func:`settle_ops` where it collides), so time
+    never goes backwards: a row older than its stored document (its
+    ``last_seen`` earlier: a later crawl stored it meanwhile) never
+    overwrites that document's fields or ``last_seen``, and only lowers its
+    ``first_seen``; a row not older updates it, and a row whose key is not
+    stored is inserted. Items without a key are stored by the ``_id`` the
+    pipeline gave them. Loading a file twice therefore stores nothing twice.
+    The file is left in place.
 
-    :raises pymongo.errors.PyMongoError: MongoDB refused or is unreachable.
+    :raises pymongo.errors.PyMongoError: MongoDB refused a row (other than
+        by its key being stored) or is unreachable; loading the file again
+        is harmless.
+    :raises ValueError, KeyError: a line that is not a spill row.
     """
     client: MongoClient[dict[str, Any]] = MongoClient(uri, tz_aware=True)
     db = client[database]
-    ops: dict[str, list[Any]] = {}
+    rows: dict[str, list[tuple[tuple[str, ...], dict[str, Any], datetime, datetime]]] = {}
     indexed: set[tuple[str, tuple[str, ...]]] = set()
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json_util.loads(line)
-            doc, key, name = row["doc"], tuple(row["key"]), row["collection"]
-            if key:
-                op: Any = UpdateOne(
-                    {k: doc.get(k) for k in key},
-                    {"$set": {**doc, "last_seen": row["last_seen"]},
-                     "$min": {"first_seen": row["first_seen"]}},
-                    upsert=True,
-                )
-                if (name, key) not in indexed:
-                    db[name].create_index([(k, ASCENDING) for k in key], unique=True)
-                    indexed.add((name, key))
-            else:
-                op = InsertOne(doc)
-            ops.setdefault(name, []).append(op)
-    stored = 0
+    stored = stale = 0
     try:
-        for name, batch in ops.items():
+        with Path(path).open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    name, key, doc, first, last = _spill_row(line)
+                    rows.setdefault(name, []).append((key, doc, first, last))
+                    if key != ID_KEY and (name, key) not in indexed:
+                        db[name].create_index([(k, ASCENDING) for k in key], unique=True)
+                        indexed.add((name, key))
+        for name, batch in rows.items():
             for i in range(0, len(batch), 1000):
                 chunk = batch[i : i + 1000]
-                try:
-                    db[name].bulk_write(chunk, ordered=False)
-                except BulkWriteError as exc:
-                    refused = [
-                        error for error in exc.details.get("writeErrors", [])
-                        if not (
-                            error.get("code") == DUPLICATE_KEY
-                            and isinstance(chunk[error["index"]], InsertOne)
-                            and error.get("keyPattern") == {"_id": 1}
-                        )
-                    ]
-                    if refused:
-                        raise
-                stored += len(chunk)
+                collided = _load_chunk(db[name], chunk)
+                stored += len(chunk) - len(collided)
+                if collided:
+                    settled = _settle_chunk(db[name], collided)
+                    stored += settled
+                    stale += len(collided) - settled
     finally:
         client.close()
-    return stored
+    return SpillLoad(stored, stale)
+
+
+_SpillRow = tuple[tuple[str, ...], dict[str, Any], datetime, datetime]
+
+
+def _load_chunk(coll: Collection[dict[str, Any]], chunk: list[_SpillRow]) -> list[_SpillRow]:
+    """Upsert ``chunk``; return the rows that collided with a stored document.
+
+    :raises BulkWriteError: MongoDB refused a row for another reason.
+    """
+    try:
+        coll.bulk_write([upsert_op(*row) for row in chunk], ordered=False)
+    except BulkWriteError as exc:
+        errors = exc.details.get("writeErrors", [])
+        if any(error.get("code") != DUPLICATE_KEY for error in errors):
+            raise
+        return [chunk[error["index"]] for error in errors]
+    return []
+
+
+def _settle_chunk(coll: Collection[dict[str, Any]], chunk: list[_SpillRow]) -> int:
+    """Write rows whose key is stored (:func:`settle_ops`); return how many
+    updated their document (the others were older: ``first_seen`` only)."""
+    pairs = [settle_ops(*row) for row in chunk]
+    matched: int = coll.bulk_write([update for update, _ in pairs], ordered=False).matched_count
+    coll.bulk_write([lower for _, lower in pairs], ordered=False)
+    return matched

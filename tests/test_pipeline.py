@@ -12,7 +12,7 @@ from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from crawler.items import AuthorItem, QuoteItem
-from crawler.pipelines import MongoPipeline, as_document, load_spill
+from crawler.pipelines import MongoPipeline, SpillLoad, as_document, load_spill
 
 
 class _Spider(Spider):
@@ -296,8 +296,8 @@ def test_spilled_items_are_loaded_once_however_often_the_file_is_loaded(
     assert len(spill.read_text().splitlines()) == 11  # one row per key
     assert pipeline.crawler.stats.get_value("mongo/spilled") == 11
 
-    assert load_spill(spill, mongo_uri, mongo_db) == 11
-    assert load_spill(spill, mongo_uri, mongo_db) == 11
+    assert load_spill(spill, mongo_uri, mongo_db) == SpillLoad(stored=11, stale=0)
+    assert load_spill(spill, mongo_uri, mongo_db) == SpillLoad(stored=11, stale=0)
     assert db.quotes.count_documents({}) == 10
     assert db.quotes.count_documents({"tags": ["new"]}) == 10
     assert db.pipeline_test.count_documents({"free": "form"}) == 1

@@ -19,9 +19,14 @@ __all__ = ["Command"]
 class Command(ScrapyCommand):
     """Load spill files of :class:`~crawler.pipelines.MongoPipeline` into MongoDB.
 
-    Keyed items are upserted, the others inserted with the ``_id`` they were
-    given (so loading twice stores nothing twice); a file loaded in full is
-    renamed to ``FILE.loaded``.
+    Items are stored by their key (items without one by the ``_id`` the
+    pipeline gave them), so loading twice stores nothing twice, and time
+    never goes backwards: a spilled item older than its stored document
+    (a later crawl stored it meanwhile) leaves that document's fields and
+    ``last_seen`` as they are and only lowers its ``first_seen`` (see
+    :func:`~crawler.pipelines.load_spill`). A file loaded in full is renamed
+    to ``FILE.loaded``; a file that fails stays, and loading it again is
+    harmless.
     """
 
     requires_project = True
@@ -39,6 +44,14 @@ class Command(ScrapyCommand):
         assert self.settings is not None
         for name in args:
             path = Path(name)
-            stored = load_spill(path, self.settings["MONGO_URI"], self.settings["MONGO_DATABASE"])
+            loaded = load_spill(path, self.settings["MONGO_URI"], self.settings["MONGO_DATABASE"])
             path.rename(path.with_name(path.name + ".loaded"))
-            print(f"{path}: stored {stored} items")
+            print(
+                f"{path}: stored {loaded.stored} items"
+                + (
+                    f"; {loaded.stale} older than what MongoDB holds (kept as stored,"
+                    " first_seen lowered where earlier)"
+                    if loaded.stale
+                    else ""
+                )
+            )
