@@ -1,4 +1,4 @@
-"""Spider middlewares of the crawler."""
+"""Spider and downloader middlewares of the crawler."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
+from itemadapter import ItemAdapter
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -16,9 +17,10 @@ from scrapy.utils.response import response_status_message
 from crawler.frontier.scheduler import RETRY_DELAY_META
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import on_sites, site_of
+from crawler.pipelines import ItemIds, collection_of, derive_item_id
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable
     from typing import Self
 
     from scrapy.crawler import Crawler
@@ -26,7 +28,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BackoffRetryMiddleware", "SeedHostsMiddleware", "backoff_delay", "tag_seed"]
+__all__ = [
+    "BackoffRetryMiddleware",
+    "ItemIdMiddleware",
+    "SeedHostsMiddleware",
+    "backoff_delay",
+    "tag_seed",
+]
 
 #: Request meta key holding the hosts a request's crawl may visit.
 META_KEY = "seed_hosts"
@@ -264,3 +272,99 @@ class BackoffRetryMiddleware(RetryMiddleware):
             delay = max(delay, min(wait, self.after_max))
         retry.meta[RETRY_DELAY_META] = delay
         return retry
+
+
+class ItemIdMiddleware:
+    """Give each item without a natural key an ``_id`` its redelivery repeats.
+
+    Delivery is at least once: a worker killed after storing a response's
+    items, before acknowledging its lease, leaves the response to be
+    processed again. Items with a natural key (``key`` class attribute,
+    :mod:`crawler.items`) are then updated by that key; this middleware
+    gives the others the same stability. For each item of a callback's
+    output that has no ``key`` and no ``_id`` of its own, in the order the
+    callback yields them, it derives
+    :func:`~crawler.pipelines.derive_item_id` from the spider's name,
+    Scrapy's fingerprint of ``response.request``
+    (``crawler.request_fingerprinter``), the item's collection and class,
+    and its rank among that output's items of the same collection and class.
+    :class:`~crawler.pipelines.MongoPipeline` stores the item under that
+    ``_id`` (through :class:`~crawler.pipelines.ItemIds`; the item itself is
+    not changed), so the second delivery updates the document the first one
+    stored: ``first_seen`` kept, ``last_seen`` advanced.
+
+    The id is as stable as the callback: the same response yielding the same
+    items in the same order gives the same ids. Recrawling the same URL later
+    therefore updates those documents too, as it updates keyed ones. Items
+    from ``start()`` (no response) get none, and the pipeline mints an
+    ObjectId for them.
+
+    Sits near the engine (``SPIDER_MIDDLEWARES``, 40), so that it sees the
+    items that spider middlewares closer to the spider let through.
+
+    Setting: ``MONGO_ITEM_IDS_ENABLED`` (default True; NotConfigured when
+    off). Stats: ``mongo/ids/forgotten`` (ids dropped because more than
+    ``ItemIds.CAPACITY`` items were between this middleware and the
+    pipeline; those items get a minted ObjectId).
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.ids = ItemIds.of(crawler)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build from ``crawler``; raise NotConfigured when switched off."""
+        if not crawler.settings.getbool("MONGO_ITEM_IDS_ENABLED", True):
+            raise NotConfigured("MONGO_ITEM_IDS_ENABLED is off")
+        return cls(crawler)
+
+    def process_spider_output(
+        self, response: Response | None, result: Iterable[Any]
+    ) -> Iterable[Any]:
+        """Derive the ids of ``response``'s items without a key; pass everything on."""
+        tag = self._tagger(response)
+        for item_or_request in result:
+            tag(item_or_request)
+            yield item_or_request
+
+    async def process_spider_output_async(
+        self, response: Response | None, result: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
+        """Asynchronous twin of :meth:`process_spider_output` (Scrapy 2.13+)."""
+        tag = self._tagger(response)
+        async for item_or_request in result:
+            tag(item_or_request)
+            yield item_or_request
+
+    def _tagger(self, response: Response | None) -> Callable[[Any], None]:
+        """A function that derives the id of each item of ``response``'s
+        output in turn (one counter per collection and class)."""
+        request = getattr(response, "request", None)
+        spider = self.crawler.spider
+        if request is None or spider is None:
+            return _leave
+        fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
+        ranks: dict[tuple[str, str], int] = {}
+
+        def tag(output: Any) -> None:
+            if (
+                isinstance(output, Request)
+                or getattr(output, "key", None)
+                or not ItemAdapter.is_item(output)
+                or ItemAdapter(output).get("_id") is not None
+            ):
+                return
+            cls = type(output)
+            where = (collection_of(output, spider.name), f"{cls.__module__}.{cls.__qualname__}")
+            rank = ranks.get(where, 0)
+            ranks[where] = rank + 1
+            forgotten = self.ids.put(output, derive_item_id(spider.name, fingerprint, *where, rank))
+            if forgotten:
+                self.crawler.stats.inc_value("mongo/ids/forgotten", forgotten)
+
+        return tag
+
+
+def _leave(output: Any) -> None:
+    """No id to derive (output with no response)."""

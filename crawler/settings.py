@@ -165,6 +165,13 @@ MONGO_FLUSH_INTERVAL = 0.25
 
 SPIDER_MIDDLEWARES = {
     "crawler.middlewares.SeedHostsMiddleware": 550,
+    # Items without a natural key get an _id derived from their response
+    # (request fingerprint, collection, class, rank), so a redelivered
+    # response updates them instead of storing them twice. Near the engine
+    # (after HttpErrorMiddleware's 50 on the way out): it sees what the
+    # middlewares closer to the spider let through. MONGO_ITEM_IDS_ENABLED
+    # (default True) switches it off.
+    "crawler.middlewares.ItemIdMiddleware": 40,
 }
 
 DOWNLOADER_MIDDLEWARES = {
