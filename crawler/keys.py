@@ -13,7 +13,7 @@ key                                 type    what it holds
 ``{<spider>}:count``                string  requests queued, all sites
 ``{<spider>}:wait``                 zset    sites with work and a free slot, scored
                                             by the time (ms) they may be served next
-``{<spider>}:leases``               zset    lease id (``<worker id>:<n>``) -> deadline
+``{<spider>}:leases``               zset    lease id (``<worker>#<nonce>:<n>``) -> deadline
                                             (ms)
 ``{<spider>}:retries``              zset    requests waiting for their retry time
 ``{<spider>}:dead``                 list    dead letters, JSON objects (requests given

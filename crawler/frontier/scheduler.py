@@ -21,6 +21,7 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import cluster_enabled, get_redis
+from crawler.frontier.overrides import parse_concurrency, parse_delay, parse_site
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Committed, Frontier, Lease, NotDue, Push, Retry
@@ -237,9 +238,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # (unused yet, no I/O): it reads the seed list through one that
             # follows the cluster's slots instead.
             spider.server = get_redis(self.crawler.settings)
-        self._apply_site_settings()
+        overrides = self._site_settings()
         self._hook_engine()
         try:
+            for key, mapping in overrides.items():
+                self.server.hset(self.queue.frontier.key(key), mapping=mapping)
             self.queue.frontier.load_scripts()
             self.queue.frontier.alive(self.holder)
         except RedisError as exc:
@@ -253,20 +256,26 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self.flush_on_start:
             self.flush()
 
-    def _apply_site_settings(self) -> None:
+    def _site_settings(self) -> dict[str, dict[str, int]]:
+        """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` as the
+        overrides ``scrapy frontier delay|concurrency`` would store, by key
+        (``delay``: ms, ``conc``).
+
+        :raises ValueError: a site or a value is not valid (the message says
+            which setting, site and value).
+        """
         settings = self.crawler.settings
-        frontier = self.queue.frontier
-        delays = settings.getdict("FRONTIER_SITE_DELAYS")
-        conc = settings.getdict("FRONTIER_SITE_CONCURRENCY")
-        if delays:
-            self.server.hset(
-                frontier.key("delay"),
-                mapping={site: round(float(d) * 1000) for site, d in delays.items()},
-            )
-        if conc:
-            self.server.hset(
-                frontier.key("conc"), mapping={site: int(n) for site, n in conc.items()}
-            )
+        out: dict[str, dict[str, int]] = {}
+        for setting, key, parse in (
+            ("FRONTIER_SITE_DELAYS", "delay", parse_delay),
+            ("FRONTIER_SITE_CONCURRENCY", "conc", parse_concurrency),
+        ):
+            for site, value in settings.getdict(setting).items():
+                try:
+                    out.setdefault(key, {})[parse_site(site)] = parse(value)
+                except ValueError as exc:
+                    raise ValueError(f"{setting}[{site!r}] = {value!r}: {exc}") from None
+        return out
 
     def _hook_engine(self) -> None:
         # Scrapy's engine calls _Slot.remove_request(request) once a request
@@ -291,6 +300,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Give back unfinished leases, send the outbox, stop heartbeats."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        deadline = time.monotonic() + self.lease_timeout
+        # A call in doubt first: the leases it took are given back too.
+        while self._in_doubt is not None and time.monotonic() < deadline:
+            self._down_until = 0.0
+            if not self._resolve():
+                time.sleep(min(1.0, self._backoff or 0.5))
         self._ready.clear()
         if self._leases:
             held = list(self._leases.values())
@@ -299,7 +314,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._write("givebacks", item=lease_id)
             self.stats.inc_value("frontier/leases/released", len(held))
             logger.info("Gave back %d unfinished leases", len(held))
-        deadline = time.monotonic() + self.lease_timeout
         while self._outbox and time.monotonic() < deadline:
             self._down_until = 0.0
             if not self.flush_outbox():
