@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import threading
+import os
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, signals
+from scrapy.utils.asyncio import call_later
 from scrapy_redis.spiders import RedisSpider
 
+from crawler.extensions import worker_id
+from crawler.frontier.intake import SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
 
@@ -34,45 +37,69 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
     """Base spider for the shared frontier; subclass it as you would Spider.
 
     Seeds are read from ``<name>:start_urls`` (``redis_key``), in the order
-    they were ``LPUSH``-ed, by a long-running :meth:`start`:
+    they were ``LPUSH``-ed, by a long-running :meth:`start`, through the
+    seed intake (:mod:`crawler.frontier.intake`), so that no seed exists
+    only in this worker's memory:
 
-    * A worker moves seeds into the shared frontier only while its
-      downloader has free slots, up to ``FRONTIER_SEED_BATCH`` at a time, in
-      one transaction; from there every worker leases them as it has room,
-      by priority, so seeds spread over the workers and no worker holds more
-      than it can start. scrapy-redis 0.9.1 only reads seeds from
+    * While its downloader has free slots, a worker moves up to
+      ``FRONTIER_SEED_BATCH`` seeds, in one Lua script, from the seed list
+      into a registered *intake batch* in Redis; it turns them into requests
+      and queues them in the shared frontier (one transaction, through the
+      scheduler's outbox); once that transaction is committed
+      (``FrontierScheduler.after_commit``) it deletes the batch. From the
+      frontier every worker leases as it has room, by priority, so seeds
+      spread over the workers. scrapy-redis 0.9.1 only reads seeds from
       ``start_requests()``, which Scrapy 2.13+ no longer calls, and from the
       idle signal, seconds after the engine runs dry.
-    * An idle worker blocks on the seed list (``BRPOP``, up to
-      ``FRONTIER_IDLE_WAIT`` seconds, or until the scheduler's next site or
-      retry is due) and takes a seed as soon as it is pushed; between waits
-      it wakes its engine to lease what other workers queued or what became
-      due.
+    * A batch whose owner died (SIGKILL, a crash, Redis lost for too long)
+      stays registered; every worker, when it starts and then every
+      ``FRONTIER_LEASE_TIMEOUT / 3`` seconds, returns the seeds of batches
+      not refreshed for ``FRONTIER_LEASE_TIMEOUT`` seconds to the seed list,
+      at the end seeds are taken from and in their order (one atomic script
+      per batch), and refreshes its own. Delivery is at least once: a seed
+      of a batch returned after its requests were queued is crawled again.
+    * An idle worker blocks on the seed list (``BLMOVE`` of the list onto
+      itself, which leaves the seed in place, up to ``FRONTIER_IDLE_WAIT``
+      seconds, or until the scheduler's next site or retry is due) and takes
+      a seed as soon as it is pushed; between waits it wakes its engine to
+      lease what other workers queued or what became due.
     * A bad seed (see :mod:`crawler.frontier.seeds`) is logged with the
       reason and skipped; the seeds read with it are crawled.
     * With ``MAX_IDLE_TIME_BEFORE_CLOSE`` > 0 the worker closes once it has had
       no request, response or seed for that many seconds *and* has nothing
-      queued or in flight. scrapy-redis starts that clock when the module is
-      imported, which closes busy crawls early.
-    * Seeds taken from Redis but not yet handed to the engine are pushed back
-      when the spider closes, at the end they were taken from.
+      queued or in flight, and no seed is in an intake batch anywhere.
+      scrapy-redis starts that clock when the module is imported, which
+      closes busy crawls early.
+    * When the spider closes, seeds not yet in the frontier (their requests'
+      writes were never committed) go back to the seed list, atomically;
+      when Redis cannot be reached then, they stay in their intake batch
+      and the next worker returns them (the log says so).
 
     Seeds become requests with ``dont_filter=True`` (pushing a URL again
     crawls it again); the scheduler still records their fingerprints, so
     links back to a seed are filtered.
 
-    Stats: ``frontier/seeds/read``, ``frontier/seeds/bad``.
+    Stats: ``frontier/seeds/read``, ``frontier/seeds/bad``,
+    ``frontier/seeds/reclaimed`` (seeds of abandoned batches this worker
+    returned to the seed list), ``frontier/seeds/returned`` (its own seeds
+    returned at close).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._last_activity = time.monotonic()
-        # Raw seeds popped from Redis, not yet turned into requests.
-        self._pending: deque[bytes] = deque()
-        self._lock = threading.Lock()
+        self._intake: SeedIntake | None = None
+        # Batch key -> seeds handed to the engine, their writes not committed.
+        self._open: dict[str, int] = {}
+        # Batches whose requests are in the frontier, not yet deleted.
+        self._committed: set[str] = set()
+        # The batch key of a take whose reply was lost (sent again as is).
+        self._taking: str | None = None
         self._closed = False
         self._room_event: asyncio.Event | None = None
-        self._brpop: asyncio.Future[None] | None = None
+        self._blocking: asyncio.Future[bool] | None = None
+        self._delete_call: Any = None
+        self._next_upkeep = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -85,9 +112,13 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         ):
             crawler.signals.connect(spider._touch, signal=signal)
         crawler.signals.connect(spider._room_freed, signal=signals.request_left_downloader)
-        crawler.signals.connect(spider._return_pending, signal=signals.spider_closed)
-        spider.idle_wait = crawler.settings.getfloat("FRONTIER_IDLE_WAIT", 1.0)
-        spider.seed_batch = crawler.settings.getint("FRONTIER_SEED_BATCH", 1000)
+        crawler.signals.connect(spider._close_intake, signal=signals.spider_closed)
+        settings = crawler.settings
+        spider.idle_wait = settings.getfloat("FRONTIER_IDLE_WAIT", 1.0)
+        spider.seed_batch = max(1, settings.getint("FRONTIER_SEED_BATCH", 1000))
+        spider.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
+        # One holder per process: batch keys are never reused.
+        spider.holder = f"{worker_id(settings)}#{os.urandom(4).hex()}"
         return spider
 
     # -- activity ------------------------------------------------------------
@@ -117,10 +148,23 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             or (slot is not None and slot.scheduler.has_pending_requests())
         )
 
-    def _idle_timed_out(self) -> bool:
-        if self.max_idle_time <= 0 or self._pending or self._busy():
+    def _idle_timed_out(self, intake: SeedIntake) -> bool:
+        """Whether the worker has had nothing to do for
+        ``MAX_IDLE_TIME_BEFORE_CLOSE`` seconds: nothing of its own in flight,
+        no seed of its own or anyone's in an intake batch, nothing queued.
+
+        :raises redis.exceptions.RedisError: from the intake count.
+        """
+        if (
+            self.max_idle_time <= 0
+            or self._open
+            or self._committed
+            or self._taking is not None
+            or time.monotonic() - self._last_activity < self.max_idle_time
+            or self._busy()
+        ):
             return False
-        return bool(time.monotonic() - self._last_activity >= self.max_idle_time)
+        return intake.pending() == 0
 
     def _scheduler(self) -> Any:
         slot = getattr(self.crawler.engine, "_slot", None)
@@ -139,6 +183,20 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
 
     # -- seeds -----------------------------------------------------------------
 
+    @property
+    def _upkeep_interval(self) -> float:
+        """Seconds between two refreshes of this worker's intake batches
+        (and reclaims of abandoned ones): a third of the lease timeout."""
+        timeout: float = self.lease_timeout
+        return max(0.1, timeout / 3)
+
+    def _seed_intake(self) -> SeedIntake:
+        """The intake, built at first use: the scheduler gives the spider its
+        Redis client when it opens (a cluster client in cluster mode)."""
+        if self._intake is None:
+            self._intake = SeedIntake(self.server, self.redis_key, self.holder)
+        return self._intake
+
     async def start(self) -> AsyncIterator[Any]:
         """Move seeds into the shared frontier for as long as the worker runs.
 
@@ -152,29 +210,30 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         backoff = 0.0
         while not self._closed:
             try:
+                intake = self._seed_intake()
+                if time.monotonic() >= self._next_upkeep:
+                    self._next_upkeep = time.monotonic() + self._upkeep_interval
+                    self._upkeep(intake)
                 if self._room():
-                    if not self._pending:
-                        self._pending.extend(self._pop_seeds(self.seed_batch))
-                    if self._pending:
-                        self._schedule_seeds()
+                    if self._take_batch(intake):
                         await asyncio.sleep(0)  # let the engine lease
                         continue
-                    if self._idle_timed_out():
+                    if self._idle_timed_out(intake):
                         break
                     self._nudge_engine()
-                    await self._wait_for_seed()
+                    await self._wait_for_seed(intake)
                 else:
                     await self._wait_for_room()
                 backoff = 0.0
             except RedisError as exc:
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
+                what = "refused a seed call" if isinstance(exc, ResponseError) else "unreachable"
                 logger.warning(
-                    "Redis unreachable while reading seeds (%s); retrying in %.1fs",
-                    exc,
-                    backoff,
-                    extra={"spider": self},
+                    "Redis %s while reading seeds (%s); retrying in %.1fs",
+                    what, exc, backoff, extra={"spider": self},
                 )
-                await asyncio.sleep(backoff)
+                # Not past the next refresh of the batches this worker holds.
+                await asyncio.sleep(min(backoff, self._upkeep_interval))
         if not self._closed:
             logger.info(
                 "Idle for %ss with nothing to do: closing", self.max_idle_time,
@@ -183,56 +242,134 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         return
         yield  # an async generator that yields nothing
 
-    def _schedule_seeds(self) -> None:
-        """Hand every pending seed to the engine, in order."""
+    def _take_batch(self, intake: SeedIntake) -> bool:
+        """Take a batch of seeds into the intake and hand it to the engine.
+
+        The batch is let go of (:meth:`_batch_committed`) once the scheduler
+        has committed the requests made from it. A take whose reply is lost
+        is sent again with the same batch key, which returns the seeds it
+        took if it ran.
+
+        :returns: whether any seed was taken.
+        :raises redis.exceptions.RedisError: the take failed.
+        """
+        batch = self._taking or intake.new_batch()
+        self._taking = batch
+        try:
+            taken = intake.take(batch, self.seed_batch)
+        except ResponseError:
+            # Refused: nothing was written by this call. A batch an earlier
+            # call with this key may have filled is reclaimed in time.
+            self._taking = None
+            raise
+        self._taking = None
+        if not taken.seeds:
+            return False
+        if taken.reused:
+            logger.info(
+                "Found the %d seeds of intake batch %s, whose reply was lost",
+                len(taken.seeds), batch, extra={"spider": self},
+            )
+        self.crawler.stats.inc_value("frontier/seeds/read", len(taken.seeds))
+        after_commit = getattr(self._scheduler(), "after_commit", None)
+        if after_commit is None:
+            raise RuntimeError(
+                "FrontierSpider needs crawler.frontier.scheduler.FrontierScheduler "
+                "(its after_commit hook lets go of seeds once they are in the frontier)"
+            )
+        self._open[batch] = len(taken.seeds)
         engine = self.crawler.engine
-        while self._pending:
-            request = self.make_request_from_data(self._pending.popleft())
+        for data in taken.seeds:
+            request = self.make_request_from_data(data)
             if request is not None:
                 engine.crawl(tag_seed(request))
+        after_commit(functools.partial(self._batch_committed, batch))
+        return True
 
-    def _pop_seeds(self, count: int) -> list[bytes]:
-        """Take up to ``count`` seeds from the list, oldest first (``RPOP``)."""
-        seeds = self.server.rpop(self.redis_key, count) or []
-        if seeds:
-            self.crawler.stats.inc_value("frontier/seeds/read", len(seeds))
-        return list(seeds)
+    def _batch_committed(self, batch: str) -> None:
+        """The requests made from ``batch`` are in the frontier (called on
+        the reactor thread by the scheduler): delete the batch soon, after
+        the engine has taken what the commit's lease call brought."""
+        self._open.pop(batch, None)
+        self._committed.add(batch)
+        if self._delete_call is None and not self._closed:
+            self._delete_call = call_later(0, self._delete_committed)
 
-    async def _wait_for_seed(self) -> None:
-        """Wait for a seed (``BRPOP`` in a thread) or for work to come due.
+    def _delete_committed(self) -> None:
+        """Delete and unregister the committed batches; those that fail stay
+        for the next upkeep (or close)."""
+        self._delete_call = None
+        if not self._committed or self._intake is None:
+            return
+        batches = sorted(self._committed)
+        try:
+            self._intake.done(batches)
+        except RedisError as exc:
+            logger.debug("Intake batches not deleted yet (%s)", exc, extra={"spider": self})
+            return
+        self._committed.difference_update(batches)
 
-        One ``BRPOP`` of up to ``FRONTIER_IDLE_WAIT`` seconds is kept in
-        flight; when the scheduler knows that a site or a retry becomes due
-        sooner, the wait ends then, on the event loop's timer (Redis times
-        out blocked clients only ten times a second).
+    def _upkeep(self, intake: SeedIntake) -> None:
+        """Delete committed batches, refresh the ones this worker holds, and
+        return abandoned batches to the seed list.
 
-        :raises redis.exceptions.RedisError: the ``BRPOP`` failed.
+        :raises redis.exceptions.RedisError: a call failed (the next upkeep
+            tries again).
         """
-        if self._brpop is None or self._brpop.done():
-            self._brpop = asyncio.ensure_future(asyncio.to_thread(self._block_on_seeds))
-            # A BRPOP that fails after this wait gave up (or after the spider
-            # closed) is not awaited again: mark its error seen, so asyncio
-            # does not log it as never retrieved; the next Redis call meets
-            # the outage anyway.
-            self._brpop.add_done_callback(
+        self._delete_committed()
+        held = [*self._open, *self._committed]
+        if self._taking is not None:
+            held.append(self._taking)
+        for batch in intake.refresh(held):
+            if batch in self._open:
+                logger.warning(
+                    "Intake batch %s (%d seeds) was returned to %s by another worker "
+                    "while this one held it (its refresh came later than "
+                    "FRONTIER_LEASE_TIMEOUT): its seeds may be crawled twice",
+                    batch, self._open.pop(batch), self.redis_key, extra={"spider": self},
+                )
+        for reclaimed in intake.reclaim_stale(self.lease_timeout):
+            if reclaimed.malformed:
+                logger.error(
+                    "Intake batch key %s holds something other than a list: "
+                    "unregistered and left in place", reclaimed.batch, extra={"spider": self},
+                )
+            elif reclaimed.seeds:
+                self.crawler.stats.inc_value("frontier/seeds/reclaimed", reclaimed.seeds)
+                logger.info(
+                    "Returned %d seeds of abandoned intake batch %s to %s",
+                    reclaimed.seeds, reclaimed.batch, self.redis_key, extra={"spider": self},
+                )
+
+    async def _wait_for_seed(self, intake: SeedIntake) -> None:
+        """Wait for a seed (``BLMOVE`` in a thread) or for work to come due.
+
+        One ``BLMOVE`` of up to ``FRONTIER_IDLE_WAIT`` seconds is kept in
+        flight; it leaves the seed in the list, for :meth:`_take_batch`. When
+        the scheduler knows that a site or a retry becomes due sooner, or the
+        next upkeep is due, the wait ends then, on the event loop's timer
+        (Redis times out blocked clients only ten times a second).
+
+        :raises redis.exceptions.RedisError: the ``BLMOVE`` failed.
+        """
+        if self._blocking is None or self._blocking.done():
+            self._blocking = asyncio.ensure_future(
+                asyncio.to_thread(intake.wait_for_seeds, self.idle_wait)
+            )
+            # A BLMOVE that fails after this wait gave up (or after the
+            # spider closed) is not awaited again: mark its error seen, so
+            # asyncio does not log it as never retrieved; the next Redis
+            # call meets the outage anyway.
+            self._blocking.add_done_callback(
                 lambda f: None if f.cancelled() else f.exception()
             )
+        timeout = min(self.idle_wait, max(0.0, self._next_upkeep - time.monotonic()))
         due = getattr(self._scheduler(), "next_due", None)
-        timeout = self.idle_wait if due is None else min(due, self.idle_wait)
-        done, _ = await asyncio.wait({self._brpop}, timeout=timeout)
+        if due is not None:
+            timeout = min(due, timeout)
+        done, _ = await asyncio.wait({self._blocking}, timeout=timeout)
         if done:
-            self._brpop.result()  # raises what the thread raised
-
-    def _block_on_seeds(self) -> None:
-        popped = self.server.brpop([self.redis_key], timeout=self.idle_wait)
-        if not popped:
-            return
-        with self._lock:
-            if self._closed:
-                self.server.rpush(self.redis_key, popped[1])
-                return
-            self.crawler.stats.inc_value("frontier/seeds/read")
-            self._pending.append(popped[1])
+            self._blocking.result()  # raises what the thread raised
 
     async def _wait_for_room(self) -> None:
         """Wait until a request leaves the downloader (or 1 second)."""
@@ -244,16 +381,59 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         except TimeoutError:
             pass
 
-    def _return_pending(self, *args: Any, **kwargs: Any) -> None:
-        """Push seeds taken but not started back where they came from."""
-        with self._lock:
-            self._closed = True
-            pending, self._pending = list(self._pending), deque()
-        if pending:
-            self.server.rpush(self.redis_key, *reversed(pending))
+    def _close_intake(self, *args: Any, **kwargs: Any) -> None:
+        """At spider close (after the scheduler's last flush): let go of the
+        batches whose requests are in the frontier, and return the seeds of
+        the others to the seed list; say which stay in intake when Redis
+        cannot be reached."""
+        self._closed = True
+        if self._delete_call is not None:
+            self._delete_call.cancel()
+            self._delete_call = None
+        intake = self._intake
+        if intake is None:
+            return
+        if self._committed:
+            try:
+                intake.done(sorted(self._committed))
+                self._committed.clear()
+            except RedisError as exc:
+                logger.warning(
+                    "Redis unreachable at close (%s): %d intake batches of %s whose "
+                    "requests are in the frontier stay registered; the next worker "
+                    "returns their seeds to %s and they are crawled again",
+                    exc, len(self._committed), intake.keys.registry, self.redis_key,
+                    extra={"spider": self},
+                )
+        held = dict(self._open)
+        if self._taking is not None:
+            held[self._taking] = 0  # unknown: the take's reply was lost
+        returned, stuck = 0, {}
+        error: RedisError | None = None
+        # Later batches first, so that the oldest seeds end at the taking end.
+        for batch in sorted(held, reverse=True):
+            try:
+                returned += intake.return_batch(batch)
+            except RedisError as exc:
+                stuck[batch] = held[batch]
+                error = exc
+        self._open.clear()
+        self._taking = None
+        if returned:
+            self.crawler.stats.inc_value("frontier/seeds/returned", returned)
             logger.info(
-                "Returned %d unstarted seeds to %s", len(pending), self.redis_key,
+                "Returned %d seeds not yet in the frontier to %s", returned, self.redis_key,
                 extra={"spider": self},
+            )
+        if stuck:
+            logger.warning(
+                "Redis unreachable at close (%s): seeds taken from %s are not in the "
+                "frontier and were not crawled by this worker (%d known, in intake "
+                "batches %s); they stay there, and the next worker of this crawl "
+                "returns them to %s once they have been untouched for its "
+                "FRONTIER_LEASE_TIMEOUT (%gs in this worker's settings)",
+                error, self.redis_key, sum(stuck.values()), ", ".join(sorted(stuck)),
+                self.redis_key, self.lease_timeout, extra={"spider": self},
             )
 
     def make_request_from_data(self, data: bytes) -> Request | None:
