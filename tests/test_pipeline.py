@@ -1,18 +1,26 @@
-"""MongoPipeline against a real MongoDB wire-protocol server, in process."""
+"""MongoPipeline (in process) and loadspill against a real MongoDB wire-protocol server."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import scrapy
+from bson import json_util
 from itemadapter import ItemAdapter
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from crawler.items import AuthorItem, QuoteItem
 from crawler.pipelines import MongoPipeline, SpillLoad, as_document, load_spill
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
 
 
 class _Spider(Spider):
@@ -303,3 +311,124 @@ def test_spilled_items_are_loaded_once_however_often_the_file_is_loaded(
     assert db.pipeline_test.count_documents({"free": "form"}) == 1
     doc = db.quotes.find_one({"text": "q1"})
     assert doc["first_seen"] <= doc["last_seen"]
+
+
+# --- time never goes backwards (issue 11) ------------------------------------------
+
+
+def test_two_upserts_out_of_order_keep_the_latest_last_seen_and_fields(
+    mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    # Worker A sees the quote (and an item without a key) first, worker B
+    # later; B's write reaches MongoDB first, A's after it.
+    early, late = (
+        pipeline_for(mongo_uri, mongo_db, MONGO_FLUSH_INTERVAL=3600) for _ in range(2)
+    )
+
+    async def go() -> None:
+        for pipeline in (early, late):
+            await pipeline.open_spider()
+        old = [QuoteItem(text="q", author="a", tags=["old"]), {"_id": "k", "v": "old"}]
+        new = [QuoteItem(text="q", author="a", tags=["new"]), {"_id": "k", "v": "new"}]
+        first = [asyncio.ensure_future(early.process_item(item)) for item in old]
+        await asyncio.sleep(0.05)  # BSON dates are milliseconds
+        second = [asyncio.ensure_future(late.process_item(item)) for item in new]
+        await asyncio.sleep(0)
+        assert await late.flush()
+        assert await early.flush()
+        await asyncio.wait_for(asyncio.gather(*first, *second), timeout=30)
+        for pipeline in (early, late):
+            await pipeline.close_spider()
+
+    asyncio.run(go())
+    quote = db.quotes.find_one({"text": "q"})
+    keyless = db.pipeline_test.find_one({"_id": "k"})
+    early_time = quote["first_seen"]
+    for doc, field_name, value in ((quote, "tags", ["new"]), (keyless, "v", "new")):
+        assert doc[field_name] == value  # the older write did not overwrite the newer one
+        assert doc["last_seen"] > doc["first_seen"]  # last_seen: the later worker's
+        assert doc["first_seen"] == early_time  # first_seen: the earlier worker's
+    assert db.quotes.count_documents({}) == 1
+    assert db.pipeline_test.count_documents({}) == 1
+    assert early.crawler.stats.get_value("mongo/stale") == 2
+    assert late.crawler.stats.get_value("mongo/stale") is None
+
+
+def test_a_recrawl_never_moves_last_seen_back_even_with_a_slow_clock(
+    mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    # A stored document from a worker whose clock runs ahead: a later write
+    # with an earlier time keeps its last_seen, and lowers nothing else.
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    db.quotes.create_index([("text", 1), ("author", 1)], unique=True)
+    db.quotes.insert_one(
+        {"text": "q0", "author": "a0", "tags": ["ahead"], "first_seen": ahead, "last_seen": ahead}
+    )
+    run(mongo_uri, mongo_db, quotes(3))
+
+    doc = db.quotes.find_one({"text": "q0"})
+    assert doc["last_seen"] == ahead.replace(microsecond=ahead.microsecond // 1000 * 1000)
+    assert doc["tags"] == ["ahead"]
+    assert doc["first_seen"] < ahead  # the earlier sighting is kept
+    assert db.quotes.count_documents({}) == 3
+
+
+def _spill_file(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json_util.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_loadspill_never_overwrites_a_newer_document_and_only_lowers_first_seen(
+    mongo_uri: str, mongo_db: str, db: Any, env: dict[str, str], tmp_path: Path
+) -> None:
+    t0, t1, t2, t3 = (datetime(2024, 1, 1, h, tzinfo=UTC) for h in (0, 1, 2, 3))
+    # Stored by a crawl that went on after the worker spilled: seen t1..t2.
+    db.quotes.create_index([("text", 1), ("author", 1)], unique=True)
+    db.quotes.insert_many([
+        {"text": "older", "author": "a", "tags": ["stored"], "first_seen": t1, "last_seen": t2},
+        {"text": "newer", "author": "a", "tags": ["stored"], "first_seen": t1, "last_seen": t2},
+    ])
+    db.pipeline_test.insert_one({"_id": "k", "v": "stored", "first_seen": t1, "last_seen": t2})
+    spill = _spill_file(tmp_path / "pipeline_test-host-1.jsonl", [
+        # Spilled before the crawl stored its newer version: seen t0..t1.
+        {"collection": "quotes", "key": ["text", "author"], "first_seen": t0, "last_seen": t1,
+         "doc": {"text": "older", "author": "a", "tags": ["spilled"]}},
+        # Spilled after: seen t3.
+        {"collection": "quotes", "key": ["text", "author"], "first_seen": t3, "last_seen": t3,
+         "doc": {"text": "newer", "author": "a", "tags": ["spilled"]}},
+        {"collection": "quotes", "key": ["text", "author"], "first_seen": t0, "last_seen": t0,
+         "doc": {"text": "new key", "author": "a", "tags": ["spilled"]}},
+        # An item without a key, in the format written before _id was its key.
+        {"collection": "pipeline_test", "key": [],
+         "doc": {"_id": "k", "v": "spilled", "first_seen": t0, "last_seen": t0}},
+    ])
+
+    result = subprocess.run(
+        [PYTHON, "-m", "scrapy", "loadspill", str(spill)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert f"{spill}: stored 2 items; 2 older than what MongoDB holds" in result.stdout
+    assert not spill.exists()
+    assert spill.with_name(spill.name + ".loaded").exists()
+    older = db.quotes.find_one({"text": "older"}, {"_id": 0})
+    assert older == {"text": "older", "author": "a", "tags": ["stored"],
+                     "first_seen": t0, "last_seen": t2}
+    newer = db.quotes.find_one({"text": "newer"}, {"_id": 0})
+    assert newer == {"text": "newer", "author": "a", "tags": ["spilled"],
+                     "first_seen": t1, "last_seen": t3}
+    assert db.quotes.find_one({"text": "new key"}, {"_id": 0}) == {
+        "text": "new key", "author": "a", "tags": ["spilled"], "first_seen": t0, "last_seen": t0,
+    }
+    assert db.pipeline_test.find_one({"_id": "k"}) == {
+        "_id": "k", "v": "stored", "first_seen": t0, "last_seen": t2,
+    }
+
+    # Loading the same rows again changes nothing.
+    again = _spill_file(tmp_path / "again.jsonl", [
+        json_util.loads(line) for line in spill.with_name(spill.name + ".loaded").open()
+    ])
+    before = list(db.quotes.find()) + list(db.pipeline_test.find())
+    assert load_spill(again, mongo_uri, mongo_db) == SpillLoad(stored=2, stale=2)
+    assert list(db.quotes.find()) + list(db.pipeline_test.find()) == before
