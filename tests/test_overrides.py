@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from crawler.frontier.overrides import (
     parse_concurrency,
     parse_delay,
     parse_site,
+    parse_site_settings,
     stored_value_ok,
 )
 from crawler.frontier.sites import site_of
@@ -148,6 +150,35 @@ def test_parse_site_of_a_host_lowercases_it(text: str, site: str) -> None:
 def test_parse_site_refuses_what_is_not_a_host_or_an_http_url(text: str) -> None:
     with pytest.raises(ValueError, match=r"site|URL"):
         parse_site(text)
+
+
+def test_parse_site_settings_gives_the_hash_fields_of_the_per_site_settings() -> None:
+    delays = {"Example.com": 2, "https://a.example:443/x": "0.5", "127.0.0.1:8080": 0.25}
+    assert parse_site_settings("delay", delays, "FRONTIER_SITE_DELAYS") == {
+        "example.com": 2000, "a.example": 500, "127.0.0.1:8080": 250,
+    }
+    assert parse_site_settings("conc", {"example.com": 1, "b.example": "4"}) == {
+        "example.com": 1, "b.example": 4,
+    }
+    assert parse_site_settings("delay", {}) == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "values", "message"),
+    [
+        ("delay", {"example.com": "2s"}, "FRONTIER_SITE_X['example.com']: delay '2s' is not"),
+        ("delay", {"example.com": -1}, "FRONTIER_SITE_X['example.com']: delay -1 is not"),
+        ("conc", {"example.com": 0}, "FRONTIER_SITE_X['example.com']: concurrency 0 is not"),
+        ("conc", {"a b": 1}, "FRONTIER_SITE_X['a b']: 'a b' is not a site"),
+        ("conc", {"Example.com": 1, "example.com": 2}, "example.com is given two values, 1 and 2"),
+        ("slow", {"example.com": 1}, "unknown override kind 'slow'"),
+    ],
+)
+def test_parse_site_settings_names_the_setting_and_site_it_refuses(
+    kind: str, values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_site_settings(kind, values, "FRONTIER_SITE_X")  # type: ignore[arg-type]
 
 
 # --- the command, on a real Redis -------------------------------------------------

@@ -22,8 +22,9 @@ People think of delays in seconds (``DOWNLOAD_DELAY``, robots.txt's
 milliseconds to store; :func:`parse_concurrency` takes a whole number;
 :func:`parse_site` turns a host or a URL into the site name the frontier
 uses. Each raises :class:`ValueError` with a message that says what is
-allowed. They serve ``scrapy frontier delay|concurrency`` and the
-``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` settings alike.
+allowed. They serve ``scrapy frontier delay|concurrency`` and, through
+:func:`parse_site_settings`, the ``FRONTIER_SITE_DELAYS`` /
+``FRONTIER_SITE_CONCURRENCY`` settings alike.
 
 Everything here is pure: no I/O.
 """
@@ -32,8 +33,11 @@ from __future__ import annotations
 
 import re
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = [
     "CONCURRENCY",
@@ -44,6 +48,7 @@ __all__ = [
     "parse_concurrency",
     "parse_delay",
     "parse_site",
+    "parse_site_settings",
     "stored_value_ok",
 ]
 
@@ -199,3 +204,39 @@ def parse_site(text: str) -> str:
 def _port_ok(site: str) -> bool:
     """Whether the ``:port`` ending ``site`` is 1..65535."""
     return 1 <= int(site.rsplit(":", 1)[1]) <= 65_535
+
+
+def parse_site_settings(
+    kind: OverrideKind, values: Mapping[str, object], setting: str = ""
+) -> dict[str, int]:
+    """The hash fields to store for a per-site setting.
+
+    ``parse_site_settings("delay", {"Example.com": 2, "https://a.example/": "0.5"})``
+    gives ``{"example.com": 2000, "a.example": 500}``: sites through
+    :func:`parse_site`, values through :func:`parse_delay` (seconds in, ms
+    out) or, for ``"conc"``, :func:`parse_concurrency`.
+
+    :param kind: ``"delay"`` for ``FRONTIER_SITE_DELAYS``, ``"conc"`` for
+        ``FRONTIER_SITE_CONCURRENCY``.
+    :param values: site (host or URL) -> seconds or concurrency.
+    :param setting: the setting's name, for messages.
+    :raises ValueError: a bad site or value; the message names the setting
+        and the site, and says what is allowed. Two spellings of one site
+        (``"Example.com"`` and ``"example.com"``) with different values are
+        refused too.
+    """
+    parse = parse_delay if kind == DELAY else parse_concurrency
+    if kind not in _STORED:
+        raise ValueError(f"unknown override kind {kind!r}: expected 'delay' or 'conc'")
+    parsed: dict[str, int] = {}
+    for name, value in values.items():
+        where = f"{setting}[{name!r}]" if setting else repr(name)
+        try:
+            site = parse_site(str(name))
+            number = parse(value)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if parsed.get(site, number) != number:
+            raise ValueError(f"{where}: {site} is given two values, {parsed[site]} and {number}")
+        parsed[site] = number
+    return parsed
