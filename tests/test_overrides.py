@@ -306,3 +306,15 @@ def test_an_unreachable_redis_exits_3(redis_url: str) -> None:
 
     assert result.returncode == 3
     assert "Redis failed" in result.stderr
+
+
+def test_overrides_lists_huge_and_undecodable_values_without_failing(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    rds.hset("{pages}:delay", mapping={"huge.example": "9" * 5000, "bin.example": b"\xff"})
+
+    result = frontier(redis_url, "overrides", "pages")
+
+    assert result.returncode == 1, result.stderr  # b"\xff" is bad
+    assert f"{'9' * 5000} ms" in result.stdout
+    assert "BAD '\\\\xff': not whole milliseconds >= 0" in result.stdout

@@ -82,9 +82,9 @@ class Override:
         value = self.raw.decode("utf-8", "backslashreplace")
         if not self.ok:
             return f"BAD {value!r}: not {_RULES[self.kind]}, the default is used"
-        if self.kind == DELAY:
+        if self.kind == DELAY and len(value) <= 15:  # a float holds it exactly
             return f"{value} ms ({int(value) / 1000:g} s)"
-        return value
+        return f"{value} ms" if self.kind == DELAY else value
 
     def as_dict(self) -> dict[str, Any]:
         """``{"spider", "kind", "site", "value", "ok"}``; ``value`` as a string."""
@@ -109,14 +109,13 @@ def read_overrides(redis: Redis, spider: str) -> list[Override]:
     """
     found: list[Override] = []
     for kind in (DELAY, CONCURRENCY):
-        stored: dict[bytes, bytes] = redis.hgetall(override_key(spider, kind))  # type: ignore[assignment]
-        for site, raw in sorted(stored.items()):
-            found.append(
-                Override(
-                    spider, kind, site.decode("utf-8", "backslashreplace"), raw,
-                    stored_value_ok(kind, raw),
-                )
-            )
+        stored: dict[bytes | str, bytes | str] = redis.hgetall(override_key(spider, kind))
+        for field, value in stored.items():
+            # Bytes, unless REDIS_PARAMS asks the client to decode responses.
+            site = field if isinstance(field, str) else field.decode("utf-8", "backslashreplace")
+            raw = value.encode() if isinstance(value, str) else value
+            found.append(Override(spider, kind, site, raw, stored_value_ok(kind, raw)))
+    found.sort(key=lambda o: (o.kind != DELAY, o.site))
     return found
 
 
