@@ -475,6 +475,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.queue.frontier.alive(self.holder)
                 if self._leases:
                     self.queue.frontier.extend(list(self._leases.values()))
+            except ResponseError as exc:  # a key of the wrong type: no outage
+                self._refused(exc)
             except RedisError as exc:
                 self._outage(exc)
 
@@ -488,6 +490,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return True
         try:
             return self.queue.frontier.pending() > 0
+        except ResponseError as exc:  # a key of the wrong type: no outage
+            self._refused(exc)
+            return True
         except RedisError as exc:
             self._outage(exc)
             return True
