@@ -162,6 +162,10 @@ MONGO_BATCH_SIZE = 500
 #: Seconds between flushes of a batch that has not filled up (skipped while
 #: a write is under way: the batch may still fill up). Default: 0.25.
 MONGO_FLUSH_INTERVAL = 0.25
+#: Items without a natural key get an _id derived from the response that
+#: yielded them (crawler.middlewares.ItemIdMiddleware), so a response
+#: delivered twice stores them once. Default: True.
+MONGO_ITEM_IDS_ENABLED = True
 
 SPIDER_MIDDLEWARES = {
     "crawler.middlewares.SeedHostsMiddleware": 550,

@@ -21,7 +21,7 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import cluster_enabled, get_redis
-from crawler.frontier.overrides import parse_concurrency, parse_delay, parse_site
+from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Committed, Frontier, Lease, NotDue, Push, Retry
@@ -265,17 +265,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             which setting, site and value).
         """
         settings = self.crawler.settings
-        out: dict[str, dict[str, int]] = {}
-        for setting, key, parse in (
-            ("FRONTIER_SITE_DELAYS", "delay", parse_delay),
-            ("FRONTIER_SITE_CONCURRENCY", "conc", parse_concurrency),
-        ):
-            for site, value in settings.getdict(setting).items():
-                try:
-                    out.setdefault(key, {})[parse_site(site)] = parse(value)
-                except ValueError as exc:
-                    raise ValueError(f"{setting}[{site!r}] = {value!r}: {exc}") from None
-        return out
+        out = {
+            "delay": parse_site_settings(
+                "delay", settings.getdict("FRONTIER_SITE_DELAYS"), "FRONTIER_SITE_DELAYS"
+            ),
+            "conc": parse_site_settings(
+                "conc", settings.getdict("FRONTIER_SITE_CONCURRENCY"), "FRONTIER_SITE_CONCURRENCY"
+            ),
+        }
+        return {key: mapping for key, mapping in out.items() if mapping}
 
     def _hook_engine(self) -> None:
         # Scrapy's engine calls _Slot.remove_request(request) once a request
