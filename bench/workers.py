@@ -67,7 +67,8 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], timeout: float = 15.0) ->
 def wait_blocked(
     redis: Redis, count: int, procs: list[subprocess.Popen[bytes]], timeout: float = 90.0
 ) -> None:
-    """Wait until ``count`` clients are blocked in ``BRPOP`` (idle workers).
+    """Wait until ``count`` clients are blocked on a seed list (idle workers: our
+    ``BLMOVE``, stock scrapy-redis's ``BRPOP``).
 
     :raises RuntimeError: a worker exited, or the timeout passed.
     """
@@ -76,7 +77,7 @@ def wait_blocked(
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"worker exited early with code {proc.returncode}")
-        blocked = sum(1 for c in redis.client_list() if c.get("cmd") == "brpop")
+        blocked = sum(1 for c in redis.client_list() if c.get("cmd") in ("brpop", "blmove"))
         if blocked >= count:
             return
         time.sleep(0.05)
