@@ -364,9 +364,9 @@ def test_sigterm_during_a_redis_outage_leaves_the_seeds_in_intake_for_the_next_w
             proc.kill()
         assert proc.returncode == 0
         text = log.read_text()
-        assert f"seeds taken from {SEEDS} are not in the frontier and were not crawled by " \
-            f"this worker ({n} known, in intake batches {batch}); they stay there, and " \
-            "the next worker of this crawl returns them" in text
+        assert f"seeds taken from {SEEDS} whose requests are not known to be stored in the " \
+            f"frontier were not crawled by this worker ({n} known, in intake batches " \
+            f"{batch}); they stay there, and the next worker of this crawl returns them" in text
         assert "Returned" not in text
 
         server.start()
@@ -380,6 +380,32 @@ def test_sigterm_during_a_redis_outage_leaves_the_seeds_in_intake_for_the_next_w
         assert_every_seed_crawled_once_more_at_most(site, n)
         assert client.zcard(REGISTRY) == 0
         client.close()
+
+
+def test_seeds_whose_requests_were_not_stored_go_back_to_the_seed_list_at_close(
+    site_factory: SiteFactory, env: dict[str, str], rds: redis.Redis, tmp_path: Path
+) -> None:
+    site = site_factory(handler=numbered_pages)
+    n = 30
+    urls = [site.url_for(f"/p/{i}") for i in range(n)]
+    push(rds, *urls)
+    # The frontier refuses every write (its request counter is not a number):
+    # Redis answers, but the requests made from the seeds are never stored.
+    rds.set("{pages}:count", "x")
+    log = tmp_path / "refused.log"
+    proc = start_worker("pages", env, log, {**HOLDS_WRITES, "FRONTIER_LEASE_TIMEOUT": 3})
+    try:
+        wait_for_one_full_batch(rds, n, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert f"Returned {n} seeds to {SEEDS}: their requests were not" in log.read_text()
+    # Back where they were taken from, in their order.
+    assert drain(rds) == [u.encode() for u in urls]
+    assert rds.zcard(REGISTRY) == 0
+    assert site.hits() == []
 
 
 def test_an_idle_worker_takes_a_new_seed_at_once(

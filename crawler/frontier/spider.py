@@ -15,7 +15,7 @@ from scrapy.utils.asyncio import call_later
 from scrapy_redis.spiders import RedisSpider
 
 from crawler.extensions import worker_id
-from crawler.frontier.intake import SeedIntake
+from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
 
@@ -103,7 +103,11 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
-        """Create the spider and connect its activity signals."""
+        """Create the spider and connect its activity signals.
+
+        :raises ValueError: no intake key can share the seed list's Redis
+            Cluster slot (see :meth:`IntakeKeys.for_seed_list`).
+        """
         spider: Self = super().from_crawler(crawler, *args, **kwargs)
         for signal in (
             signals.request_scheduled,
@@ -119,6 +123,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         spider.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
         # One holder per process: batch keys are never reused.
         spider.holder = f"{worker_id(settings)}#{os.urandom(4).hex()}"
+        IntakeKeys.for_seed_list(spider.redis_key)  # a seed key it cannot serve fails now
         return spider
 
     # -- activity ------------------------------------------------------------
@@ -212,8 +217,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             try:
                 intake = self._seed_intake()
                 if time.monotonic() >= self._next_upkeep:
+                    self._upkeep(intake)  # until it succeeds, at every turn
                     self._next_upkeep = time.monotonic() + self._upkeep_interval
-                    self._upkeep(intake)
                 if self._room():
                     if self._take_batch(intake):
                         await asyncio.sleep(0)  # let the engine lease
@@ -422,13 +427,14 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         if returned:
             self.crawler.stats.inc_value("frontier/seeds/returned", returned)
             logger.info(
-                "Returned %d seeds not yet in the frontier to %s", returned, self.redis_key,
-                extra={"spider": self},
+                "Returned %d seeds to %s: their requests were not (or not surely) "
+                "stored in the frontier", returned, self.redis_key, extra={"spider": self},
             )
         if stuck:
             logger.warning(
-                "Redis unreachable at close (%s): seeds taken from %s are not in the "
-                "frontier and were not crawled by this worker (%d known, in intake "
+                "Redis unreachable at close (%s): seeds taken from %s whose requests "
+                "are not known to be stored in the frontier were not crawled by this "
+                "worker (%d known, in intake "
                 "batches %s); they stay there, and the next worker of this crawl "
                 "returns them to %s once they have been untouched for its "
                 "FRONTIER_LEASE_TIMEOUT (%gs in this worker's settings)",
