@@ -24,7 +24,7 @@ from scrapy_redis.queue import PriorityQueue
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.queue import LeasedPriorityQueue
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import NotDue, Push
+from crawler.frontier.store import Commit, NotDue, Push
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -210,19 +210,20 @@ def _ops_client(
         start = time.monotonic()
         i = 0
         while time.monotonic() - start < seconds:
-            # As the scheduler's next_request: this turn's outbox (pushes in
-            # one push.lua call, the previous leases' acks in one ack.lua
-            # call) and a lease.lua call for up to OPS_BATCH requests, in one
-            # MULTI pipeline, one round trip.
+            # As the scheduler's next_request: this turn's outbox (pushes and
+            # the previous leases' acks in one commit.lua call, with its
+            # commit marker) and a lease.lua call for up to OPS_BATCH
+            # requests, in one pipeline, one round trip.
             pushes = [
                 Push(queue.encode(request), site_of(request), request.priority,
                      fingerprint(request), request.dont_filter)
                 for request in pool[i : i + OPS_BATCH]
             ]
             ids = [next(lease_ids) for _ in range(OPS_BATCH)]
-            with server.pipeline(transaction=True) as pipe:
-                frontier.push_many(pushes, client=pipe)
-                frontier.ack(held, client=pipe)
+            with server.pipeline(transaction=False) as pipe:
+                frontier.commit(
+                    Commit(pushes=pushes, acks=held, marker=(f"w{index}", i)), client=pipe
+                )
                 frontier.lease_many(ids, client=pipe)
                 reply = pipe.execute()[-1]
             ops += len(pushes) + len(held)
@@ -284,10 +285,11 @@ def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> flo
     the 16 acknowledgements of the previous cycle) against a queue prefilled
     with 20,000 requests on 10 sites, for ``seconds`` after a common start.
     Encoding, fingerprinting and decoding are included, as in a worker. Ours
-    sends a cycle as the scheduler does: pushes, acks and the lease of up to
-    16 requests in one ``MULTI`` pipeline (three script calls, one round
-    trip); stock makes the stock scheduler's calls, one round trip per
-    enqueue (``SADD``, then ``ZADD``) and per pop.
+    sends a cycle as the scheduler does: pushes and acks in one
+    ``commit.lua`` call, then the lease of up to 16 requests, in one
+    pipeline (two script calls, one round trip); stock makes the stock
+    scheduler's calls, one round trip per enqueue (``SADD``, then ``ZADD``)
+    and per pop.
     """
     server = redis.Redis.from_url(redis_url)
     server.flushall()

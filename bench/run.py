@@ -222,7 +222,7 @@ _NOTES = """\
   worker, cluster-wide `FRONTIER_CONCURRENCY=64`; same steady-rate measure.
   Baseline: 1 worker.
 - **c.** 100,000 distinct requests (~70-character URLs on 10 hosts,
-  callback `parse_item`, `meta={"depth": 2}`), pushed with our `push.lua`
+  callback `parse_item`, `meta={"depth": 2}`), pushed with our `commit.lua`
   (JSON encoding) vs scrapy-redis `PriorityQueue` (pickle) +
   `RFPDupeFilter`. `used_memory` delta minus the seen set's `MEMORY USAGE`
   per request; the seen set's `MEMORY USAGE` per URL. The Bloom filter
@@ -231,8 +231,8 @@ _NOTES = """\
 - **d.** Separate client processes started together, each for 2 s: cycles
   of 16 enqueues (encode + fingerprint), the acks of the previous cycle's
   leases and one lease of up to 16 requests (plus decoding), sent as the
-  scheduler sends them: one `MULTI` pipeline with one `push.lua`, one
-  `ack.lua` and one `lease.lua` call, one round trip. Every push, lease and
+  scheduler sends them: one pipeline with one `commit.lua` call (pushes
+  and acks) and one `lease.lua` call, one round trip. Every push, lease and
   ack counts as one op. Stock: the stock scheduler's calls, `SADD` then
   `ZADD` per enqueue (one op), one `MULTI` `ZRANGE`/`ZREMRANGEBYRANK` per
   pop (one op).
