@@ -159,8 +159,14 @@ def test_a_frontier_key_of_the_wrong_type_refuses_the_call_and_writes_nothing(
     bad = rds.dump(key)
     with pytest.raises(ResponseError, match=r"frontier key \{t\}:"):
         frontier.lease_many(["w#a:0"])
+    # A commit that would write the key refuses too (acks write the slot
+    # counters and the leases; every push writes the count).
     with pytest.raises(ResponseError, match=r"frontier key \{t\}:"):
-        frontier.push_many([Push(b"https://a.example/1", "a.example", 0, b"1", False)])
+        frontier.commit(Commit(
+            pushes=[Push(b"https://a.example/1", "a.example", 0, b"1", False)] * (
+                key == "{t}:count"),
+            acks=["w#a:9"],
+        ))
     after = {k: rds.dump(k) for k in rds.keys("{t}:*")}
     assert after == {**before, key.encode(): bad}
 

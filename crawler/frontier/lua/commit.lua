@@ -61,13 +61,24 @@ local n_push, n_retry, n_dead = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(
 local n_slot, n_ack, n_give = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local first = 15
 
--- Checks that may refuse the call: before any write. (KEYS[5] and KEYS[11]
--- are read leniently: a wrong type there is reported and ignored.)
-local err = check_types({
-  {KEYS[1], 'set'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
-  {KEYS[6], 'string'}, {KEYS[7], 'zset'}, {KEYS[8], 'hash'}, {KEYS[9], 'hash'},
-  {KEYS[10], 'hash'}, {KEYS[12], 'zset'}, {KEYS[13], 'list'}, {KEYS[14], 'string'},
-}) or check_counter(KEYS[6])
+-- Checks that may refuse the call: before any write. (KEYS[4], KEYS[5] and
+-- KEYS[11] are only read, leniently: a wrong type there is reported and
+-- ignored.)
+-- Only the keys this call writes are checked (GET checks the counter's
+-- type too; SET replaces the marker whatever it holds).
+local spec = {}
+if n_push > 0 and not bloom then spec[#spec + 1] = {KEYS[1], 'set'} end
+if n_push + n_slot + n_ack + n_give > 0 then spec[#spec + 1] = {KEYS[2], 'zset'} end
+if n_slot + n_ack + n_give > 0 then
+  spec[#spec + 1] = {KEYS[3], 'hash'}
+  spec[#spec + 1] = {KEYS[7], 'zset'}
+  spec[#spec + 1] = {KEYS[8], 'hash'}
+  spec[#spec + 1] = {KEYS[9], 'hash'}
+  spec[#spec + 1] = {KEYS[10], 'hash'}
+end
+if n_retry > 0 then spec[#spec + 1] = {KEYS[12], 'zset'} end
+if n_push + n_dead + n_give > 0 or ARGV[8] ~= '' then spec[#spec + 1] = {KEYS[13], 'list'} end
+local err = check_types(spec) or check_counter(KEYS[6])
 if err then return err end
 -- Bloom mode: every bitmap is checked (and created) before anything is
 -- written, so a size mismatch fails the whole call.
@@ -161,11 +172,11 @@ end
 
 local freed = 0
 for _ = 1, n_slot do
-  local site = free_slot(ARGV[i])
+  local site, active = free_slot(ARGV[i])
   i = i + 1
   if site then
     freed = freed + 1
-    wake(site)
+    wake(site, active)
   end
 end
 
@@ -173,12 +184,12 @@ local ended = 0
 for _ = 1, n_ack do
   local id = ARGV[i]
   i = i + 1
-  local site = free_slot(id)
+  local site, active = free_slot(id)
   if redis.call('HDEL', ldata, id) == 1 then
     ended = ended + 1
     redis.call('ZREM', leases, id)
   end
-  if site then wake(site) end
+  if site then wake(site, active) end
 end
 
 local given = 0

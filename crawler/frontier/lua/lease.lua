@@ -74,24 +74,33 @@ local batch = tonumber(ARGV[7])
 local holder = ARGV[8]
 local lease_ms = tonumber(ARGV[3])
 
--- Checks that may refuse the call: before any write. (The overrides and
--- politeness hashes, KEYS[7], [8], [10], [13], [15], are read leniently: a
--- wrong type there is reported and ignored.)
+-- Checks that may refuse the call: before any write. KEYS[2], [3], [6] and
+-- [9], [11] are checked by the reads below, which refuse the call on a wrong
+-- type before any write. The overrides and politeness
+-- hashes, KEYS[7], [8], [10], [13], [15], are read leniently: a wrong type
+-- there is reported and ignored.
 local err = check_types({
-  {KEYS[1], 'zset'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
-  {KEYS[5], 'hash'}, {KEYS[6], 'zset'}, {KEYS[9], 'string'}, {KEYS[11], 'zset'},
-  {KEYS[12], 'hash'}, {KEYS[14], 'hash'}, {KEYS[16], 'list'},
+  {KEYS[1], 'zset'}, {KEYS[4], 'hash'}, {KEYS[5], 'hash'}, {KEYS[12], 'hash'},
+  {KEYS[14], 'hash'}, {KEYS[16], 'list'},
 }) or check_counter(KEYS[9])
 if err then return err end
-for a = 12, #ARGV do
-  if redis.call('HEXISTS', ldata, ARGV[a]) == 1 or redis.call('ZSCORE', leases, ARGV[a]) then
-    return redis.error_reply('ERR lease id ' .. ARGV[a] .. ' exists already in ' .. ldata ..
-      ': refused (nothing was written)')
+local ids = {unpack(ARGV, 12)}
+if #ids > 0 then
+  local in_data = read('HMGET', ldata, unpack(ids))
+  local in_leases = read('ZMSCORE', leases, unpack(ids))
+  for j, id in ipairs(ids) do
+    if in_data[j] or in_leases[j] then
+      return redis.error_reply('ERR lease id ' .. id .. ' exists already in ' .. ldata ..
+        ': refused (nothing was written)')
+    end
   end
 end
 
 K.now = now_ms()
 local now = K.now
+local expired = read('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
+local due_retries = read('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
+read('ZSCORE', KEYS[11], holder)
 
 -- This worker is alive; workers silent for a lease's length are not.
 redis.call('ZADD', KEYS[11], now, holder)
@@ -102,7 +111,6 @@ local buried = 0
 -- 1. Expired leases go back to the front of their queue, with their count
 -- of deliveries; past the limit, to the dead-letter list. Requeued in
 -- reverse, so that they keep their order at the front.
-local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 for i = #expired, 1, -1 do
   local id = expired[i]
   local entry = redis.call('HGET', ldata, id)
@@ -137,7 +145,6 @@ for i = #expired, 1, -1 do
 end
 
 -- 2. Due retries join the back of their queue.
-local due_retries = redis.call('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
 for _, entry in ipairs(due_retries) do
   local prio, site, data = split3(entry)
   local why = nil

@@ -45,6 +45,16 @@ local function check_types(spec)
   return nil
 end
 
+-- redis.call(command, key, ...) for a read before any write: a key of the
+-- wrong type refuses the call with an error that names the key.
+local function read(command, key, ...)
+  local r = redis.pcall(command, key, ...)
+  if type(r) == 'table' and r['err'] then
+    error({err = 'ERR frontier key ' .. key .. ': ' .. r['err'] .. ': nothing was written'})
+  end
+  return r
+end
+
 -- An error reply (or nil) when the string `key` holds something other than
 -- an integer; call it before any write.
 local function check_counter(key)
@@ -76,14 +86,19 @@ local NAT = '^%d+$'
 local POS = '^[1-9]%d*$'
 
 -- Add `by` to the counter `field` of hash `key`; a counter that falls to 0
--- or below is deleted. A counter that is not an integer counts as 0.
+-- or below is deleted. A counter that is not an integer counts as 0 (and is
+-- reported).
 local function hadd(key, field, by)
-  local n = hnum(key, field, INT, 0, 'not an integer: counted as 0') + by
+  local n = redis.pcall('HINCRBY', key, field, by)
+  if type(n) == 'table' then
+    problem(key .. ' ' .. field .. ' is not an integer: counted as 0')
+    n = by
+    if n > 0 then redis.call('HSET', key, field, n) end
+  end
   if n <= 0 then
     redis.call('HDEL', key, field)
     return 0
   end
-  redis.call('HSET', key, field, n)
   return n
 end
 
@@ -140,19 +155,19 @@ end
 
 -- Queue `data` on `site` at priority `prio` (front: next out; else back).
 -- Returns nil, or the reason it could not be queued (a per-site key of the
--- wrong type); in that case nothing was written.
+-- wrong type); in that case the queue holds nothing new.
 local function enqueue(P, count, site, prio, data, front)
   local lv, q = P .. 'lv:' .. site, P .. 'q:' .. site .. ':' .. prio
-  local probe = redis.pcall('ZSCORE', lv, prio)
-  if type(probe) == 'table' and probe['err'] then
+  local added = redis.pcall('ZADD', lv, -tonumber(prio), prio)
+  if type(added) == 'table' then
     return lv .. ' is not a sorted set'
   end
   local pushed
   if front then pushed = redis.pcall('RPUSH', q, data) else pushed = redis.pcall('LPUSH', q, data) end
-  if type(pushed) == 'table' and pushed['err'] then
+  if type(pushed) == 'table' then
+    if added == 1 then redis.call('ZREM', lv, prio) end
     return q .. ' is not a list'
   end
-  redis.call('ZADD', lv, -tonumber(prio), prio)
   redis.call('INCR', count)
   return nil
 end
@@ -179,12 +194,14 @@ end
 
 -- Make `site` a candidate again (in K.wait at its due time) if it has
 -- queued work and a free slot; drop it from K.wait when it has no work.
-local function wake(site)
+-- `active`: the site's slots taken, when the caller knows them.
+local function wake(site, active)
   if redis.call('EXISTS', K.P .. 'lv:' .. site) == 0 then
     redis.call('ZREM', K.wait, site)
     return
   end
-  if hnum(K.active, site, INT, 0, 'not an integer: counted as 0') < cap_of(site) then
+  active = active or hnum(K.active, site, INT, 0, 'not an integer: counted as 0')
+  if active < cap_of(site) then
     local due = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
     if due < K.now then due = K.now end
     redis.call('ZADD', K.wait, 'NX', due, site)
@@ -192,7 +209,7 @@ local function wake(site)
 end
 
 -- Free the download slot lease `id` holds, if it still holds one; returns
--- the slot's site (K.lslot keeps it, so a slot is freed even when the
+-- the slot's site and its slots taken now (K.lslot keeps the site, so a slot is freed even when the
 -- lease's data is unreadable), or nil. A slot taken before K.lslot kept
 -- sites (value "1") takes its site from K.ldata.
 local function free_slot(id)
@@ -205,6 +222,5 @@ local function free_slot(id)
     site = s
   end
   hadd(K.wactive, holder_of(id) .. '\t' .. site, -1)
-  hadd(K.active, site, -1)
-  return site
+  return site, hadd(K.active, site, -1)
 end
