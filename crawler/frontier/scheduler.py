@@ -386,19 +386,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         while True:
             ids = [f"{self.holder}:{next(self._lease_ids)}" for _ in range(self._want())]
             result = self._exchange(ids)
-            if self._ready:  # leases found out after a lost reply
-                return self._hand_out()
-            if result is None:  # Redis unreachable, or the call refused
-                return None
-            if isinstance(result, NotDue):
+            if isinstance(result, list):
+                self.stats.inc_value("frontier/lease_calls")
+                self._housekeeping(result[0])
+                self._take(result)
+            elif isinstance(result, NotDue):
                 self._housekeeping(result)
                 self._due_at = None if result.wait is None else time.monotonic() + result.wait
-                return None
-            self.stats.inc_value("frontier/lease_calls")
-            self._housekeeping(result[0])
-            self._take(result)
+            # (leases found out after a lost reply are in the buffer too)
             if self._ready:
                 return self._hand_out()
+            if not isinstance(result, list):  # nothing due, Redis down, or refused
+                return None
 
     def _housekeeping(self, result: Lease | NotDue) -> None:
         """Count what a lease call did besides leasing; log what it met."""
