@@ -7,6 +7,7 @@ in the frontier yet.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -247,7 +248,19 @@ def cluster_intake(redis_cluster_url: str) -> Iterator[SeedIntake]:
     client.close()
 
 
-@pytest.mark.usefixtures("stop_heartbeats")
+@pytest.fixture
+def event_loop_set() -> None:
+    """The scheduler harness schedules on the current event loop; a test
+    run earlier may have left none (``asyncio.run`` unsets it)."""
+    try:
+        loop = asyncio.get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+
+
+@pytest.mark.usefixtures("event_loop_set", "stop_heartbeats")
 def test_the_intake_works_on_a_redis_cluster(
     redis_cluster_url: str, cluster_intake: SeedIntake
 ) -> None:

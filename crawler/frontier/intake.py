@@ -33,10 +33,13 @@ digits, so names sort in the order they were taken).
 
 Every key a script touches is passed in ``KEYS``; the scripts read the
 Redis server's clock (``TIME``); they live in ``lua/seeds_*.lua``, each with
-a comment on every key and argument. Every call here is one round trip and
-may raise :class:`redis.exceptions.RedisError`; none is sent twice on its
-own. Each is safe to send again after a lost reply: ``take`` with the same
-batch key returns the same seeds, the others are idempotent.
+a comment on every key and argument. Every call here is one round trip (but
+:meth:`SeedIntake.reclaim_stale`: one, then one per stale batch) and may
+raise :class:`redis.exceptions.RedisError`; none is sent twice on its own.
+Each is safe to send again after a lost reply: ``take`` with the same batch
+key returns the same seeds, the others are idempotent.
+
+Needs Redis 6.2 or later (``LMOVE``, ``BLMOVE``).
 """
 
 from __future__ import annotations

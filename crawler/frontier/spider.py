@@ -100,6 +100,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._blocking: asyncio.Future[bool] | None = None
         self._delete_call: Any = None
         self._next_upkeep = 0.0
+        self._told_no_commit = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -251,7 +252,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         """Take a batch of seeds into the intake and hand it to the engine.
 
         The batch is let go of (:meth:`_batch_committed`) once the scheduler
-        has committed the requests made from it. A take whose reply is lost
+        has committed the requests made from it (``after_commit``), or at
+        once with a scheduler that has no such hook. A take whose reply is lost
         is sent again with the same batch key, which returns the seeds it
         took if it ran.
 
@@ -276,19 +278,28 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 len(taken.seeds), batch, extra={"spider": self},
             )
         self.crawler.stats.inc_value("frontier/seeds/read", len(taken.seeds))
-        after_commit = getattr(self._scheduler(), "after_commit", None)
-        if after_commit is None:
-            raise RuntimeError(
-                "FrontierSpider needs crawler.frontier.scheduler.FrontierScheduler "
-                "(its after_commit hook lets go of seeds once they are in the frontier)"
-            )
         self._open[batch] = len(taken.seeds)
         engine = self.crawler.engine
         for data in taken.seeds:
             request = self.make_request_from_data(data)
             if request is not None:
                 engine.crawl(tag_seed(request))
-        after_commit(functools.partial(self._batch_committed, batch))
+        scheduler = self._scheduler()
+        after_commit = getattr(scheduler, "after_commit", None)
+        if after_commit is not None:
+            after_commit(functools.partial(self._batch_committed, batch))
+            return True
+        # A scheduler that keeps requests in memory (Scrapy's own, as the
+        # benchmark's baseline runs): the seeds are in its hands now, and
+        # nothing more durable is to be had.
+        if not self._told_no_commit:
+            self._told_no_commit = True
+            logger.warning(
+                "%s has no after_commit hook: seeds are let go of once handed to it "
+                "(a worker killed before it crawls them loses them)",
+                type(scheduler).__name__, extra={"spider": self},
+            )
+        self._batch_committed(batch)
         return True
 
     def _batch_committed(self, batch: str) -> None:
