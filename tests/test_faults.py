@@ -12,6 +12,9 @@ the frontier holds:
   slot taken and a pending count equal to what is queued, and nothing went
   to the dead-letter list ``{pages}:dead`` unless the case expects it.
 
+Cases a to g are those of issue 11; h is one the soak (``bench/soak.py``)
+found.
+
 The proxy's own behaviour is checked first, against the real server.
 """
 
@@ -631,3 +634,25 @@ def test_a_signal_during_a_redis_outage_loses_no_seed(
 
     assert_clean_exits(finished)
     assert_every_seed_crawled(site, db, rds)
+
+
+# -- h. a lost reply to a Redis read on the download path -----------------------------
+
+
+def test_a_lost_reply_to_the_shared_robots_read_does_not_dead_letter_the_request(
+    proxy: FaultProxy, pool: Pool, site_factory: SiteFactory, rds: redis.Redis, db: Any
+) -> None:
+    """Found by the soak: the robots.txt middleware reads the site's
+    robots.txt from Redis before the first download of each site; a lost
+    reply there must be waited out like any Redis outage, not taken for a
+    failed download."""
+    site = small_site(site_factory)
+    rule = proxy.lose_replies(b"{pages}:robots", command="HGET")
+    rds.lpush(f"{SPIDER}:start_urls", site.url_for("/"))
+    pool.start()
+    finished = pool.wait(timeout=30)
+
+    assert rule.acted == 1
+    assert_clean_exits(finished)
+    assert db.pages.count_documents({}) == len(site.pages)
+    assert_frontier_clean(rds)
