@@ -18,6 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisError
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.httpobj import urlparse_cached
@@ -26,6 +27,9 @@ from scrapy.utils.misc import build_from_crawler
 from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import frontier_prefix
+
+#: Longest pause, in seconds, between attempts to read robots.txt from Redis.
+REDIS_BACKOFF_CAP = 30.0
 
 if TYPE_CHECKING:
     from typing import Self
@@ -87,17 +91,24 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             return cached
         prefix = self._prefix()
         deadline = time.monotonic() + 60
+        backoff = 0.0
         while True:
-            body: bytes | None = self.redis.hget(prefix + "robots", site)  # type: ignore[assignment]
-            if body is not None:
-                fetched, _, text = body.partition(b"\n")
-                if time.time() - float(fetched or 0) < self.ttl:
-                    # _parserimpl is the ROBOTSTXT_PARSER class (typed as an instance).
-                    parserimpl: Any = self._parserimpl
-                    parser: RobotParser = build_from_crawler(parserimpl, self.crawler, text)
-                    self._parsers[netloc] = parser
-                    return parser
-            if self.redis.set(prefix + "robots:lock:" + site, "1", nx=True, ex=60):
+            try:
+                parser, locked = self._from_redis(prefix, site, netloc)
+            except RedisError as exc:
+                # An outage, or a lost reply (a lock taken with it expires in
+                # 60 s): the request waits; it is no download failure.
+                backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
+                logger.warning(
+                    "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs",
+                    site, exc, backoff,
+                )
+                await asyncio.sleep(backoff)
+                deadline = time.monotonic() + 60
+                continue
+            if parser is not None:
+                return parser
+            if locked:
                 break
             if time.monotonic() > deadline:
                 return None  # the fetching worker died: crawl as Scrapy does without
@@ -105,6 +116,30 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         self._parsers.pop(netloc, None)
         # Scrapy's own fetch, keyed by netloc; _parse_robots stores the body.
         return await super().robot_parser(request)
+
+    def _from_redis(
+        self, prefix: str, site: str, netloc: str
+    ) -> tuple[RobotParser | None, bool]:
+        """The parser of ``site``'s robots.txt as stored in Redis (None when
+        missing, stale or unreadable), or else whether this worker took the
+        lock to fetch it.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        body: bytes | None = self.redis.hget(prefix + "robots", site)  # type: ignore[assignment]
+        if body is not None:
+            fetched, _, text = body.partition(b"\n")
+            try:
+                fresh = time.time() - float(fetched or 0) < self.ttl
+            except ValueError:
+                fresh = False
+            if fresh:
+                # _parserimpl is the ROBOTSTXT_PARSER class (typed as an instance).
+                parserimpl: Any = self._parserimpl
+                parser: RobotParser = build_from_crawler(parserimpl, self.crawler, text)
+                self._parsers[netloc] = parser
+                return parser, False
+        return None, bool(self.redis.set(prefix + "robots:lock:" + site, "1", nx=True, ex=60))
 
     async def _parse_robots(self, response: Response, netloc: str, request: Request) -> None:
         await super()._parse_robots(response, netloc, request)
@@ -133,6 +168,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         every delay: the request that waited for robots.txt reaches the site
         a moment after this, and is the last one before that time.
         """
+        try:
+            self._share(site, body, delay)
+        except RedisError as exc:
+            # This worker obeys it already; the others fetch it themselves
+            # once the lock expires (60 s).
+            logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
+
+    def _share(self, site: str, body: bytes, delay: float | None) -> None:
         prefix = self._prefix()
         seconds, micros = self.redis.time()
         now_ms = seconds * 1000 + micros // 1000

@@ -53,6 +53,8 @@ FAST: dict[str, object] = {"FRONTIER_LEASE_TIMEOUT": 3, "MAX_IDLE_TIME_BEFORE_CL
 #: A worker's Redis calls time out after 1.5 s (for held replies; the
 #: default, 10 s, would make each hold last that long).
 SHORT_REDIS_TIMEOUT = json.dumps({"socket_timeout": 1.5, "socket_connect_timeout": 1.5})
+#: Settings of a worker whose replies are held past its socket timeout.
+HOLD: dict[str, object] = {"REDIS_PARAMS": SHORT_REDIS_TIMEOUT, "FRONTIER_LEASE_TIMEOUT": 6}
 #: Longest a crawl of a test may take before its workers are killed.
 CRAWL_TIMEOUT = 50.0
 #: HTML pages of the quotes capture that the pages spider stores.
@@ -333,7 +335,9 @@ def test_a_lost_lease_reply_loses_no_request(
         script=lease, reply=site_name(site).encode(), skip=2, times=2, mode=mode
     )
     rds.lpush(f"{SPIDER}:start_urls", site.url_for("/"))
-    settings = {"REDIS_PARAMS": SHORT_REDIS_TIMEOUT} if mode == "hold" else {}
+    # Held: workers block 1.5 s on the call; leases (and seed batches) last
+    # well beyond that, as in production (10 s timeouts, 60 s leases).
+    settings = HOLD if mode == "hold" else {}
     pool.start(**settings)
     pool.start(**settings)
     finished = pool.wait()
@@ -364,7 +368,9 @@ def test_a_lost_outbox_reply_loses_and_duplicates_nothing(
     first = proxy.lose_replies(script=commit, times=1, mode=mode)
     later = proxy.lose_replies(script=commit, skip=6, times=2, mode=mode)
     rds.lpush(f"{SPIDER}:start_urls", site.url_for("/"))
-    settings = {"REDIS_PARAMS": SHORT_REDIS_TIMEOUT} if mode == "hold" else {}
+    # Held: workers block 1.5 s on the call; leases (and seed batches) last
+    # well beyond that, as in production (10 s timeouts, 60 s leases).
+    settings = HOLD if mode == "hold" else {}
     pool.start(**settings)
     pool.start(**settings)
     finished = pool.wait()
