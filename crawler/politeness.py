@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -240,20 +241,33 @@ class AdaptiveSlowdownMiddleware:
         key = frontier_prefix(self.crawler.spider.name) + "slow"
         slow = self._slow.get(site, 0.0)
         latency = float(request.meta.get("download_latency") or 0.0)
-        if response.status in (429, 503):
-            current = float(self.redis.hget(key, site) or 0)
-            new = min(self.max, max(self.start, 2 * max(current, slow)))
-            assert self.crawler.stats is not None
-            self.crawler.stats.inc_value("frontier/adaptive/slowed")
-        elif latency > self.latency:
-            new = min(self.max, max(slow, latency * 1000))
-        elif slow:
-            new = slow * 0.75 if slow * 0.75 >= 50 else 0.0
-        else:
-            return response
-        self._slow[site] = new
-        if new:
-            self.redis.hset(key, site, round(new))
-        else:
-            self.redis.hdel(key, site)
+        try:
+            if response.status in (429, 503):
+                current = _number(self.redis.hget(key, site))
+                new = min(self.max, max(self.start, 2 * max(current, slow)))
+                assert self.crawler.stats is not None
+                self.crawler.stats.inc_value("frontier/adaptive/slowed")
+            elif latency > self.latency:
+                new = min(self.max, max(slow, latency * 1000))
+            elif slow:
+                new = slow * 0.75 if slow * 0.75 >= 50 else 0.0
+            else:
+                return response
+            self._slow[site] = new
+            if new:
+                self.redis.hset(key, site, round(new))
+            else:
+                self.redis.hdel(key, site)
+        except RedisError as exc:
+            # Slowing down is best effort: the response goes on either way.
+            logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
         return response
+
+
+def _number(raw: Any) -> float:
+    """A stored delay (ms); a value that is not a number counts as 0."""
+    try:
+        value = float(raw or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) and value >= 0 else 0.0
