@@ -57,7 +57,10 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
       not refreshed for ``FRONTIER_LEASE_TIMEOUT`` seconds to the seed list,
       at the end seeds are taken from and in their order (one atomic script
       per batch), and refreshes its own. Delivery is at least once: a seed
-      of a batch returned after its requests were queued is crawled again.
+      of a batch returned after its requests were queued is crawled again
+      (so is one of a live worker that could not refresh its batch in
+      time, or whose ``FRONTIER_LEASE_TIMEOUT`` is longer than the
+      reclaiming worker's: give every worker the same).
     * An idle worker blocks on the seed list (``BLMOVE`` of the list onto
       itself, which leaves the seed in place, up to ``FRONTIER_IDLE_WAIT``
       seconds, or until the scheduler's next site or retry is due) and takes
