@@ -8,6 +8,10 @@ seed list keeps scrapy-redis's name, which users type into ``redis-cli``.
 key                                 type    what it holds
 ==================================  ======  ==========================================
 ``<spider>:start_urls``             list    seeds (bare URL or JSON), ``LPUSH``-ed
+``{<spider>:start_urls}:intake``    zset    intake batch key -> ms registered or
+                                            last refreshed (the seed list's slot)
+``{<spider>:start_urls}:intake:*``  list    one batch of seeds taken, until their
+                                            requests are in the frontier
 ``{<spider>}:q:<site>:<priority>``  list    queued requests of one site and priority
                                             (JSON), oldest at the right
 ``{<spider>}:count``                string  requests queued, all sites

@@ -115,7 +115,11 @@ FRONTIER_SITE_DELAYS: dict[str, float] = {}
 FRONTIER_SITE_CONCURRENCY: dict[str, int] = {}
 #: Seconds a leased request stays leased without a heartbeat (workers extend
 #: their leases every third of it). A killed worker's requests are crawled
-#: again this long after it died. Default: 60.0.
+#: again this long after it died. Also: an intake batch of seeds not
+#: refreshed for this long (its worker died) is returned to the seed list
+#: by any worker; use the same value on every worker. Keep it well above the
+#: Redis socket timeout: a worker blocked on Redis for a whole lease looks
+#: dead. Default: 60.0.
 FRONTIER_LEASE_TIMEOUT = 60.0
 #: Deliveries of a request without an acknowledgement (its worker died or
 #: was killed each time it handled it: a poison request) after which the
