@@ -6,10 +6,12 @@ faults, through a proxy that loses replies: tests/test_faults.py.)"""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from scrapy import Request, Spider
@@ -20,7 +22,6 @@ from tests import scheduler_harness as harness
 from tests.scheduler_harness import finish, lease_all
 
 if TYPE_CHECKING:
-    import redis
 
     from crawler.frontier.scheduler import FrontierScheduler
 
@@ -344,3 +345,98 @@ def test_a_poison_dead_letter_can_be_requeued(rds: redis.Redis) -> None:
     [lease] = _leased(frontier.lease_many(["v#2:0"]))
     assert json.loads(lease.data)["u"] == "/p"
     assert lease.deliveries == 1
+
+
+def test_values_too_long_to_be_numbers_are_malformed_not_infinite(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, lease_timeout=0.05)
+    _push(frontier, "https://a.example/0")
+    rds.hset("{t}:delay", "a.example", "1" + "0" * 400)
+    [lease] = _leased(frontier.lease_many(["w#a:0"]))
+    assert any("{t}:delay" in p for p in lease.problems)  # the default delay held
+    rds.hset("{t}:ldata", "w#a:0", "9" * 400 + '\ta.example\t#5#{"u":"/p"}')
+    time.sleep(0.1)  # the lease runs out
+    result = frontier.lease_many(["v#b:0"])  # no error after a write
+    assert isinstance(result, NotDue) and result.dead == 1
+    assert "malformed lease data" in json.loads(rds.lindex("{t}:dead", 0) or b"{}")["reason"]
+    rds.delete("{t}:delay")
+    assert frontier.audit() == {}
+
+
+def test_a_lease_whose_ack_is_refused_stays_extended_until_the_ack_is_in(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_LEASE_TIMEOUT=1)
+    scheduler.enqueue_request(Request("https://a.example/page"))
+    assert scheduler.flush_outbox()
+    [request] = lease_all(scheduler)
+    rds.set("{t}:dupefilter", "not a set")  # the next commit with a push is refused
+    scheduler.enqueue_request(Request("https://a.example/link"))
+    scheduler.crawler.engine._slot.remove_request(request)  # handled: ack queued
+    assert not scheduler.flush_outbox()  # refused
+    for _ in range(3):  # three lease lengths with heartbeats
+        time.sleep(0.5)
+        scheduler._down_until = 0.0
+        scheduler._beat()
+    other = Frontier(rds, "t", lease_timeout=1)
+    assert isinstance(other.lease_many(["other#x:0"]), NotDue)  # not handed out again
+    rds.delete("{t}:dupefilter")
+    scheduler._down_until = 0.0
+    assert scheduler.flush_outbox()
+    assert rds.zcard("{t}:leases") == 0
+
+
+_BUSY = """
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1
+"""
+
+
+def _stall(client: Any, key: str, micros: int) -> threading.Thread:
+    """Keep Redis busy with a script for ``micros`` µs, from another thread.
+
+    Redis answers nobody while the script runs, so its start cannot be
+    awaited through Redis: the call is given 0.1 s to get there.
+    """
+    started = threading.Event()
+
+    def run() -> None:
+        started.set()
+        client.eval(_BUSY, 1, key, micros)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    started.wait()
+    time.sleep(0.1)
+    return thread
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+def test_a_call_that_outlives_the_socket_timeout_is_found_out_never_resent(
+    cluster: bool, request: pytest.FixtureRequest
+) -> None:
+    """Redis runs the commit after the client gave up on it (a stall longer
+    than the socket timeout): the scheduler finds that out and never sends
+    it again. On a cluster the calls go through a pipeline of the slot's
+    node, whose client never resends (redis-py's cluster pipeline resends a
+    command whose reply timed out, one by one, whatever its retry policy)."""
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    settings = {"REDIS_PARAMS": {"socket_timeout": 0.5, "socket_connect_timeout": 2}}
+    if cluster:
+        settings["FRONTIER_REDIS_CLUSTER"] = True
+    scheduler, _ = harness.open_scheduler(url, _Spider, **settings)
+    client = scheduler.queue.frontier.redis
+    stall = (redis.RedisCluster if cluster else redis.Redis).from_url(url, socket_timeout=10)
+    scheduler.enqueue_request(Request("https://a.example/seed", dont_filter=True))
+    busy = _stall(stall, "{t}:busy", 900_000)
+    assert not scheduler.flush_outbox()  # timed out: in doubt
+    busy.join()
+    assert scheduler._in_doubt is not None
+    scheduler._down_until = 0.0
+    assert scheduler.flush_outbox()  # found out: it ran
+    assert int(client.get("{t}:count") or 0) == 1  # queued once
+    assert scheduler.queue.frontier.audit() == {}
+    with scheduler.queue.frontier.pipeline() as pipe:
+        assert isinstance(pipe, redis.client.Pipeline)  # not a ClusterPipeline
+        assert pipe.connection_pool.connection_kwargs["retry"].get_retries() == 0

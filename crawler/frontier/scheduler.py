@@ -12,7 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
 from scrapy import signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -46,6 +55,14 @@ __all__ = ["RETRY_DELAY_META", "FrontierScheduler"]
 RETRY_DELAY_META = "frontier_retry_delay"
 #: Longest pause, in seconds, between attempts to reach Redis during an outage.
 OUTAGE_BACKOFF_CAP = 30.0
+#: Errors a Redis client raises when Redis cannot be reached or answered
+#: too late (redis-py's cluster client raises RedisClusterException, which
+#: is no RedisError).
+UNREACHABLE = (RedisError, RedisClusterException)
+#: Replies that say a call did not run and may be sent again at once: a
+#: script Redis forgot, a slot that moved or is moving, a cluster that is
+#: not serving yet.
+NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
 
 
 @dataclass
@@ -213,6 +230,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._ready: collections.deque[Request] = collections.deque()
         self._seen: dict[bytes, None] = {}
         self._seq = 0
+        self._unreachable = False
         self._in_doubt: _InDoubt | None = None
         self._problems: set[str] = set()
 
@@ -467,14 +485,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _beat(self) -> None:
         self.flush_outbox()
-        if time.monotonic() >= self._down_until:
+        # A refused call is no outage: the heartbeat still goes.
+        if not self._unreachable or time.monotonic() >= self._down_until:
+            # Leases stay extended until their ack is in Redis (an ack
+            # refused or in doubt waits in the outbox).
+            held = [*self._leases.values(), *(op.item for op in self._outbox if op.kind == "acks")]
             try:
                 self.queue.frontier.alive(self.holder)
-                if self._leases:
-                    self.queue.frontier.extend(list(self._leases.values()))
+                if held:
+                    self.queue.frontier.extend(held)
             except ResponseError as exc:  # a key of the wrong type: no outage
                 self._refused(exc)
-            except RedisError as exc:
+            except UNREACHABLE as exc:
                 self._outage(exc)
 
     def has_pending_requests(self) -> bool:
@@ -490,7 +512,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         except ResponseError as exc:  # a key of the wrong type: no outage
             self._refused(exc)
             return True
-        except RedisError as exc:
+        except UNREACHABLE as exc:
             self._outage(exc)
             return True
 
@@ -599,18 +621,22 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             step = self._round_trip(lease_ids)
             if step is None:  # unreachable, in doubt, or refused
                 return None
-            forgot, leased = step
+            not_run, leased = step
             if leased is not None:
                 result, lease_ids = leased, None
-            if not forgot or attempt == 2:
+            if not not_run or attempt == 2:
                 break
-            # Redis restarted (or failed over) and forgot the scripts; the
-            # calls that met NOSCRIPT did not run. What it holds may be older
-            # than what this worker recorded: forget the local fingerprints.
+            # Redis restarted (or failed over) and forgot the scripts, or a
+            # slot moved: the calls that met it did not run. What Redis holds
+            # may be older than what this worker recorded: forget the local
+            # fingerprints.
             self._seen.clear()
             try:
+                refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
+                if refresh is not None:
+                    refresh()  # a cluster's slot map
                 self.queue.frontier.load_scripts()
-            except RedisError as exc:
+            except UNREACHABLE as exc:
                 self._outage(exc)
                 break
         if asked:
@@ -623,8 +649,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """One pipeline: the outbox's commit, then the lease call.
 
         :returns: None when Redis could not be reached (the call is then in
-            doubt) or refused it; else whether a script was missing
-            (``NOSCRIPT``: that call did not run) and the lease's result
+            doubt) or refused it; else whether a call did not run and may be
+            sent again (``NOSCRIPT``, ``MOVED``, ...) and the lease's result
             (None when not asked or not run).
         """
         ops = list(self._outbox)
@@ -634,7 +660,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             batch.marker = (self.holder, self._seq)
         try:
             committed, leased = self._send(batch, lease_ids)
-        except RedisError as exc:  # sent or not, its reply is lost
+        except UNREACHABLE as exc:  # sent or not, its reply is lost
             if batch or lease_ids is not None:
                 self._in_doubt = _InDoubt(
                     self._seq if batch else None, len(ops), list(lease_ids or [])
@@ -647,7 +673,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
         replies = (committed, leased)
         errors = [r for r in replies if isinstance(r, ResponseError)]
-        refused = next((r for r in errors if not isinstance(r, NoScriptError)), None)
+        refused = next((r for r in errors if not isinstance(r, NOT_RUN)), None)
         if refused is not None:
             self._refused(refused)
             return None if result is None else (False, result)
@@ -679,12 +705,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if not batch and lease_ids is None:
             return None, None
         frontier = self.queue.frontier
-        with self.server.pipeline(transaction=False) as pipe:
-            if batch:
-                frontier.commit(batch, client=pipe)
-            if lease_ids is not None:
-                frontier.lease_many(lease_ids, client=pipe)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
+        try:
+            with frontier.pipeline() as pipe:
+                if batch:
+                    frontier.commit(batch, client=pipe)
+                if lease_ids is not None:
+                    frontier.lease_many(lease_ids, client=pipe)
+                replies: list[Any] = pipe.execute(raise_on_error=False)
+        except RedisClusterException as exc:  # no RedisError, but unreachable
+            raise RedisConnectionError(str(exc)) from exc
+        for reply in replies:
+            if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+                raise reply  # a connection error in the replies: lost
         committed: Committed | ResponseError | None = None
         if batch:
             first = replies[0]
@@ -725,7 +757,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         assert doubt is not None
         try:
             ran, leases = self.queue.frontier.recover(self.holder, doubt.seq, doubt.lease_ids)
-        except RedisError as exc:
+        except ResponseError as exc:  # a key of the wrong type: no outage
+            self._refused(exc)
+            return False
+        except UNREACHABLE as exc:
             self._outage(exc)
             return False
         self._in_doubt = None
@@ -743,6 +778,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """A script refused a call before it wrote anything: no outage, but
         nothing to do until the key it names is fixed."""
         self.stats.inc_value("frontier/redis/refused")
+        self._unreachable = False
         self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
         self._down_until = time.monotonic() + self._backoff
         logger.error(
@@ -754,6 +790,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         # Redis may come back from an older snapshot, without fingerprints
         # this worker recorded: ask it again rather than trust the memory.
         self._seen.clear()
+        self._unreachable = True
         if not self._backoff:
             self.stats.inc_value("frontier/redis/outages")
         self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
@@ -768,3 +805,4 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             logger.info("Redis reachable again", extra={"spider": self.spider})
         self._backoff = 0.0
         self._down_until = 0.0
+        self._unreachable = False

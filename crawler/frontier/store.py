@@ -55,6 +55,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 from redis import StrictRedis
+from redis.client import Pipeline
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -106,7 +107,7 @@ class _Lua:
         return str(self.script.sha)
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
-        if client is not None and self.bare_pipelines:
+        if client is not None and (self.bare_pipelines or isinstance(client, Pipeline)):
             return client.evalsha(self.script.sha, len(keys), *keys, *args)
         return self.script(keys=keys, args=args, client=client)
 
@@ -376,6 +377,23 @@ class Frontier:
             client=client,
         )
         return None if client is not None else Committed.of(reply)
+
+    def pipeline(self) -> Any:
+        """A non-transactional pipeline to the node that holds this crawl's
+        keys, which never sends a command twice.
+
+        On one Redis server, the client's own pipeline. On a Redis Cluster,
+        a pipeline of the node that serves the crawl's hash slot: redis-py's
+        cluster pipeline sends a command again on its own when its reply was
+        lost, which would run a lease or commit twice. A slot that moved
+        answers ``MOVED`` (the call did not run); the slot map is then read
+        again.
+        """
+        if isinstance(self.redis, StrictRedis):
+            return self.redis.pipeline(transaction=False)
+        cluster: Any = self.redis
+        node = cluster.get_node_from_key(self.key("wait"))
+        return cluster.get_redis_connection(node).pipeline(transaction=False)
 
     def marker_key(self, holder: str) -> str:
         """``{s}:sent:<holder>``: the sequence number of the holder's last commit."""

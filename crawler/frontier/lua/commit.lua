@@ -204,7 +204,7 @@ for _ = 1, n_give do
     if prio then d, data = deliveries_of(rest) end
     -- Not a failed delivery: it goes back with the count it came with.
     local why = 'malformed lease data'
-    if prio and string.match(prio, INT) then
+    if prio_ok(prio) then
       why = enqueue(K.P, K.count, site, prio, with_deliveries(math.max(0, d - 1), data), true)
     end
     if why then

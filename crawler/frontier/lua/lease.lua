@@ -119,7 +119,7 @@ for i = #expired, 1, -1 do
     local d, data = 0, entry
     if prio then d, data = deliveries_of(rest) end
     local why = nil
-    if not (prio and string.match(prio, INT)) then
+    if not prio_ok(prio) then
       why = 'malformed lease data'
       problem(ldata .. ' ' .. id .. ' is malformed: request dead-lettered')
     elseif max_deliveries > 0 and d >= max_deliveries then
@@ -148,7 +148,7 @@ end
 for _, entry in ipairs(due_retries) do
   local prio, site, data = split3(entry)
   local why = nil
-  if not (prio and string.match(prio, INT)) then
+  if not prio_ok(prio) then
     why = 'malformed retry entry'
     problem(retries .. ' holds a malformed entry: dead-lettered')
   else

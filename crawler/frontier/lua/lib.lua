@@ -76,12 +76,18 @@ local function hnum(key, site, pattern, default, rule)
     return default
   end
   if not v then return default end
-  if string.match(v, pattern) then return tonumber(v) end
+  -- At most 15 digits: a longer number is no count of ms or slots, and would
+  -- turn into an inexact or infinite Lua number.
+  if #v <= 15 and string.match(v, pattern) then return tonumber(v) end
   problem(key .. ' ' .. site .. ' = ' .. string.format('%q', v) .. ' ignored (' .. rule .. ')')
   return default
 end
 
 local INT = '^%-?%d+$'
+-- A queued priority as the workers write it (clamped to +-1,000,000).
+local function prio_ok(prio)
+  return prio ~= nil and #prio <= 8 and string.match(prio, INT) ~= nil
+end
 local NAT = '^%d+$'
 local POS = '^[1-9]%d*$'
 
@@ -120,7 +126,7 @@ end
 -- A queue entry "#<deliveries>#<request>" (a request delivered before and
 -- not acknowledged) -> deliveries, request; a plain request -> 0, request.
 local function deliveries_of(entry)
-  local d, rest = string.match(entry, '^#(%d+)#(.*)$')
+  local d, rest = string.match(entry, '^#(%d%d?%d?%d?%d?%d?)#(.*)$')
   if d then return tonumber(d), rest end
   return 0, entry
 end
@@ -149,7 +155,7 @@ local function bury(dead, reason, site, prio, data, deliveries, now)
     record['site'] = site
     record['url'] = url_of(site, data)
   end
-  if prio then record['priority'] = tonumber(prio) end
+  if prio_ok(prio) then record['priority'] = tonumber(prio) end
   redis.call('RPUSH', dead, cjson.encode(record))
 end
 
