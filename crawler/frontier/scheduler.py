@@ -494,10 +494,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.queue.frontier.alive(self.holder)
                 if held:
                     self.queue.frontier.extend(held)
-            except ResponseError as exc:  # a key of the wrong type: no outage
-                self._refused(exc)
             except UNREACHABLE as exc:
-                self._outage(exc)
+                self._failed(exc)
 
     def has_pending_requests(self) -> bool:
         """Whether any request is queued, waiting for a retry or leased, anywhere.
@@ -509,11 +507,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return True
         try:
             return self.queue.frontier.pending() > 0
-        except ResponseError as exc:  # a key of the wrong type: no outage
-            self._refused(exc)
-            return True
         except UNREACHABLE as exc:
-            self._outage(exc)
+            self._failed(exc)
             return True
 
     def __len__(self) -> int:
@@ -757,11 +752,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         assert doubt is not None
         try:
             ran, leases = self.queue.frontier.recover(self.holder, doubt.seq, doubt.lease_ids)
-        except ResponseError as exc:  # a key of the wrong type: no outage
-            self._refused(exc)
-            return False
         except UNREACHABLE as exc:
-            self._outage(exc)
+            self._failed(exc)
             return False
         self._in_doubt = None
         if doubt.seq is not None and ran:
@@ -773,6 +765,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             len(leases), extra={"spider": self.spider},
         )
         return True
+
+    def _failed(self, exc: Exception) -> None:
+        """A Redis call outside the outbox failed: a refusal (a key of the
+        wrong type answers an error) or an outage."""
+        if isinstance(exc, ResponseError):
+            self._refused(exc)
+        else:
+            self._outage(exc)
 
     def _refused(self, exc: ResponseError) -> None:
         """A script refused a call before it wrote anything: no outage, but
