@@ -49,6 +49,18 @@ def _leased(result: list[Lease] | NotDue) -> list[Lease]:
     return result
 
 
+def _until_expired(rds: redis.Redis, key: str = "{t}:leases") -> None:
+    """Wait until every lease's deadline has passed on Redis's clock."""
+    deadline = time.monotonic() + 5
+    while True:
+        seconds, micros = rds.time()
+        last = rds.zrange(key, -1, -1, withscores=True)
+        if not last or last[0][1] < seconds * 1000 + micros // 1000:
+            return
+        assert time.monotonic() < deadline, "the leases did not expire"
+        time.sleep(0.005)
+
+
 def _ack_all(frontier: Frontier) -> None:
     """Lease and acknowledge everything due, until nothing is."""
     n = 0
@@ -190,7 +202,7 @@ def test_malformed_lease_data_is_dead_lettered_when_it_expires(rds: redis.Redis)
     _push(frontier, "https://a.example/0")
     _leased(frontier.lease_many(["w#a:0"]))
     rds.hset("{t}:ldata", "w#a:0", "garbage without tabs")
-    time.sleep(0.1)  # the lease's 50 ms run out
+    _until_expired(rds)  # the lease's 50 ms run out
     result = frontier.lease_many(["v#b:0"])
     assert isinstance(result, NotDue) and result.dead == 1
     assert "malformed lease data" in json.loads(rds.lindex("{t}:dead", 0) or b"{}")["reason"]
@@ -210,7 +222,7 @@ def test_a_request_whose_worker_dies_every_time_is_dead_lettered_after_its_deliv
         [lease] = _leased(frontier.lease_many([f"dies#{n}:0"]))
         assert lease.data == b"https://a.example/poison"
         assert lease.deliveries == n
-        time.sleep(0.1)  # the worker died; its 50 ms lease runs out
+        _until_expired(rds)  # the worker died; its 50 ms lease runs out
     # The third expiry dead-letters it and frees its slot: the rest goes on.
     [lease] = _leased(frontier.lease_many(["lives#1:0"]))
     assert lease.dead == 1
@@ -337,7 +349,7 @@ def test_a_poison_dead_letter_can_be_requeued(rds: redis.Redis) -> None:
     data = json.dumps({"u": "/p", "w": 1}).encode()
     frontier.push(data, site="a.example", priority=3, fingerprint=b"p", dont_filter=False)
     _leased(frontier.lease_many(["dies#1:0"]))
-    time.sleep(0.1)
+    _until_expired(rds)
     assert isinstance(frontier.lease_many(["v#1:0"]), NotDue)
     [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
     assert dead["url"] == "http://a.example/p"
@@ -354,7 +366,7 @@ def test_values_too_long_to_be_numbers_are_malformed_not_infinite(rds: redis.Red
     [lease] = _leased(frontier.lease_many(["w#a:0"]))
     assert any("{t}:delay" in p for p in lease.problems)  # the default delay held
     rds.hset("{t}:ldata", "w#a:0", "9" * 400 + '\ta.example\t#5#{"u":"/p"}')
-    time.sleep(0.1)  # the lease runs out
+    _until_expired(rds)  # the lease runs out
     result = frontier.lease_many(["v#b:0"])  # no error after a write
     assert isinstance(result, NotDue) and result.dead == 1
     assert "malformed lease data" in json.loads(rds.lindex("{t}:dead", 0) or b"{}")["reason"]
