@@ -32,6 +32,10 @@ class _Spider(Spider):
     name = "t"
 
 
+class _AckSpider(Spider):
+    name = "ack"
+
+
 def _frontier(rds: redis.Redis, **kwargs: Any) -> Frontier:
     frontier = Frontier(rds, "t", **{"default_concurrency": 8, **kwargs})
     frontier.load_scripts()
@@ -377,24 +381,24 @@ def test_values_too_long_to_be_numbers_are_malformed_not_infinite(rds: redis.Red
 def test_a_lease_whose_ack_is_refused_stays_extended_until_the_ack_is_in(
     redis_url: str, rds: redis.Redis
 ) -> None:
-    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_LEASE_TIMEOUT=1)
+    scheduler, _ = harness.open_scheduler(redis_url, _AckSpider, FRONTIER_LEASE_TIMEOUT=2)
     scheduler.enqueue_request(Request("https://a.example/page"))
     assert scheduler.flush_outbox()
-    [request] = lease_all(scheduler)
-    rds.set("{t}:dupefilter", "not a set")  # the next commit with a push is refused
+    [request] = [r for r in lease_all(scheduler) if r.url == "https://a.example/page"]
+    rds.set("{ack}:dupefilter", "not a set")  # the next commit with a push is refused
     scheduler.enqueue_request(Request("https://a.example/link"))
     scheduler.crawler.engine._slot.remove_request(request)  # handled: ack queued
     assert not scheduler.flush_outbox()  # refused
-    for _ in range(3):  # three lease lengths with heartbeats
+    for _ in range(6):  # a lease and a half, with heartbeats every quarter
         time.sleep(0.5)
         scheduler._down_until = 0.0
         scheduler._beat()
-    other = Frontier(rds, "t", lease_timeout=1)
+    other = Frontier(rds, "ack", lease_timeout=2)
     assert isinstance(other.lease_many(["other#x:0"]), NotDue)  # not handed out again
-    rds.delete("{t}:dupefilter")
+    rds.delete("{ack}:dupefilter")
     scheduler._down_until = 0.0
     assert scheduler.flush_outbox()
-    assert rds.zcard("{t}:leases") == 0
+    assert rds.zcard("{ack}:leases") == 0
 
 
 _BUSY = """

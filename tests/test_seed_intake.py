@@ -365,9 +365,10 @@ def test_sigterm_during_a_redis_outage_leaves_the_seeds_in_intake_for_the_next_w
         env = worker_env(server.url, mongo_uri, mongo_db)
         client = redis.Redis.from_url(server.url)
         push(client, *[site.url_for(f"/p/{i}") for i in range(n)])
-        # Its heartbeat (every 4 s) would send its writes: Redis stops first.
+        # Its heartbeat (every 7 s) would send its writes: Redis stops first
+        # (with room for a slow start on a busy machine).
         log = tmp_path / "stopped.log"
-        proc = start_worker("pages", env, log, {**HOLDS_WRITES, "FRONTIER_LEASE_TIMEOUT": 12})
+        proc = start_worker("pages", env, log, {**HOLDS_WRITES, "FRONTIER_LEASE_TIMEOUT": 21})
         try:
             batch = wait_for_one_full_batch(client, n, proc)
             server.stop()  # graceful: the append-only file has the batch
