@@ -364,17 +364,18 @@ def test_a_poison_dead_letter_can_be_requeued(rds: redis.Redis) -> None:
 
 
 def test_values_too_long_to_be_numbers_are_malformed_not_infinite(rds: redis.Redis) -> None:
-    frontier = _frontier(rds, lease_timeout=0.05)
+    frontier = Frontier(rds, "long", lease_timeout=0.05)  # a crawl of its own
+    frontier.load_scripts()
     _push(frontier, "https://a.example/0")
-    rds.hset("{t}:delay", "a.example", "1" + "0" * 400)
+    rds.hset("{long}:delay", "a.example", "1" + "0" * 400)
     [lease] = _leased(frontier.lease_many(["w#a:0"]))
-    assert any("{t}:delay" in p for p in lease.problems)  # the default delay held
-    rds.hset("{t}:ldata", "w#a:0", "9" * 400 + '\ta.example\t#5#{"u":"/p"}')
-    _until_expired(rds)  # the lease runs out
+    assert any("{long}:delay" in p for p in lease.problems)  # the default delay held
+    rds.hset("{long}:ldata", "w#a:0", "9" * 400 + '\ta.example\t#5#{"u":"/p"}')
+    _until_expired(rds, "{long}:leases")  # the lease runs out
     result = frontier.lease_many(["v#b:0"])  # no error after a write
     assert isinstance(result, NotDue) and result.dead == 1
-    assert "malformed lease data" in json.loads(rds.lindex("{t}:dead", 0) or b"{}")["reason"]
-    rds.delete("{t}:delay")
+    assert "malformed lease data" in json.loads(rds.lindex("{long}:dead", 0) or b"{}")["reason"]
+    rds.delete("{long}:delay")
     assert frontier.audit() == {}
 
 
