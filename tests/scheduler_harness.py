@@ -73,12 +73,17 @@ def open_scheduler(
 
 
 def stop_opened() -> None:
-    """Stop the heartbeats of every scheduler opened so far, and let the
-    loop finish their cancelled tasks (else asyncio reports them at exit)."""
+    """Stop the heartbeats and outbox timers of every scheduler opened so
+    far, and let the loop finish their cancelled tasks (else asyncio reports
+    them at exit)."""
     while _opened:
-        beat = _opened.pop()._heartbeat
+        scheduler = _opened.pop()
+        beat = scheduler._heartbeat
         if beat is not None and beat.running:
             beat.stop()
+        if scheduler._flush_call is not None:  # its outbox timer: no write after the test
+            scheduler._flush_call.cancel()
+            scheduler._flush_call = None
     loop = asyncio.get_event_loop()
     if not loop.is_running():
         loop.run_until_complete(asyncio.sleep(0))
