@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from types import TracebackType
 
-__all__ = ["Command", "FaultProxy", "Loss", "Rule", "wait_for"]
+__all__ = ["Command", "FaultProxy", "Loss", "Rule"]
 
 Mode = Literal["drop", "hold", "outage", "pass"]
 
@@ -814,12 +814,3 @@ def _reply_end(buf: bytearray, pos: int) -> int | None:
     return end
 
 
-def wait_for(
-    condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02
-) -> None:
-    """Poll ``condition`` until true; fail with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from scrapy.utils.reactor import install_reactor, is_reactor_installed
 from scrapy.utils.test import get_crawler
 
 from crawler.frontier.scheduler import FrontierScheduler
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -105,8 +105,4 @@ def lease_all(scheduler: FrontierScheduler) -> list[Request]:
 
 def wait_for_request(scheduler: FrontierScheduler, timeout: float = 5.0) -> Request:
     """Poll until a lease is handed out (leases and retries come due by time)."""
-    deadline = time.monotonic() + timeout
-    while (request := scheduler.next_request()) is None:
-        assert time.monotonic() < deadline, "nothing became due"
-        time.sleep(0.01)
-    return request
+    return wait_for(scheduler.next_request, timeout, "a request to become due", 0.01)

@@ -36,7 +36,8 @@ import redis
 
 from crawler.frontier.store import Frontier
 from crawler.replay import Page, default_warc_path, generated_site, load_warc
-from tests.faultproxy import FaultProxy, wait_for
+from tests.faultproxy import FaultProxy
+from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, Worker, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:

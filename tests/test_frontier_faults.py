@@ -20,6 +20,7 @@ from crawler.commands.deadletters import purge, requeue
 from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import finish, lease_all
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
 
@@ -55,14 +56,13 @@ def _leased(result: list[Lease] | NotDue) -> list[Lease]:
 
 def _until_expired(rds: redis.Redis, key: str = "{t}:leases") -> None:
     """Wait until every lease's deadline has passed on Redis's clock."""
-    deadline = time.monotonic() + 5
-    while True:
+
+    def expired() -> bool:
         seconds, micros = rds.time()
         last = rds.zrange(key, -1, -1, withscores=True)
-        if not last or last[0][1] < seconds * 1000 + micros // 1000:
-            return
-        assert time.monotonic() < deadline, "the leases did not expire"
-        time.sleep(0.005)
+        return not last or last[0][1] < seconds * 1000 + micros // 1000
+
+    wait_for(expired, 5, "the leases to expire", 0.005)
 
 
 def _ack_all(frontier: Frontier) -> None:
@@ -390,10 +390,16 @@ def test_a_lease_whose_ack_is_refused_stays_extended_until_the_ack_is_in(
     scheduler.enqueue_request(Request("https://a.example/link"))
     scheduler.crawler.engine._slot.remove_request(request)  # handled: ack queued
     assert not scheduler.flush_outbox()  # refused
-    for _ in range(6):  # a lease and a half, with heartbeats every quarter
-        time.sleep(0.5)
+    seconds, micros = rds.time()
+    until = seconds * 1000 + micros // 1000 + 3000  # a lease and a half
+
+    def beaten() -> bool:  # a heartbeat every quarter of a lease
         scheduler._down_until = 0.0
         scheduler._beat()
+        seconds, micros = rds.time()
+        return seconds * 1000 + micros // 1000 > until
+
+    wait_for(beaten, 10, "a lease and a half to pass", 0.5)
     other = Frontier(rds, "ack", lease_timeout=2)
     assert isinstance(other.lease_many(["other#x:0"]), NotDue)  # not handed out again
     rds.delete("{ack}:dupefilter")

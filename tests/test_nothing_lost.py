@@ -18,10 +18,11 @@ import redis
 
 from crawler.embedded import MongoServer, RedisServer
 from crawler.replay import Page, default_warc_path, load_warc
+from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from pathlib import Path
 
     from crawler.replay import SiteServer
@@ -29,13 +30,6 @@ if TYPE_CHECKING:
 
 #: Short leases so that a killed worker's requests come back within seconds.
 FAST = {"FRONTIER_LEASE_TIMEOUT": 3, "MAX_IDLE_TIME_BEFORE_CLOSE": 3}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -96,7 +90,7 @@ def test_killed_workers_lose_no_request(
     rds.lpush(f"{spider}:start_urls", slow_quotes.url_for("/"))
     victims = [workers.start(spider) for _ in range(3)]
     for threshold in (40, 120):
-        wait_until(lambda t=threshold: len(slow_quotes.hits()) >= t)
+        wait_for(lambda t=threshold: len(slow_quotes.hits()) >= t)
         victim = victims.pop(0)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
@@ -126,11 +120,11 @@ def test_a_redis_restart_mid_crawl_loses_nothing(
         try:
             pool.start("quotes")
             pool.start("quotes")
-            wait_until(lambda: len(site.hits()) >= 60)
+            wait_for(lambda: len(site.hits()) >= 60)
             # A graceful stop: the append-only file has every write. Redis
             # stays down until a worker's scheduler has noticed.
             server.stop()
-            wait_until(lambda: any(
+            wait_for(lambda: any(
                 "[crawler.frontier.scheduler] WARNING: Redis unreachable" in log.read_text()
                 for log in pool.logs if log.exists()
             ))
@@ -156,7 +150,7 @@ def test_mongodb_down_for_ten_seconds_loses_nothing(
         pool = Workers(env, tmp_path)
         try:
             pool.start("quotes", MAX_IDLE_TIME_BEFORE_CLOSE=5)
-            wait_until(lambda: len(site.hits()) >= 40)
+            wait_for(lambda: len(site.hits()) >= 40)
             server.stop()
             time.sleep(10)  # the outage under test lasts ten seconds
             server.start()
@@ -228,7 +222,7 @@ def test_sigterm_returns_or_finishes_every_lease(
     rds = redis.Redis.from_url(redis_url)
     rds.lpush("quotes:start_urls", slow_quotes.url_for("/"))
     proc = workers.start("quotes", FRONTIER_LEASE_TIMEOUT=60)
-    wait_until(lambda: rds.zcard("{quotes}:leases") >= 4)
+    wait_for(lambda: rds.zcard("{quotes}:leases") >= 4)
     stopped = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)

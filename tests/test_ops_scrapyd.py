@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from crawler.embedded import free_port
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,18 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
 SCRAPY = [PYTHON, "-m", "scrapy"]
 USER, PASSWORD = "crawler-test", "s3cret-test-password"
-
-
-def wait_for(check: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll ``check()`` until it returns a truthy value; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:

@@ -32,6 +32,7 @@ from crawler.frontier.store import Frontier, Lease
 from crawler.metrics import StatusCollector
 from crawler.replay import Page
 from crawler.status import StatusReader
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
@@ -242,15 +243,16 @@ def test_metrics_endpoint_serves_the_status_figures(
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def scrape() -> requests.Response | None:
             try:
-                response = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
-                break
+                return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
             except requests.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"exporter did not answer: {proc.stderr.read()!r}")  # type: ignore[union-attr]
-                time.sleep(0.1)
+                if proc.poll() is not None:
+                    pytest.fail(f"exporter exited: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+                return None
+
+        response = wait_for(scrape, 30, "the exporter to answer", 0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)

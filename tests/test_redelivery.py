@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -312,7 +311,6 @@ def test_two_workers_crawling_the_same_page_store_its_items_once(
         assert "Deprecat" not in worker.log, worker.log[-3000:]
         assert "ERROR" not in worker.log, worker.log[-3000:]
         snapshots.append({d["_id"]: d for d in db.redelivery_frontier.find()})
-        time.sleep(0.01)
     first, second = snapshots
 
     assert db.redelivery_frontier.count_documents({}) == 3  # "a", "b", "a" again

@@ -24,11 +24,12 @@ from crawler.frontier.connection import get_redis
 from crawler.frontier.intake import IntakeKeys, Reclaimed, SeedIntake
 from crawler.replay import Page
 from tests import scheduler_harness as harness
+from tests.waiting import wait_for
 from tests.workers import start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from pathlib import Path
 
     from crawler.replay import SiteServer
@@ -48,13 +49,6 @@ HOLDS_WRITES: dict[str, object] = {
 }
 #: A worker that reclaims abandoned batches within seconds.
 FAST: dict[str, object] = {"FRONTIER_LEASE_TIMEOUT": 3, "MAX_IDLE_TIME_BEFORE_CLOSE": 3}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def numbered_pages(path: str, nth: int) -> Page | None:
@@ -314,7 +308,7 @@ def wait_for_one_full_batch(client: Any, n: int, proc: subprocess.Popen[bytes]) 
         held = batches(client)
         return client.llen(SEEDS) == 0 and len(held) == 1 and client.llen(held[0]) == n
 
-    wait_until(taken)
+    wait_for(taken)
     [batch] = batches(client)
     return batch
 
@@ -433,14 +427,14 @@ def test_an_idle_worker_takes_a_new_seed_at_once(
         # Idle: blocked on the seed list (robots.txt is fetched with the
         # first seed; wait for it so that the second one is timed alone).
         push(rds, site.url_for("/p/0"))
-        wait_until(lambda: any(h.path == "/p/0" for h in site.hits()))
-        wait_until(lambda: any(c.get("cmd") == "blmove" for c in rds.client_list()))
+        wait_for(lambda: any(h.path == "/p/0" for h in site.hits()))
+        wait_for(lambda: any(c.get("cmd") == "blmove" for c in rds.client_list()))
         pushed = time.monotonic()
         push(rds, site.url_for("/p/1"))
-        wait_until(lambda: any(h.path == "/p/1" for h in site.hits()), timeout=5)
+        wait_for(lambda: any(h.path == "/p/1" for h in site.hits()), timeout=5)
         [hit] = [h for h in site.hits() if h.path == "/p/1"]
         assert hit.started - pushed < 0.5
-        wait_until(lambda: rds.zcard(REGISTRY) == 0, timeout=5)
+        wait_for(lambda: rds.zcard(REGISTRY) == 0, timeout=5)
         assert rds.llen(SEEDS) == 0
     finally:
         proc.send_signal(signal.SIGTERM)
