@@ -95,7 +95,8 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             under the site's key); False for a self-contained entry (dead
             letters). Only the JSON serializer compacts.
         :raises crawler.frontier.serializer.EncodeError: a value in meta,
-            cb_kwargs or cookies cannot be stored (the message says which).
+            cb_kwargs, cookies or an attribute a Request subclass declares
+            cannot be stored (the message says which).
         :raises ValueError: the callback is not a method of the spider.
         """
         if self.serializer is not json_serializer:
@@ -108,7 +109,8 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         the same way (Scrapy 2.19) but with the callback and errback names
         cached: Scrapy looks them up with ``inspect.getmembers`` on the
         spider for every request, which costs more than the rest of the
-        encoding together."""
+        encoding together. Every name in ``request.attributes`` is read, so
+        a subclass's own attributes are encoded too."""
         d: dict[str, Any] = {
             "url": request.url,
             "callback": self._method_name(request.callback),

@@ -80,6 +80,10 @@ class _Op:
     #: Called once the commit that carried every write queued before this
     #: op is known to be in Redis (``after_commit``).
     done: Callable[[], object] | None = None
+    #: The request a ``pushes`` op queues, kept until its commit is
+    #: answered: the reply says, per push, whether the shared dupefilter
+    #: filtered it, and a filtered request is logged as Scrapy logs one.
+    request: Request | None = None
 
 
 @dataclass
@@ -168,7 +172,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     fingerprint, so a link back to a seed is not fetched again.
 
     Stats: ``scheduler/enqueued/redis``, ``scheduler/dequeued/redis``,
-    ``dupefilter/filtered``, ``scheduler/unencodable``,
+    ``dupefilter/filtered`` (counted by the dupefilter's ``log``),
+    ``scheduler/unencodable``,
     ``frontier/leases/acked``, ``frontier/leases/returned`` (expired leases
     this worker put back), ``frontier/leases/released``,
     ``frontier/retries/scheduled``, ``frontier/dead``,
@@ -357,15 +362,24 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         naming the URL and the key that JSON cannot carry, counted in
         ``scheduler/unencodable`` and dropped, without being marked as seen.
 
+        Every duplicate is handed to the dupefilter's ``log(request,
+        spider)``, which logs it as Scrapy does (the first one, or all of
+        them with ``DUPEFILTER_DEBUG``) and counts it in
+        ``dupefilter/filtered``: here for a repeat of a fingerprint this
+        worker recorded, when the commit is answered for one the shared
+        dupefilter in Redis holds (then the signal ``request_dropped`` is
+        sent too, as the engine sends it when this method returns False).
+
         :returns: False for a request that could not be encoded, or a
             duplicate of one this worker recorded (``FRONTIER_LOCAL_SEEN``);
-            other duplicates are filtered when the outbox is sent. Both
-            count in ``dupefilter/filtered``.
+            other duplicates are filtered when the outbox is sent.
         """
         delay = request.meta.pop(RETRY_DELAY_META, None)
+        fingerprint = None
         if delay is None and not request.dont_filter and self._seen:
-            if self.df.request_fingerprint(request) in self._seen:
-                self.stats.inc_value("dupefilter/filtered")
+            fingerprint = self.df.request_fingerprint(request)
+            if fingerprint in self._seen:
+                self.df.log(request, self.spider)
                 return False
         try:
             data = self.queue.encode(request)
@@ -378,8 +392,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._write("retries", item=Retry(data, site, priority, float(delay)))
             self.stats.inc_value("frontier/retries/scheduled")
             return True
-        fingerprint = self.df.request_fingerprint(request)
-        self._write("pushes", item=Push(data, site, priority, fingerprint, request.dont_filter))
+        if fingerprint is None:
+            fingerprint = self.df.request_fingerprint(request)
+        push = Push(data, site, priority, fingerprint, request.dont_filter)
+        self._write("pushes", item=push, request=request)
         self._remember(fingerprint)
         return True
 
@@ -558,9 +574,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     # -- outbox and outages --------------------------------------------------------
 
     def _write(
-        self, kind: str, *, item: Any = None, done: Callable[[], object] | None = None
+        self,
+        kind: str,
+        *,
+        item: Any = None,
+        done: Callable[[], object] | None = None,
+        request: Request | None = None,
     ) -> None:
-        self._outbox.append(_Op(kind, item, done))
+        self._outbox.append(_Op(kind, item, done, request))
         if self._flush_call is None:
             self._flush_call = call_later(self.outbox_delay, self._flush_soon)
 
@@ -720,7 +741,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return committed, leased
 
     def _committed(self, ops: list[_Op], committed: Committed | None) -> None:
-        """The first ``len(ops)`` writes of the outbox are in Redis."""
+        """The first ``len(ops)`` writes of the outbox are in Redis.
+
+        ``committed`` is the commit's reply; None when there was no commit,
+        or when its reply was lost and Redis only told that it ran (then
+        which pushes were duplicates is not known, and the log says so).
+        """
         del self._outbox[: len(ops)]
         self._recovered()
         for op in ops:
@@ -729,12 +755,30 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                     op.done()
                 except Exception:  # a callback's failure is its own
                     logger.exception("after_commit callback failed")
+        pushes = [op for op in ops if op.kind == "pushes"]
         if committed is None:
+            if pushes:
+                logger.info(
+                    "The reply to a frontier commit was lost; it ran, but which of its %d "
+                    "new requests were queued and which were filtered as duplicates is not "
+                    "known: they are not counted in scheduler/enqueued/redis or "
+                    "dupefilter/filtered, nor logged as duplicates",
+                    len(pushes), extra={"spider": self.spider},
+                )
             return
-        queued = sum(committed.pushed)
+        # One flag per push, in the order of the ops (_commit_of keeps it).
+        for op, queued in zip(pushes, committed.pushed, strict=False):
+            if queued:
+                continue
+            if op.request is None:
+                self.stats.inc_value("dupefilter/filtered")
+                continue
+            self.df.log(op.request, self.spider)
+            self.crawler.signals.send_catch_log(
+                signals.request_dropped, request=op.request, spider=self.spider
+            )
         for key, n in (
-            ("scheduler/enqueued/redis", queued),
-            ("dupefilter/filtered", len(committed.pushed) - queued),
+            ("scheduler/enqueued/redis", sum(committed.pushed)),
             ("frontier/leases/acked", committed.acked),
         ):
             if n:

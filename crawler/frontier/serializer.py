@@ -31,7 +31,24 @@ key    Request attribute      encoding
 ``f``  ``dont_filter``        ``1`` when true
 ``g``  ``flags``              list of strings
 ``t``  ``_class``             import path of a Request subclass
+``X``  the other names in     ``{name: value}``, JSON values, only
+       the subclass's         with ``t``: what a subclass adds to
+       ``attributes``         ``Request.attributes`` (e.g.
+                              ``JsonRequest.dumps_kwargs``)
 =====  =====================  =====================================
+
+So a :class:`scrapy.Request` subclass comes back as itself with every
+attribute it declares in ``attributes`` (as Scrapy documents for
+subclasses), as with Scrapy's own :meth:`~scrapy.Request.to_dict` and
+:func:`~scrapy.utils.request.request_from_dict`; a subclass whose attribute
+holds a value JSON cannot carry (a set, bytes, an object) is refused when it
+is encoded, naming the class and the attribute. As in ``meta``, a tuple
+comes back as a list.
+
+:func:`loads` gives every attribute of ``Request`` (defaults filled in),
+as ``Request.to_dict`` does, so a subclass whose ``__init__`` fills in
+arguments it is not given (``XmlRpcRequest``'s method POST) gets the
+values stored.
 """
 
 from __future__ import annotations
@@ -74,7 +91,9 @@ _PLAIN: dict[str, tuple[str, Any]] = {
     "flags": ("g", []),
     "_class": ("t", None),
 }
-_LONG = {short: name for name, (short, _) in _PLAIN.items()}
+#: ``Request.to_dict`` keys with a field of their own; other keys are the
+#: extra attributes of a subclass (field ``X``).
+_OWN = frozenset({"url", "headers", "body", "dont_filter", *_PLAIN})
 
 
 def _check_json(value: Any, where: str, url: str) -> None:
@@ -108,8 +127,12 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
         under; an http(s) URL on that site is then stored without its
         ``scheme://site`` part, which :func:`loads` needs the site to restore.
     :returns: UTF-8 JSON bytes, defaults left out (see the module table).
-    :raises EncodeError: when meta, cb_kwargs or cookies hold a value JSON
-        cannot carry; the message names the URL and the key.
+    :raises EncodeError: when meta, cb_kwargs, cookies or an attribute a
+        Request subclass adds hold a value JSON cannot carry; the message
+        names the URL and the key (``cannot store request https://a/ in
+        Redis: TaggedRequest attribute 'tag' is a set, which JSON cannot
+        carry``); or when ``obj`` has keys of no Request attribute without
+        a ``_class``.
     """
     url = obj["url"]
     out: dict[str, Any] = {"u": url}
@@ -130,6 +153,8 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
         out[short] = value
     if obj.get("dont_filter"):
         out["f"] = 1
+    if extra := _extra_attributes(obj, url):
+        out["X"] = extra
     headers = obj.get("headers") or {}
     if headers:
         out["h"] = {
@@ -147,15 +172,40 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
         raise EncodeError(f"cannot store request {url} in Redis: {exc}") from exc
 
 
+def _extra_attributes(obj: dict[str, Any], url: str) -> dict[str, Any]:
+    """The attributes a Request subclass adds (the keys of ``obj`` without a
+    field of their own), checked.
+
+    :raises EncodeError: a value JSON cannot carry (naming the class and
+        the attribute), or such keys without a ``_class``.
+    """
+    extra = {name: value for name, value in obj.items() if name not in _OWN}
+    if not extra:
+        return extra
+    cls = obj.get("_class")
+    if not cls:
+        raise EncodeError(
+            f"cannot store request {url} in Redis: Request has no attribute "
+            f"{next(iter(extra))!r} (a subclass's dict needs its '_class')"
+        )
+    cls_name = str(cls).rpartition(".")[2]
+    for name, value in extra.items():
+        _check_json(value, f"{cls_name} attribute {name!r}", url)
+    return extra
+
+
 def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
     """Decode bytes written by :func:`dumps` into a ``Request.to_dict`` dict.
 
     :param data: one frontier entry.
     :param site: the site it was stored under (needed for a relative URL).
     :returns: a dict that :func:`scrapy.utils.request.request_from_dict`
-        accepts.
+        accepts, with every ``Request`` attribute (defaults filled in), the
+        ``_class`` of a subclass and the attributes it adds.
     :raises DecodeError: the entry is not our JSON (a pickled payload is
-        named as such and never unpickled).
+        named as such and never unpickled), or a field is malformed: of the
+        wrong type, unknown, or (``X``) naming no attribute the entry's
+        class adds to ``Request.attributes``.
     """
     raw = data.encode() if isinstance(data, str) else data
     if raw[:1] == b"\x80":
@@ -176,19 +226,24 @@ def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
             raise DecodeError("entry has a relative URL and no site to resolve it")
         url = ("http://" if enc.get("w") else "https://") + site + url
     out: dict[str, Any] = {"url": url}
-    for short, name in _LONG.items():
+    for name, (short, default) in _PLAIN.items():
         if short in enc:
             out[name] = enc[short]
+        elif name != "_class":
+            # A fresh {} or [] per request: Request keeps what it is given.
+            out[name] = type(default)() if isinstance(default, (dict, list)) else default
     out["dont_filter"] = bool(enc.get("f"))
-    if "h" in enc:
-        out["headers"] = {
-            k.encode("latin-1"): [v.encode("latin-1") for v in vs]
-            for k, vs in enc["h"].items()
-        }
+    out["headers"] = {
+        k.encode("latin-1"): [v.encode("latin-1") for v in vs]
+        for k, vs in enc.get("h", {}).items()
+    }
     if "b" in enc:
         out["body"] = enc["b"].encode("utf-8")
     elif "B" in enc:
         out["body"] = base64.b64decode(enc["B"])
+    else:
+        out["body"] = b""
+    out.update(enc.get("X", {}))
     return out
 
 
@@ -196,7 +251,7 @@ def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
 _TYPES: dict[str, tuple[type, ...]] = {
     "u": (str,), "w": (int,), "c": (str,), "e": (str,), "M": (str,), "h": (dict,),
     "b": (str,), "B": (str,), "k": (dict, list), "m": (dict,), "a": (dict,),
-    "x": (str,), "p": (int,), "f": (int,), "g": (list,), "t": (str,),
+    "x": (str,), "p": (int,), "f": (int,), "g": (list,), "t": (str,), "X": (dict,),
 }
 
 
@@ -216,19 +271,30 @@ def _check_fields(enc: dict[str, Any]) -> None:
         for k, vs in enc["h"].items()
     ):
         raise DecodeError("entry has bad headers")
-    cls = enc.get("t")
-    if cls is not None and not _is_request_class(cls):
-        raise DecodeError(f"entry names {cls!r}, which is not a loaded Request class")
+    path = enc.get("t")
+    cls = None if path is None else _request_class(path)
+    if path is not None and cls is None:
+        raise DecodeError(f"entry names {path!r}, which is not a loaded Request class")
+    extra = enc.get("X")
+    if extra is not None:
+        if cls is None:
+            raise DecodeError("entry has extra attributes 'X' but no Request subclass 't'")
+        for name in extra:
+            if name in _OWN or name not in cls.attributes:
+                raise DecodeError(
+                    f"entry has a bad field 'X': {name!r} is not an attribute that "
+                    f"{cls.__name__} adds to Request.attributes"
+                )
 
 
-def _is_request_class(path: str) -> bool:
-    """Whether ``path`` names a Request subclass in an already imported module.
+def _request_class(path: str) -> type[Request] | None:
+    """The Request subclass ``path`` names in an already imported module, or None.
 
     Nothing is imported on the word of Redis: importing a module runs code.
     """
     module, _, name = path.rpartition(".")
     obj = getattr(sys.modules.get(module), name, None)
-    return isinstance(obj, type) and issubclass(obj, Request)
+    return obj if isinstance(obj, type) and issubclass(obj, Request) else None
 
 
 def _latin1(value: bytes | str) -> str:
