@@ -167,7 +167,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
       robots.txt answers 2xx or 4xx, its rules apply to those requests.
       While the site has no robots.txt in ``{s}:robots`` the frontier serves
       it one request at a time, so the hold bounces at most one request per
-      attempt.
+      attempt. A request downloaded outside the scheduler
+      (``engine.download_async``) waits in the worker instead.
     * A stored robots.txt is fetched again after ``FRONTIER_ROBOTS_TTL``
       seconds (default 86400); while that fetch fails, the old rules are
       kept (RFC 9309 section 2.4) and fetched again with the same backoff.
@@ -238,8 +239,15 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
             return None
         rules = await self._rules_for(request)
-        if isinstance(rules, _Wait):
-            return self._defer(request, rules)
+        while isinstance(rules, _Wait):
+            if RETRY_DELAY_META not in request.meta:
+                return self._defer(request, rules)
+            # The copy came straight back: Scrapy's engine.download_async
+            # (a spider awaiting a download itself) runs a returned request
+            # at once instead of scheduling it. It waits here instead.
+            await asyncio.sleep(rules.seconds)
+            rules = await self._rules_for(request)
+        request.meta.pop(RETRY_DELAY_META, None)
         self.process_request_2(rules, request)
         return None
 

@@ -10,23 +10,29 @@ driven by request counts, not by the clock.
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from scrapy import Request
+from scrapy.http.request import NO_CALLBACK
 
 from crawler.embedded import free_port
 from crawler.frontier.store import Frontier
 from crawler.politeness import RobotsDown, parse_down
 from crawler.replay import Page, SiteServer
+from crawler.spiders.pages import PagesSpider
 from tests.workers import crawl, start_worker, wait_workers
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
     import redis
+    from scrapy.http import Response
 
     from crawler.replay import Hit
     from tests.conftest import SiteFactory
@@ -262,6 +268,68 @@ def test_stale_rules_are_kept_while_robots_txt_is_unreachable(
     assert workers[0].stats.get("robotstxt/unreachable/deferred", 0) == 0
 
 
+def test_robots_txt_unreachable_for_30_days_means_no_rules(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
+) -> None:
+    """RFC 9309 2.3.1.4: unreachable for 30 days (and no rules known), the
+    site may be crawled as if it had no robots.txt."""
+    site = site_factory(pages(), handler=robots_failing(
+        1000, Page(503, TEXT, b""), Page(200, TEXT, b"")))
+    site_key = site.url[len("http://"):]
+    now_ms = round(time.time() * 1000)
+    rds.hset(DOWN, site_key, RobotsDown(now_ms, 40, now_ms - 31 * 86_400_000).encode())
+    rds.lpush("pages:start_urls", site.url_for("/"))
+
+    workers = crawl("pages", env, tmp_path, workers=1, settings=FAST)
+
+    assert [w.returncode for w in workers] == [0], workers[0].log[-3000:]
+    assert sorted(paths(site)) == ["/", "/private/x", "/public/y", "/robots.txt"]
+    assert rds.hget("{pages}:robots", site_key).endswith(b"\n")  # stored: no rules
+    assert rds.hlen(DOWN) == 0
+    assert_nothing_lost(rds)
+
+
+class InlineDownloadSpider(PagesSpider):
+    """``pages``, whose callback also awaits ``engine.download_async`` of the
+    URL in ``meta["inline"]`` (outside the scheduler), and logs its status."""
+
+    name = "robots_inline"
+
+    async def parse(self, response: Response, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        url = response.meta.get("inline")
+        if url:
+            engine = self.crawler.engine
+            inline = await engine.download_async(Request(url, callback=NO_CALLBACK))
+            self.logger.info("inline download: %s %s", inline.status, inline.url)
+        for output in super().parse(response):
+            yield output
+
+
+def test_a_download_outside_the_scheduler_waits_in_the_worker(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
+) -> None:
+    """Scrapy's engine.download_async runs a request the middleware returns
+    at once, not through the scheduler: it must wait for robots.txt without
+    spinning, then go on."""
+    seed = site_factory({"/": Page(200, HTML, b"<title>seed</title>")})
+    other = site_factory(pages(), host="127.0.0.2", handler=robots_failing(
+        2, Page(503, TEXT, b""), Page(200, TEXT, RULES)))
+    rds.lpush("robots_inline:start_urls", json.dumps(
+        {"url": seed.url_for("/"), "meta": {"inline": other.url_for("/public/y")}}))
+
+    workers = crawl("robots_inline", env, tmp_path, workers=1,
+                    settings={**FAST, "SPIDER_MODULES": "tests.test_robots_rfc"})
+
+    assert [w.returncode for w in workers] == [0], workers[0].log[-3000:]
+    assert f"inline download: 200 {other.url_for('/public/y')}" in workers[0].log
+    assert [h.status for h in robots_hits(other)] == [503, 503, 200]
+    assert paths(other).count("/public/y") == 1
+    assert rds.llen("{robots_inline}:dead") == 0
+    # Sent back once; the copy that came straight back waited (a spinning
+    # worker would have sent it back again and again).
+    assert workers[0].stats.get("robotstxt/unreachable/deferred", 0) == 1
+
+
 # -- the stored state, read leniently -----------------------------------------------
 
 
@@ -297,7 +365,7 @@ def test_stored_unreachable_state_is_parsed_leniently(
     ids=["retryable-error", "other-error", "503-retries-spent"],
 )
 def test_a_request_whose_sender_handles_its_failure_is_no_dead_letter(failure: Any) -> None:
-    from scrapy import Request, Spider
+    from scrapy import Spider
     from scrapy.http import Response
     from scrapy.utils.test import get_crawler
 
