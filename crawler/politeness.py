@@ -332,12 +332,15 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _hget(self, key: str, site: str) -> bytes | None:
         """``HGET key site``; a key of another type counts as no value.
 
-        :raises redis.exceptions.RedisError: Redis failed.
+        :raises redis.exceptions.RedisError: Redis failed or refused (any
+            error but ``WRONGTYPE``).
         """
         try:
             value: bytes | None = self.redis.hget(key, site)  # type: ignore[assignment]
         except ResponseError as exc:
-            self._problem(f"{key}: {exc}: ignored")
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            self._problem(f"{key} is not a hash: ignored")
             return None
         return value
 

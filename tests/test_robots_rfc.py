@@ -135,6 +135,7 @@ def test_robots_txt_answering_503_holds_the_site_until_it_answers(
     log = "".join(w.log for w in workers)
     assert f"robots.txt of {site.url[7:]} unreachable (503 Service Unavailable)" in log
     assert "Dead letter" not in log
+    assert "DeprecationWarning" not in log
 
 
 def test_robots_txt_answering_404_means_no_rules(
@@ -244,6 +245,9 @@ def test_a_malformed_unreachable_state_does_not_stop_the_crawl(
     assert_nothing_lost(rds)
     if bad == "value":
         assert rds.hlen(DOWN) == 0
+        assert "Bad value in Redis: {pages}:robots:down 127.0.0.1:" in workers[0].log
+    else:
+        assert "Bad value in Redis: {pages}:robots:down is not a hash" in workers[0].log
     assert "Traceback" not in workers[0].log
 
 
