@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DONT_DEAD_LETTER_META",
     "BackoffRetryMiddleware",
     "ItemIdMiddleware",
     "SeedHostsMiddleware",
@@ -38,6 +39,9 @@ __all__ = [
 
 #: Request meta key holding the hosts a request's crawl may visit.
 META_KEY = "seed_hosts"
+#: Request meta key: the component that sent this request handles its
+#: failure itself (the robots.txt fetch), so no dead letter is made of it.
+DONT_DEAD_LETTER_META = "dont_dead_letter"
 
 
 def tag_seed(request: Request) -> Request:
@@ -215,7 +219,9 @@ class BackoffRetryMiddleware(RetryMiddleware):
 
     A request that exhausts its retries is sent with the
     :data:`~crawler.frontier.signals.request_dead` signal, and the scheduler
-    writes it to the dead-letter queue with the reason and attempt count.
+    writes it to the dead-letter queue with the reason and attempt count;
+    unless its meta has ``dont_dead_letter`` (:data:`DONT_DEAD_LETTER_META`):
+    its failure is then left to the component that sent it.
     """
 
     def __init__(self, settings: Any) -> None:
@@ -246,6 +252,8 @@ class BackoffRetryMiddleware(RetryMiddleware):
             "dont_retry", False
         ):
             return self._retry_later(request, exception, None)
+        if request.meta.get(DONT_DEAD_LETTER_META, False):
+            return None
         self.crawler.signals.send_catch_log(
             request_dead,
             request=request,
@@ -259,6 +267,8 @@ class BackoffRetryMiddleware(RetryMiddleware):
     ) -> Request | None:
         retry = self._retry(request, reason)
         if retry is None:
+            if request.meta.get(DONT_DEAD_LETTER_META, False):
+                return None
             attempts = request.meta.get("retry_times", 0) + 1
             self.crawler.signals.send_catch_log(
                 request_dead,

@@ -9,6 +9,11 @@ hashes, which ``lua/lease.lua`` reads when it paces a site:
 A site's delay between two requests, across all workers, is then
 ``max(FRONTIER_DELAY or its {s}:delay override, its Crawl-delay) + its slow
 delay``, times ``1 + FRONTIER_DELAY_MARGIN``.
+
+robots.txt itself is kept in ``{<spider>}:robots`` (site -> ``fetched\\nbody``)
+and, while a site's robots.txt cannot be reached, ``{<spider>}:robots:down``
+(site -> ``"<next attempt ms> <failed attempts> <first failure ms>"``, times
+of the Redis server's clock): see :class:`SharedRobotsTxtMiddleware`.
 """
 
 from __future__ import annotations
@@ -16,56 +21,197 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
+from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.response import response_status_message
 
 from crawler.frontier.connection import get_redis
+from crawler.frontier.scheduler import RETRY_DELAY_META
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import frontier_prefix
+from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
 #: Longest pause, in seconds, between attempts to read robots.txt from Redis.
 REDIS_BACKOFF_CAP = 30.0
+#: Seconds a worker holds the lock ``{s}:robots:lock:<site>`` while it
+#: fetches a site's robots.txt for all; a worker that died lets it expire.
+LOCK_SECONDS = 60
+#: Redirects followed to reach robots.txt (RFC 9309 section 2.3.1.2: at
+#: least five); past them it counts as unavailable (no rules).
+MAX_REDIRECTS = 5
+#: How long (ms) robots.txt may stay unreachable before the site is crawled
+#: as if it had none (RFC 9309 section 2.3.1.4 allows it after 30 days).
+GIVE_UP_MS = 30 * 86_400_000
 
 if TYPE_CHECKING:
     from typing import Self
 
     from redis import Redis
-    from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.robotstxt import RobotParser
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AdaptiveSlowdownMiddleware", "SharedRobotsTxtMiddleware"]
+__all__ = ["AdaptiveSlowdownMiddleware", "RobotsDown", "SharedRobotsTxtMiddleware", "parse_down"]
+
+_MS = re.compile(rb"\d{1,15}")
+_COUNT = re.compile(rb"[1-9]\d{0,8}")
+
+
+class RobotsDown(NamedTuple):
+    """A site whose robots.txt could not be reached (5xx or a network error).
+
+    Shared by all workers in ``{s}:robots:down`` (site -> :meth:`encode`).
+    Times are ms of the Redis server's clock.
+
+    :ivar next_ms: nobody fetches the site's robots.txt again before this.
+    :ivar attempt: failed fetches in a row, >= 1.
+    :ivar since_ms: when the first of them failed.
+    """
+
+    next_ms: int
+    attempt: int
+    since_ms: int
+
+    def encode(self) -> bytes:
+        """``b"<next_ms> <attempt> <since_ms>"``."""
+        return f"{self.next_ms} {self.attempt} {self.since_ms}".encode()
+
+
+def parse_down(raw: bytes | str | None) -> RobotsDown | None:
+    """The :class:`RobotsDown` stored as ``raw``, or None when there is none
+    or it is malformed (it then counts as absent: robots.txt is fetched).
+
+    Accepts ``"<next_ms> <attempt> <since_ms>"`` and, without the time of
+    the first failure, ``"<next_ms> <attempt>"`` (``since_ms`` is then
+    ``next_ms``); ms are whole numbers of at most 15 digits, ``attempt`` an
+    integer from 1. Never raises.
+    """
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    fields = raw.split()
+    if len(fields) not in (2, 3) or not _MS.fullmatch(fields[0]):
+        return None
+    if not _COUNT.fullmatch(fields[1]):
+        return None
+    if len(fields) == 3 and not _MS.fullmatch(fields[2]):
+        return None
+    next_ms = int(fields[0])
+    return RobotsDown(next_ms, int(fields[1]), int(fields[2]) if len(fields) == 3 else next_ms)
+
+
+class _Stored(NamedTuple):
+    """What Redis holds on a site's robots.txt.
+
+    :ivar body: its last robots.txt (None: never fetched, or unreadable).
+    :ivar fetched: Unix time (s) it was fetched (None with no body).
+    :ivar down: its unreachable state, if any.
+    """
+
+    body: bytes | None
+    fetched: float | None
+    down: RobotsDown | None
+
+
+class _Wait(NamedTuple):
+    """A request must wait: robots.txt of its site is unreachable.
+
+    :ivar seconds: until the next attempt to fetch it.
+    :ivar attempt: failed attempts so far (0: unknown).
+    :ivar reason: why, when this worker knows (e.g. ``"503 Service Unavailable"``).
+    """
+
+    seconds: float
+    attempt: int
+    reason: str | None = None
 
 
 class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
-    """Scrapy's RobotsTxtMiddleware with robots.txt fetched once per cluster.
+    """Scrapy's RobotsTxtMiddleware with robots.txt fetched once per cluster,
+    and its fetch's outcome handled as RFC 9309 section 2.3.1 says.
 
-    Scrapy fetches robots.txt once per site in every worker process. Here the
-    first worker to need a site's robots.txt takes a lock in Redis
-    (``{s}:robots:lock:<site>``, 60 s), fetches it as Scrapy would and stores
-    the body in ``{s}:robots`` (site -> body), with its ``Crawl-delay`` for our
-    user agent in ``{s}:rdelay`` (ms), which the frontier then holds every
-    worker to. Other workers wait for the body and parse it themselves (with
-    ``ROBOTSTXT_PARSER``, protego by default). A stored robots.txt is fetched
-    again after ``FRONTIER_ROBOTS_TTL`` seconds (default 86400).
+    The first worker to need a site's robots.txt takes a lock in Redis
+    (``{s}:robots:lock:<site>``, 60 s) and fetches it once (no retry at once,
+    never a dead letter; up to 5 redirects). Other workers obey what it
+    stores, under the site's frontier key (:func:`site_of`):
 
+    * **2xx**: the body goes to ``{s}:robots`` (site -> ``fetched\\nbody``)
+      and its ``Crawl-delay`` for our user agent to ``{s}:rdelay`` (ms),
+      which the frontier holds every worker to. Each worker parses the body
+      itself (``ROBOTSTXT_PARSER``, protego by default).
+    * **4xx, or more than 5 redirects** ("unavailable"): no rules, stored as
+      an empty body: everything is allowed.
+    * **5xx or a network error** (DNS, refused, timeout; "unreachable"): the
+      site is fully disallowed. ``{s}:robots:down`` (site ->
+      ``"<next attempt ms> <failed attempts> <first failure ms>"``, Redis
+      clock) says when to fetch it again: after
+      ``FRONTIER_ROBOTS_RETRY_BASE`` seconds (default 2.0), doubling with
+      each failure up to ``FRONTIER_ROBOTS_RETRY_MAX`` (default 300.0),
+      stretched by up to ``FRONTIER_RETRY_JITTER``. The site is held
+      (``{s}:due``) until then, and each of its requests that reaches a
+      worker goes back to the frontier's retry set until then: a copy with
+      ``dont_filter`` and ``meta["frontier_retry_delay"]``, not counted as a
+      retry of it (``retry_times`` unchanged) and not dead-lettered. Once
+      robots.txt answers 2xx or 4xx, its rules apply to those requests.
+      While the site has no robots.txt in ``{s}:robots`` the frontier serves
+      it one request at a time, so the hold bounces at most one request per
+      attempt. A request downloaded outside the scheduler
+      (``engine.download_async``) waits in the worker instead.
+    * A stored robots.txt is fetched again after ``FRONTIER_ROBOTS_TTL``
+      seconds (default 86400); while that fetch fails, the old rules are
+      kept (RFC 9309 section 2.4) and fetched again with the same backoff.
+      A site unreachable for 30 days without rules known is crawled as if
+      it had no robots.txt (RFC 9309 section 2.3.1.4 allows it).
+
+    A malformed value in ``{s}:robots`` or ``{s}:robots:down``, or one of
+    those keys holding another type, counts as absent (logged once): the
+    worker fetches robots.txt again.
+
+    Stats: Scrapy's ``robotstxt/*``, plus ``robotstxt/unreachable/count``
+    (fetches that failed: 5xx or network error) and
+    ``robotstxt/unreachable/deferred`` (requests sent back to wait).
     Enabled by ``ROBOTSTXT_OBEY``, as Scrapy's is.
+
+    :raises ValueError: ``FRONTIER_ROBOTS_RETRY_BASE`` is not above 0, or
+        ``FRONTIER_ROBOTS_RETRY_MAX`` is below it.
     """
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
+        settings = crawler.settings
         self._redis: Redis | None = None
-        self.ttl = crawler.settings.getfloat("FRONTIER_ROBOTS_TTL", 86400.0)
-        self.margin = crawler.settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
+        self.ttl = settings.getfloat("FRONTIER_ROBOTS_TTL", 86400.0)
+        self.margin = settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
+        self.retry_base = settings.getfloat("FRONTIER_ROBOTS_RETRY_BASE", 2.0)
+        self.retry_max = settings.getfloat("FRONTIER_ROBOTS_RETRY_MAX", 300.0)
+        self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
+        if not self.retry_base > 0:
+            raise ValueError(
+                f"FRONTIER_ROBOTS_RETRY_BASE must be a number of seconds above 0, "
+                f"not {self.retry_base!r}"
+            )
+        if not self.retry_max >= self.retry_base:
+            raise ValueError(
+                f"FRONTIER_ROBOTS_RETRY_MAX ({self.retry_max!r}) must be seconds at least "
+                f"FRONTIER_ROBOTS_RETRY_BASE ({self.retry_base!r})"
+            )
+        #: site -> (parser, time.monotonic() until which it is used unread)
+        self._rules: dict[str, tuple[RobotParser, float]] = {}
+        #: site -> the failed attempt whose wait this worker logged
+        self._logged: dict[str, int] = {}
+        self._problems: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -83,19 +229,45 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         assert self.crawler.spider is not None
         return frontier_prefix(self.crawler.spider.name)
 
-    async def robot_parser(self, request: Request) -> RobotParser | None:
-        """The site's parser: local cache, then Redis, then one fetch for all."""
+    async def process_request(self, request: Request) -> Request | None:  # type: ignore[override]
+        """Let ``request`` through, drop it (robots.txt forbids it), or send
+        it back to wait in the frontier (its site's robots.txt is unreachable).
+
+        :returns: None, or the copy of ``request`` that waits.
+        :raises scrapy.exceptions.IgnoreRequest: robots.txt forbids it.
+        """
+        if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
+            return None
+        rules = await self._rules_for(request)
+        while isinstance(rules, _Wait):
+            if RETRY_DELAY_META not in request.meta:
+                return self._defer(request, rules)
+            # The copy came straight back: Scrapy's engine.download_async
+            # (a spider awaiting a download itself) runs a returned request
+            # at once instead of scheduling it. It waits here instead.
+            await asyncio.sleep(rules.seconds)
+            rules = await self._rules_for(request)
+        request.meta.pop(RETRY_DELAY_META, None)
+        self.process_request_2(rules, request)
+        return None
+
+    async def _rules_for(self, request: Request) -> RobotParser | _Wait:
+        """The rules of ``request``'s site: this worker's copy while fresh,
+        else Redis's, else fetched once for the cluster; or a wait."""
         site = site_of(request)
-        netloc = urlparse_cached(request).netloc
-        cached = self._parsers.get(netloc)
-        if cached is not None and not hasattr(cached, "addCallback"):
-            return cached
-        prefix = self._prefix()
-        deadline = time.monotonic() + 60
+        local = self._rules.get(site)
+        if local is not None and time.monotonic() < local[1]:
+            return local[0]
         backoff = 0.0
+        deadline = time.monotonic() + LOCK_SECONDS + 5
         while True:
             try:
-                parser, locked = self._from_redis(prefix, site, netloc)
+                rules, stored = self._from_redis(site)
+                if rules is not None:
+                    return rules
+                if self.redis.set(self._prefix() + "robots:lock:" + site, "1",
+                                  nx=True, ex=LOCK_SECONDS):
+                    break
             except RedisError as exc:
                 # An outage, or a lost reply (a lock taken with it expires in
                 # 60 s): the request waits; it is no download failure.
@@ -105,61 +277,209 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                     site, exc, backoff,
                 )
                 await asyncio.sleep(backoff)
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + LOCK_SECONDS + 5
                 continue
-            if parser is not None:
-                return parser
-            if locked:
-                break
+            if stored.body is not None:
+                # Stale rules while another worker fetches the new ones.
+                return self._keep(site, stored.body, 1.0)
             if time.monotonic() > deadline:
-                return None  # the fetching worker died: crawl as Scrapy does without
+                # The lock outlived its expiry: set by hand without one?
+                return _Wait(self.retry_base, 0, "another worker holds its lock")
             await asyncio.sleep(0.1)
-        self._parsers.pop(netloc, None)
-        # Scrapy's own fetch, keyed by netloc; _parse_robots stores the body.
-        return await super().robot_parser(request)
+        return await self._fetch(request, site, stored)
 
-    def _from_redis(
-        self, prefix: str, site: str, netloc: str
-    ) -> tuple[RobotParser | None, bool]:
-        """The parser of ``site``'s robots.txt as stored in Redis (None when
-        missing, stale or unreadable), or else whether this worker took the
-        lock to fetch it.
+    def _from_redis(self, site: str) -> tuple[RobotParser | _Wait | None, _Stored]:
+        """The rules of ``site`` as Redis holds them (fresh, or stale ones
+        while robots.txt is unreachable), a wait (unreachable, no rules
+        known), or None: robots.txt is to be fetched.
 
         :raises redis.exceptions.RedisError: Redis failed.
         """
-        body: bytes | None = self.redis.hget(prefix + "robots", site)  # type: ignore[assignment]
-        if body is not None:
-            fetched, _, text = body.partition(b"\n")
+        prefix = self._prefix()
+        raw = self._hget(prefix + "robots", site)
+        body, fetched = None, None
+        if raw is not None:
+            stamp, newline, text = raw.partition(b"\n")
             try:
-                fresh = time.time() - float(fetched or 0) < self.ttl
+                fetched = float(stamp)
             except ValueError:
-                fresh = False
-            if fresh:
-                # _parserimpl is the ROBOTSTXT_PARSER class (typed as an instance).
-                parserimpl: Any = self._parserimpl
-                parser: RobotParser = build_from_crawler(parserimpl, self.crawler, text)
-                self._parsers[netloc] = parser
-                return parser, False
-        return None, bool(self.redis.set(prefix + "robots:lock:" + site, "1", nx=True, ex=60))
+                fetched = math.nan
+            if newline and math.isfinite(fetched):
+                body = text
+            else:
+                self._problem(f"{prefix}robots {site} is not 'fetched\\nbody': ignored")
+                fetched = None
+        raw_down = self._hget(prefix + "robots:down", site)
+        down = parse_down(raw_down)
+        if raw_down is not None and down is None:
+            self._problem(f"{prefix}robots:down {site} = {raw_down[:60]!r} is malformed: ignored")
+        stored = _Stored(body, fetched, down)
+        if body is not None and fetched is not None:
+            age = time.time() - fetched
+            if age < self.ttl:
+                return self._keep(site, body, self.ttl - age), stored
+        if down is None:
+            return None, stored
+        now_ms = self._now_ms()
+        if now_ms >= down.next_ms:
+            return None, stored
+        wait = (down.next_ms - now_ms) / 1000
+        if body is not None:
+            # Unreachable, stale rules known: keep them (RFC 9309 section 2.4).
+            return self._keep(site, body, wait), stored
+        return _Wait(wait, down.attempt), stored
 
-    async def _parse_robots(self, response: Response, netloc: str, request: Request) -> None:
-        await super()._parse_robots(response, netloc, request)
-        site = site_of(request)
-        body = response.body if response.status == 200 else b""
-        parser = self._parsers.get(netloc)
-        delay = None
-        if parser is not None and not hasattr(parser, "addCallback"):
-            agent = self._robotstxt_useragent or request.headers.get(
-                b"User-Agent", self._default_useragent
+    def _hget(self, key: str, site: str) -> bytes | None:
+        """``HGET key site``; a key of another type counts as no value.
+
+        :raises redis.exceptions.RedisError: Redis failed or refused (any
+            error but ``WRONGTYPE``).
+        """
+        try:
+            value: bytes | None = self.redis.hget(key, site)  # type: ignore[assignment]
+        except ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            self._problem(f"{key} is not a hash: ignored")
+            return None
+        return value
+
+    def _now_ms(self) -> int:
+        """The Redis server's clock, ms."""
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def _problem(self, text: str) -> None:
+        if text not in self._problems:
+            self._problems.add(text)
+            logger.warning("Bad value in Redis: %s", text, extra={"spider": self.crawler.spider})
+
+    def _keep(self, site: str, body: bytes, seconds: float) -> RobotParser:
+        """Parse ``body`` and use it for ``site`` for ``seconds`` unread."""
+        parserimpl: Any = self._parserimpl  # the ROBOTSTXT_PARSER class
+        parser: RobotParser = build_from_crawler(parserimpl, self.crawler, body)
+        self._rules[site] = (parser, time.monotonic() + max(0.0, seconds))
+        return parser
+
+    async def _fetch(self, request: Request, site: str, stored: _Stored) -> RobotParser | _Wait:
+        """Fetch robots.txt of ``request``'s site for all (this worker holds
+        the lock) and share the outcome."""
+        url = urlparse_cached(request)
+        robots = Request(
+            f"{url.scheme}://{url.netloc}/robots.txt",
+            priority=self.DOWNLOAD_PRIORITY,
+            meta={
+                "dont_obey_robotstxt": True,
+                # One attempt: a failure is retried here, with backoff, and
+                # is no dead letter (no request of the frontier failed).
+                "dont_retry": True,
+                DONT_DEAD_LETTER_META: True,
+                "redirect_ttl": MAX_REDIRECTS,
+            },
+            callback=NO_CALLBACK,
+        )
+        stats = self._stats
+        failure: str | None = None
+        body = b""
+        engine = self.crawler.engine
+        assert engine is not None
+        try:
+            response: Response | None = await engine.download_async(robots)
+        except IgnoreRequest as exc:  # too many redirects: unavailable
+            response = None
+            logger.info("robots.txt of %s unavailable (%s): no rules", site, exc)
+        except Exception as exc:  # DNS, refused, timeout, ...: unreachable
+            response = None
+            failure = f"{type(exc).__name__}: {exc}"
+            stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
+        stats.inc_value("robotstxt/request_count")
+        if response is not None:
+            stats.inc_value("robotstxt/response_count")
+            stats.inc_value(f"robotstxt/response_status_count/{response.status}")
+            if response.status >= 500:
+                failure = response_status_message(response.status)
+            elif 200 <= response.status < 300:
+                body = response.body
+            # else 4xx (or a redirect not followed): unavailable, no rules
+        if failure is not None:
+            return self._unreachable(site, stored, failure)
+        parser = self._keep(site, body, self.ttl)
+        await self.crawler.signals.send_catch_log_async(
+            signal=signals.robots_parsed, robotparser=parser, request=request
+        )
+        agent = self._robotstxt_useragent or request.headers.get(
+            b"User-Agent", self._default_useragent
+        )
+        self._store(site, body, parser.crawl_delay(agent or ""))
+        if stored.down is not None:
+            logger.info(
+                "robots.txt of %s answered (%s) after %d failed attempts; its requests go on",
+                site, response.status if response is not None else "redirects", stored.down.attempt,
             )
-            delay = parser.crawl_delay(agent or "")
-        self._store(site, body, delay)
+        return parser
 
-    def _robots_error(self, exc: Exception, netloc: str) -> None:
-        super()._robots_error(exc, netloc)
-        # No robots.txt: allowed everywhere, no Crawl-delay; other workers
-        # need not try again.
-        self._store(netloc.rsplit("@", 1)[-1].lower(), b"", None)
+    def _unreachable(self, site: str, stored: _Stored, reason: str) -> RobotParser | _Wait:
+        """robots.txt of ``site`` could not be fetched: share when to try
+        again; keep its stale rules if any, else the request waits."""
+        self._stats.inc_value("robotstxt/unreachable/count")
+        prev = stored.down
+        attempt = prev.attempt + 1 if prev is not None else 1
+        wait = backoff_delay(attempt, self.retry_base, self.retry_max, self.jitter)
+        try:
+            now_ms = self._now_ms()
+        except RedisError:
+            now_ms = round(time.time() * 1000)
+        since = prev.since_ms if prev is not None else now_ms
+        down = RobotsDown(now_ms + round(wait * 1000), attempt, since)
+        if stored.body is not None:
+            logger.warning(
+                "robots.txt of %s unreachable (%s); the rules fetched %.0fs ago are kept; "
+                "next try in %.1fs", site, reason, time.time() - (stored.fetched or 0), wait,
+            )
+            self._hold(site, down, hold=False)
+            return self._keep(site, stored.body, wait)
+        if now_ms - since >= GIVE_UP_MS:
+            logger.warning(
+                "robots.txt of %s unreachable (%s) for %.0f days: crawled as if it had none "
+                "(RFC 9309 section 2.3.1.4)", site, reason, (now_ms - since) / 86_400_000,
+            )
+            self._store(site, b"", None)
+            return self._keep(site, b"", self.ttl)
+        self._hold(site, down, hold=True)
+        return _Wait(wait, attempt, reason)
+
+    def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
+        """Store ``down`` for every worker and let go of the lock; with
+        ``hold``, no request of ``site`` is leased before ``down.next_ms``."""
+        prefix = self._prefix()
+        try:
+            with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(prefix + "robots:down", site, down.encode())
+                if hold:
+                    pipe.hset(prefix + "due", site, down.next_ms)
+                    pipe.zadd(prefix + "wait", {site: down.next_ms}, xx=True)
+                pipe.delete(prefix + "robots:lock:" + site)
+                pipe.execute()
+        except RedisError as exc:
+            # This worker's request waits all the same; the others fetch
+            # robots.txt themselves once the lock expires (60 s).
+            logger.warning("Could not share the robots.txt state of %s in Redis: %s", site, exc)
+
+    def _defer(self, request: Request, wait: _Wait) -> Request:
+        """A copy of ``request`` that waits ``wait.seconds`` in the
+        frontier's retry set (no retry attempt of it, never filtered)."""
+        site = site_of(request)
+        later = request.replace(dont_filter=True)
+        later.meta[RETRY_DELAY_META] = max(0.0, wait.seconds)
+        self._stats.inc_value("robotstxt/unreachable/deferred")
+        if self._logged.get(site) != wait.attempt:
+            self._logged[site] = wait.attempt
+            logger.warning(
+                "robots.txt of %s unreachable (%s); its requests wait; next try in %.1fs",
+                site, wait.reason or f"{wait.attempt} failed attempts", wait.seconds,
+                extra={"spider": self.crawler.spider},
+            )
+        return later
 
     def _store(self, site: str, body: bytes, delay: float | None) -> None:
         """Share the robots.txt and Crawl-delay of ``site`` with every worker.
@@ -178,10 +498,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
         prefix = self._prefix()
-        seconds, micros = self.redis.time()
-        now_ms = seconds * 1000 + micros // 1000
+        now_ms = self._now_ms()
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(prefix + "robots", site, f"{time.time()}\n".encode() + body)
+            pipe.hdel(prefix + "robots:down", site)
             if delay:
                 pipe.hset(prefix + "rdelay", site, round(delay * 1000))
                 due = now_ms + round(delay * 1000 * (1 + self.margin))

@@ -99,6 +99,15 @@ FRONTIER_DELAY_MARGIN = 0.1
 #: Seconds a robots.txt stored in Redis is used before one worker fetches it
 #: again (with ROBOTSTXT_OBEY). Default: 86400.
 FRONTIER_ROBOTS_TTL = 86400.0
+#: While a site's robots.txt is unreachable (5xx or a network error; RFC
+#: 9309 section 2.3.1.4) the site is fully disallowed and its requests wait
+#: in the frontier; robots.txt is fetched again after
+#: FRONTIER_ROBOTS_RETRY_BASE seconds, doubling after each failure up to
+#: FRONTIER_ROBOTS_RETRY_MAX seconds (stretched by FRONTIER_RETRY_JITTER).
+#: A stored robots.txt past its TTL keeps applying meanwhile. Defaults: 2.0,
+#: 300.0.
+FRONTIER_ROBOTS_RETRY_BASE = 2.0
+FRONTIER_ROBOTS_RETRY_MAX = 300.0
 #: Slow a site down for all workers on 429/503 and slow responses (see
 #: crawler/politeness.py): on/off, first extra delay, largest extra delay
 #: and the latency (seconds) that counts as slow. Defaults: True, 1.0,

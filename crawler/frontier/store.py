@@ -24,6 +24,8 @@ key                                 type    holds
 ``{s}:slow``                        hash    per-site adaptive extra delay (ms)
 ``{s}:rdelay``                      hash    per-site robots.txt Crawl-delay (ms)
 ``{s}:robots``                      hash    per-site robots.txt, ``fetched\nbody``
+``{s}:robots:down``                 hash    per-site robots.txt unreachable: ``<next
+                                            attempt ms> <failures> <first failure ms>``
 ``{s}:alive``                       zset    holder -> ms of its last lease call
                                             or heartbeat
 ``{s}:sent:<holder>``               string  sequence number of the holder's last
