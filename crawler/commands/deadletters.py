@@ -18,6 +18,7 @@ from scrapy import Request
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
@@ -212,8 +213,6 @@ class Command(ScrapyCommand):
                             help="list: one JSON object per line")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        from crawler.commands.frontier import check_spider  # noqa: PLC0415
-
         if len(args) != 2 or args[0] not in ACTIONS:
             raise UsageError(f"expected one of {', '.join(ACTIONS)} and a spider name")
         action, spider = args
