@@ -17,6 +17,10 @@ which a worker is no longer live, default 30.0),
 ``FRONTIER_STATUS_MAX_PRIORITIES`` (how many of the highest priorities
 ``queued_by_priority`` reports per spider, default 100), ``MONGO_URI``,
 ``MONGO_DATABASE``, ``REDIS_URL``.
+
+A server that cannot be read is named in :attr:`ClusterStatus.errors` with
+its address (credentials masked, :func:`masked_url`) and the cause; the
+figures it holds are then left out, never reported as zeros.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from crawler import items as items_module
 from crawler.frontier.connection import get_redis
@@ -48,11 +53,66 @@ __all__ = [
     "StatusReader",
     "WorkerStatus",
     "item_collections",
+    "masked_url",
+    "mongo_location",
+    "redis_location",
     "site_queues_by_priority",
 ]
 
 #: Prefix of the per-collection item counters in ``{<spider>}:stats``.
 ITEMS_STAT_PREFIX = "item_scraped_count/"
+
+
+#: Query parameters of a server URL whose values are secrets.
+_SECRET_PARAMS = ("password", "secret", "token")
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password (and secret query values) replaced by ``***``.
+
+    ``redis://user:pw@host:6379/0`` -> ``redis://user:***@host:6379/0``;
+    ``redis://:pw@host`` -> ``redis://:***@host``; several hosts
+    (``mongodb://u:pw@h1,h2/``) are kept as they are. A URL that cannot be
+    parsed is returned with everything before its last ``@`` masked.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        _, at, tail = url.rpartition("@")
+        return f"***@{tail}" if at else url
+    out = url
+    if password is not None:
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        out = out.replace(parts.netloc, f"{user}:***@{hosts}", 1)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if any(_secret(k) for k, _ in pairs):
+        query = urlencode([(k, "***" if _secret(k) else v) for k, v in pairs], safe="*")
+        out = out.replace("?" + parts.query, "?" + query, 1)
+    return out
+
+
+def _secret(param: str) -> bool:
+    return any(word in param.lower() for word in _SECRET_PARAMS)
+
+
+def redis_location(settings: BaseSettings) -> str:
+    """Where the project's Redis is, for messages: ``REDIS_URL`` masked
+    (:func:`masked_url`), or ``redis://REDIS_HOST:REDIS_PORT`` (scrapy-redis
+    reads them when ``REDIS_URL`` is not set; redis-py's defaults
+    ``localhost`` and 6379)."""
+    url = settings.get("REDIS_URL")
+    if url:
+        return masked_url(str(url))
+    host = settings.get("REDIS_HOST") or "localhost"
+    return f"redis://{host}:{settings.get('REDIS_PORT') or 6379}"
+
+
+def mongo_location(settings: BaseSettings) -> str | None:
+    """``MONGO_URI`` masked (:func:`masked_url`), or None when not set."""
+    uri = settings.get("MONGO_URI")
+    return masked_url(str(uri)) if uri else None
 
 
 def item_collections() -> list[str]:
@@ -151,16 +211,23 @@ class ClusterStatus:
     """The whole cluster at one moment.
 
     :ivar time: Unix time of the reading.
-    :ivar spiders: spider name -> :class:`SpiderStatus`.
-    :ivar items: collection -> documents stored (every known collection).
-    :ivar errors: ``"redis"``/``"mongodb"`` -> error message, for the
-        servers that could not be read (their figures are then missing).
+    :ivar spiders: spider name -> :class:`SpiderStatus`, for the spiders
+        whose Redis figures were read; when Redis cannot be read, the
+        spiders not read are left out (not reported as an empty crawl).
+    :ivar items: collection -> documents stored (every known collection;
+        empty when MongoDB cannot be read).
+    :ivar errors: ``"redis"``/``"mongodb"`` -> ``"<address>: <Type>:
+        <message>"`` (address as in ``servers``), for the servers that could
+        not be read; ``"MONGO_URI is not set"`` for MongoDB without a URI.
+    :ivar servers: ``"redis"``/``"mongodb"`` -> the address read, with
+        credentials masked (:func:`masked_url`).
     """
 
     time: float
     spiders: dict[str, SpiderStatus] = field(default_factory=dict)
     items: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    servers: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (priorities become string keys)."""
@@ -175,6 +242,7 @@ class ClusterStatus:
             "spiders": spiders,
             "items": dict(self.items),
             "errors": dict(self.errors),
+            "servers": dict(self.servers),
         }
 
 
@@ -240,6 +308,8 @@ class StatusReader:
     :param worker_timeout: seconds after a heartbeat a worker stays live.
     :param max_priorities: how many of the highest priorities
         ``queued_by_priority`` reports per spider.
+    :param redis_at: the Redis address for messages (credentials masked).
+    :param mongo_at: the MongoDB address for messages (credentials masked).
     """
 
     def __init__(
@@ -252,6 +322,8 @@ class StatusReader:
         settings: BaseSettings | None = None,
         worker_timeout: float = 30.0,
         max_priorities: int = 100,
+        redis_at: str = "Redis",
+        mongo_at: str = "MongoDB",
     ) -> None:
         self.redis = redis
         self.mongo = mongo
@@ -260,6 +332,8 @@ class StatusReader:
         self.settings = settings
         self.worker_timeout = worker_timeout
         self.max_priorities = max_priorities
+        self.redis_at = redis_at
+        self.mongo_at = mongo_at
 
     @classmethod
     def from_settings(
@@ -286,6 +360,8 @@ class StatusReader:
             settings=settings,
             worker_timeout=settings.getfloat("FRONTIER_WORKER_TIMEOUT", 30.0),
             max_priorities=settings.getint("FRONTIER_STATUS_MAX_PRIORITIES", 100),
+            redis_at=redis_location(settings),
+            mongo_at=mongo_location(settings) or "MongoDB",
         )
 
     def close(self) -> None:
@@ -297,25 +373,27 @@ class StatusReader:
     def read(self, spiders: list[str] | None = None, now: float | None = None) -> ClusterStatus:
         """Read the figures of ``spiders`` (default: the reader's spiders).
 
-        A server that cannot be read is named in ``errors`` with the reason;
-        the figures it holds are left at their defaults. A Redis key of
-        another type than the frontier's (``WRONGTYPE``) counts as Redis
-        failing. Never raises for a server error.
+        A server that cannot be read is named in ``errors`` with its
+        address and the reason; the figures it holds are left out (a spider
+        whose Redis figures could not all be read is not in ``spiders``). A
+        Redis key of another type than the frontier's (``WRONGTYPE``) counts
+        as Redis failing. Never raises for a server error.
 
         :param now: Unix time used for worker liveness (default: now).
         """
         now = time.time() if now is None else now
-        status = ClusterStatus(time=now)
+        status = ClusterStatus(time=now, servers={"redis": self.redis_at})
+        if self.mongo is not None:
+            status.servers["mongodb"] = self.mongo_at
         for name in spiders if spiders is not None else self.spiders:
             keys = CrawlKeys.for_spider(name, self.settings)
             spider = SpiderStatus(spider=name, keys=keys.as_dict())
-            status.spiders[name] = spider
-            if "redis" in status.errors:
-                continue
             try:
                 self._read_redis(spider, keys, now)
-            except RedisError as exc:
-                status.errors["redis"] = _short(exc)
+            except (RedisError, RedisClusterException) as exc:
+                status.errors["redis"] = f"{self.redis_at}: {_short(exc)}"
+                break
+            status.spiders[name] = spider
         collections = set(item_collections())
         for spider in status.spiders.values():
             collections.update(
@@ -329,7 +407,7 @@ class StatusReader:
             try:
                 status.items = self._count_items(sorted(collections))
             except PyMongoError as exc:
-                status.errors["mongodb"] = _short(exc)
+                status.errors["mongodb"] = f"{self.mongo_at}: {_short(exc)}"
         for spider in status.spiders.values():
             for stat in spider.stats:
                 if stat.startswith(ITEMS_STAT_PREFIX):

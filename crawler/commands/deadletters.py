@@ -1,4 +1,10 @@
-"""``scrapy deadletters list|requeue|purge SPIDER``: the dead-letter queue."""
+"""``scrapy deadletters list|requeue|purge SPIDER``: the dead-letter queue.
+
+Exit status: 0; 2 for a usage error or a spider the project does not have
+(nothing is read or written); 3 when Redis could not be reached or refused a
+call (the message names its address, credentials masked, and the cause;
+dead letters requeued before the failure stay requeued).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,33 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from redis.exceptions import RedisClusterException, RedisError
 from scrapy import Request
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, Push
+from crawler.status import redis_location
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Iterator
 
-__all__ = ["Command", "load_record", "purge", "requeue", "requeue_push"]
+__all__ = [
+    "Command", "first_priority", "load_record", "purge", "requeue", "requeue_each",
+    "requeue_push",
+]
 
 ACTIONS = ("list", "requeue", "purge")
+#: Exit status when Redis could not be reached or refused a call (as
+#: ``scrapy seed`` and ``scrapy frontier delay|concurrency|overrides``).
+REDIS_FAILED = 3
+#: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
+DEFAULT_PRIORITY_ADJUST = -1
 
 
 def load_record(raw: bytes) -> dict[str, Any]:
@@ -37,14 +55,48 @@ def load_record(raw: bytes) -> dict[str, Any]:
     return {"url": None, "reason": "unreadable dead letter", "entry": raw.decode("latin-1")}
 
 
-def requeue_push(record: dict[str, Any]) -> Push | None:
+def _int(value: Any) -> int | None:
+    """``value`` when it is a whole number (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def first_priority(
+    priority: int, meta: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+) -> int:
+    """The priority a request had when it was first scheduled, before
+    Scrapy's retries changed it.
+
+    Each retry (:func:`scrapy.downloadermiddlewares.retry.get_retry_request`)
+    adds the request's ``meta["priority_adjust"]``, else
+    ``RETRY_PRIORITY_ADJUST`` (default -1), to its priority and counts itself
+    in ``meta["retry_times"]``; this takes those retries off again, assuming
+    the adjustment did not change between them.
+
+    :param priority: the priority the request has now.
+    :param meta: its meta (``retry_times``, ``priority_adjust``; other types
+        than whole numbers count as absent).
+    :param priority_adjust: ``RETRY_PRIORITY_ADJUST``.
+    """
+    retries = _int(meta.get("retry_times")) or 0
+    adjust = _int(meta.get("priority_adjust"))
+    return priority - retries * (priority_adjust if adjust is None else adjust)
+
+
+def requeue_push(
+    record: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+) -> Push | None:
     """The push that sends a dead letter's request back to the frontier,
-    its retry count reset and bypassing the dupefilter; None when the dead
-    letter carries no request that can be decoded.
+    as it was first scheduled: its retry count reset, its priority the one
+    it had before Scrapy's retries lowered it (:func:`first_priority`), and
+    bypassing the dupefilter; None when the dead letter carries no request
+    that can be decoded.
 
     Two forms carry one: ``request`` (the full encoded request, written by
     the scheduler) and ``entry`` with ``site`` (the queued entry, written by
-    the frontier's scripts for a request past ``FRONTIER_MAX_DELIVERIES``).
+    the frontier's scripts for a request past ``FRONTIER_MAX_DELIVERIES``;
+    its priority is the entry's, else the record's ``priority``).
+
+    :param priority_adjust: ``RETRY_PRIORITY_ADJUST`` of the crawl.
     """
     try:
         if isinstance(record.get("request"), str):
@@ -58,42 +110,71 @@ def requeue_push(record: dict[str, Any]) -> Push | None:
     except (ValueError, KeyError, TypeError):
         return None
     meta = entry.get("m", {})
+    if not isinstance(meta, dict):
+        return None
+    priority = _int(entry.get("p"))
+    if priority is None:
+        priority = _int(record.get("priority")) or 0
+    priority = first_priority(priority, meta, priority_adjust)
     meta.pop("retry_times", None)
     if meta:
         entry["m"] = meta
     else:
         entry.pop("m", None)
+    if priority:
+        entry["p"] = priority
+    else:
+        entry.pop("p", None)
     data = json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode()
-    return Push(data, site, int(entry.get("p", 0)), None, True)
+    return Push(data, site, priority, None, True)
 
 
-def requeue(frontier: Frontier, limit: int | None = None) -> tuple[int, int]:
+def requeue_each(
+    frontier: Frontier, limit: int | None = None, priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+) -> Iterator[bool]:
+    """Send dead letters back to the frontier, oldest first, one atomic
+    call each (see :func:`requeue`); yields True for each one requeued,
+    False for each one kept (it carries no request).
+
+    :raises redis.exceptions.RedisError: Redis failed (the ones yielded
+        True before are requeued).
+    """
+    redis = frontier.redis
+    key = frontier.key("dead")
+    requeued = 0
+    for raw in cast("list[bytes]", redis.lrange(key, 0, -1)):
+        if limit is not None and requeued >= limit:
+            break
+        push = requeue_push(load_record(raw), priority_adjust)
+        if push is None:
+            yield False
+            continue
+        done = frontier.commit(Commit(pushes=[push], claim=raw))
+        if done is not None and done.claimed:
+            requeued += 1
+            yield True
+
+
+def requeue(
+    frontier: Frontier, limit: int | None = None, priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+) -> tuple[int, int]:
     """Send dead letters back to the frontier, oldest first.
 
-    Each dead letter that carries its request is queued again (its retry
-    count reset, as a new request that bypasses the dupefilter) and taken
+    Each dead letter that carries its request is queued again as it was
+    first scheduled (:func:`requeue_push`: retry count reset, priority from
+    before Scrapy's retry adjustments, bypassing the dupefilter) and taken
     out of the dead-letter list in the same atomic call, which does nothing
     when the entry is gone already: a requeue racing a purge or another
     requeue never queues one that was deleted, nor one twice. Dead letters
     with no request (undecodable entries) stay.
 
     :param limit: most dead letters to requeue; None for all.
+    :param priority_adjust: ``RETRY_PRIORITY_ADJUST`` of the crawl.
     :returns: ``(requeued, kept)``.
+    :raises redis.exceptions.RedisError: Redis failed.
     """
-    redis = frontier.redis
-    key = frontier.key("dead")
-    requeued = kept = 0
-    for raw in cast("list[bytes]", redis.lrange(key, 0, -1)):
-        if limit is not None and requeued >= limit:
-            break
-        push = requeue_push(load_record(raw))
-        if push is None:
-            kept += 1
-            continue
-        done = frontier.commit(Commit(pushes=[push], claim=raw))
-        if done is not None and done.claimed:
-            requeued += 1
-    return requeued, kept
+    done = list(requeue_each(frontier, limit, priority_adjust))
+    return done.count(True), done.count(False)
 
 
 def purge(frontier: Frontier) -> int:
@@ -106,7 +187,14 @@ def purge(frontier: Frontier) -> int:
 
 
 class Command(ScrapyCommand):
-    """List, requeue or purge a spider's dead letters (``{<spider>}:dead``)."""
+    """List, requeue or purge a spider's dead letters (``{<spider>}:dead``).
+
+    ``requeue`` queues each request at the priority it was first scheduled
+    at: Scrapy's retries lower it by ``RETRY_PRIORITY_ADJUST`` (or the
+    request's ``meta["priority_adjust"]``) each time, which is undone with
+    the settings this command runs with (:func:`first_priority`). Exit
+    status: see the module.
+    """
 
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
@@ -129,24 +217,43 @@ class Command(ScrapyCommand):
             raise UsageError(f"expected one of {', '.join(ACTIONS)} and a spider name")
         action, spider = args
         assert self.settings is not None
-        frontier = Frontier(get_redis(self.settings), spider)
-        key = frontier.key("dead")
-        if action == "list":
-            end = -1 if opts.limit is None else opts.limit - 1
-            for raw in cast("list[bytes]", frontier.redis.lrange(key, 0, end)):
-                record = load_record(raw)
-                if opts.json:
-                    record.pop("request", None)
-                    print(json.dumps(record, ensure_ascii=False))
-                else:
-                    when = datetime.fromtimestamp(record.get("time", 0), UTC)
-                    print(f"{when:%Y-%m-%d %H:%M:%S}  attempts={record.get('attempts')}  "
-                          f"{record.get('url')}  {record.get('reason')}")
-        elif action == "requeue":
-            requeued, kept = requeue(frontier, opts.limit)
-            print(f"requeued {requeued} dead letters of {spider}"
-                  + (f"; {kept} without a request stay" if kept else ""))
-        else:
-            count = purge(frontier)
-            print(f"purged {count} dead letters of {spider}")
+        check_spider(self.settings, spider)
+        requeued = 0
+        try:
+            frontier = Frontier(get_redis(self.settings), spider)
+            if action == "list":
+                self._list(frontier, opts)
+            elif action == "requeue":
+                adjust = self.settings.getint("RETRY_PRIORITY_ADJUST", DEFAULT_PRIORITY_ADJUST)
+                kept = 0
+                for done in requeue_each(frontier, opts.limit, adjust):
+                    requeued += done
+                    kept += not done
+                print(f"requeued {requeued} dead letters of {spider}"
+                      + (f"; {kept} without a request stay" if kept else ""))
+            else:
+                count = purge(frontier)
+                print(f"purged {count} dead letters of {spider}")
+        except (RedisError, RedisClusterException) as exc:
+            sys.stdout.flush()
+            after = f" after {requeued} dead letters of {spider} were requeued" if requeued else ""
+            print(
+                f"Redis at {redis_location(self.settings)} failed{after}: "
+                f"{type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+            self.exitcode = REDIS_FAILED
         sys.stdout.flush()
+
+    @staticmethod
+    def _list(frontier: Frontier, opts: argparse.Namespace) -> None:
+        end = -1 if opts.limit is None else opts.limit - 1
+        for raw in cast("list[bytes]", frontier.redis.lrange(frontier.key("dead"), 0, end)):
+            record = load_record(raw)
+            if opts.json:
+                record.pop("request", None)
+                print(json.dumps(record, ensure_ascii=False))
+            else:
+                when = datetime.fromtimestamp(record.get("time", 0), UTC)
+                print(f"{when:%Y-%m-%d %H:%M:%S}  attempts={record.get('attempts')}  "
+                      f"{record.get('url')}  {record.get('reason')}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -39,20 +39,29 @@ from crawler.frontier.overrides import (
     stored_value_ok,
 )
 from crawler.frontier.store import frontier_prefix
-from crawler.status import ClusterStatus, SpiderStatus, StatusReader
+from crawler.status import ClusterStatus, SpiderStatus, StatusReader, redis_location
 
 if TYPE_CHECKING:
     import argparse
 
     from redis import Redis
     from rich.console import RenderableType
+    from scrapy.settings import BaseSettings
 
-__all__ = ["Command", "Override", "read_overrides", "render"]
+__all__ = [
+    "Command", "Override", "check_spider", "error_lines", "project_spiders", "read_overrides",
+    "render",
+]
 
 SUBCOMMANDS = ("status", "delay", "concurrency", "overrides")
 #: Exit status of the override subcommands when Redis cannot be reached (as
 #: ``scrapy seed``); a bad value or a usage error exits 2.
 REDIS_FAILED = 3
+#: Errors of a Redis client that cannot reach or use Redis (redis-py's
+#: cluster client raises RedisClusterException, which is no RedisError).
+REDIS_ERRORS = (RedisError, RedisClusterException)
+#: Server names of :attr:`ClusterStatus.errors`, for messages.
+_SERVERS = {"redis": "Redis", "mongodb": "MongoDB"}
 #: What each kind's hash holds, for messages.
 _RULES: dict[OverrideKind, str] = {
     DELAY: "whole milliseconds >= 0",
@@ -119,6 +128,29 @@ def read_overrides(redis: Redis, spider: str) -> list[Override]:
     return found
 
 
+def project_spiders(settings: BaseSettings) -> list[str]:
+    """The names of the project's spiders (Scrapy's spider loader), sorted."""
+    from scrapy.spiderloader import get_spider_loader  # noqa: PLC0415
+
+    return sorted(get_spider_loader(settings).list())
+
+
+def check_spider(settings: BaseSettings, name: str) -> str:
+    """``name`` if the project has that spider.
+
+    :raises UsageError: it has not (exit status 2): a typo would read an
+        empty crawl, or write keys no worker reads. The message lists the
+        spiders the project has.
+    """
+    known = project_spiders(settings)
+    if name not in known:
+        raise UsageError(
+            f"unknown spider {name!r}: expected one of {', '.join(known)}",
+            print_help=False,
+        )
+    return name
+
+
 def _when(timestamp: float | None) -> str:
     if not timestamp:
         return "-"
@@ -175,32 +207,56 @@ def _workers_table(spider: SpiderStatus) -> Table | None:
     return table
 
 
-def render(status: ClusterStatus) -> RenderableType:
-    """The status as rich tables: one per spider, its workers, the items."""
-    parts: list[RenderableType] = [Text(f"frontier status at {_when(status.time)}")]
+def error_lines(status: ClusterStatus) -> list[str]:
+    """One line per server that could not be read: ``could not read Redis
+    at redis://:***@host:6379/0: ConnectionError: ...``."""
+    lines = []
     for name, error in status.errors.items():
-        parts.append(Text(f"{name} unreachable: {error}", style="bold red"))
+        server = _SERVERS.get(name, name)
+        where = " at " if name in status.servers else ": "
+        lines.append(f"could not read {server}{where}{error}")
+    return lines
+
+
+def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
+    """The status as rich tables: one per spider, its workers, the items.
+
+    :param errors: start with a line per server that could not be read
+        (:func:`error_lines`).
+    """
+    parts: list[RenderableType] = [Text(f"frontier status at {_when(status.time)}")]
+    if errors:
+        parts.extend(Text(line, style="bold red") for line in error_lines(status))
     for spider in status.spiders.values():
         parts.append(_spider_table(spider))
         workers = _workers_table(spider)
         if workers is not None:
             parts.append(workers)
-    items = Table(title="items stored", title_justify="left")
-    items.add_column("collection")
-    items.add_column("documents", justify="right")
-    for collection, count in sorted(status.items.items()):
-        items.add_row(collection, str(count))
-    parts.append(items)
+    if "mongodb" not in status.errors:
+        items = Table(title="items stored", title_justify="left")
+        items.add_column("collection")
+        items.add_column("documents", justify="right")
+        for collection, count in sorted(status.items.items()):
+            items.add_row(collection, str(count))
+        parts.append(items)
     return Group(*parts)
 
 
 class Command(ScrapyCommand):
     """Show what the shared frontier holds; set, remove and list per-site overrides.
 
-    ``status``: ``--json`` prints one JSON object (see
+    ``status [SPIDER ...]``: ``--json`` prints one JSON object (see
     :meth:`crawler.status.ClusterStatus.as_dict`); with ``--watch`` it
-    prints one such line per refresh. Exit status 0, or 1 when Redis or
-    MongoDB could not be read (the figures read are still printed).
+    prints one such line per refresh. A server that could not be read is
+    named on stderr with its address (credentials masked) and the cause, and
+    its figures are left out (not shown as zeros); the figures read are
+    still printed. ``--watch`` refreshes in place on a terminal (rich's
+    ``Live``); off a terminal (a pipe, a file) it writes a plain-text
+    snapshot per refresh, with no escape codes. A server that cannot be
+    read is shown as an error line in that refresh, and the watch goes on.
+    Exit status 0; 1 when Redis or MongoDB could not be read (with
+    ``--watch``: at the last refresh before Ctrl-C); 2 for an unknown spider
+    or a usage error.
 
     ``delay SPIDER SITE SECONDS`` stores the site's delay in
     ``{<spider>}:delay`` (milliseconds), ``concurrency SPIDER SITE N`` its
@@ -209,8 +265,9 @@ class Command(ScrapyCommand):
     read them at their next lease. ``overrides [SPIDER ...]`` lists them
     (``--json``: one object per line) and flags values the lease script
     would refuse. Exit status 0; 1 when ``overrides`` found a bad value; 2
-    for a usage error or a refused value (nothing is written); 3 when
-    Redis could not be reached.
+    for a usage error, an unknown spider or a refused value (nothing is
+    written); 3 when Redis could not be reached or refused the call (the
+    message names its address, credentials masked, and the cause).
     """
 
     requires_project = True
@@ -275,22 +332,34 @@ class Command(ScrapyCommand):
                 self._list(args[1:], opts.json)
             else:
                 self._set(DELAY if args[0] == "delay" else CONCURRENCY, args[1:], opts.unset)
-        except RedisError as exc:
-            sys.stderr.write(f"Redis failed: {exc}\n")
+        except REDIS_ERRORS as exc:
+            sys.stderr.write(
+                f"Redis at {redis_location(self.settings)} failed: {type(exc).__name__}: {exc}\n"
+            )
             self.exitcode = REDIS_FAILED
 
     def _status(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         if opts.interval <= 0:
             raise UsageError("--interval must be positive", print_help=False)
-        spiders = args or None
-        reader = StatusReader.from_settings(self.settings, spiders)
+        spiders = [self._spider(name) for name in args] or None
+        try:
+            reader = StatusReader.from_settings(self.settings, spiders)
+        except REDIS_ERRORS as exc:  # a cluster client connects when built
+            sys.stderr.write(
+                f"could not read Redis at {redis_location(self.settings)}: "
+                f"{type(exc).__name__}: {exc}\n"
+            )
+            self.exitcode = 1
+            return
         try:
             if opts.watch:
                 self._watch(reader, opts)
             else:
                 status = reader.read()
                 self._print(status, opts.json)
+                for line in error_lines(status):
+                    sys.stderr.write(line + "\n")
                 self.exitcode = 1 if status.errors else 0
         except KeyboardInterrupt:
             pass
@@ -373,38 +442,50 @@ class Command(ScrapyCommand):
 
     def _spiders(self) -> list[str]:
         """The project's spider names."""
-        from scrapy.spiderloader import get_spider_loader  # noqa: PLC0415
-
         assert self.settings is not None
-        return sorted(get_spider_loader(self.settings).list())
+        return project_spiders(self.settings)
 
     def _spider(self, name: str) -> str:
-        """``name`` if the project has that spider.
-
-        :raises UsageError: it has not (a typo would set an override no
-            worker reads).
-        """
-        known = self._spiders()
-        if name not in known:
-            raise UsageError(
-                f"unknown spider {name!r}: expected one of {', '.join(known)}",
-                print_help=False,
-            )
-        return name
+        """``name`` if the project has that spider (:func:`check_spider`)."""
+        assert self.settings is not None
+        return check_spider(self.settings, name)
 
     def _print(self, status: ClusterStatus, as_json: bool) -> None:
+        """One reading on stdout; the errors go to stderr (see :meth:`_status`)."""
         if as_json:
             sys.stdout.write(json.dumps(status.as_dict()) + "\n")
             sys.stdout.flush()
         else:
-            Console().print(render(status))
+            Console().print(render(status, errors=False))
 
     def _watch(self, reader: StatusReader, opts: argparse.Namespace) -> None:
-        if opts.json:
+        """Print a reading every ``--interval`` seconds until Ctrl-C.
+
+        ``--json``: one line each. On a terminal: the tables, refreshed in
+        place. Off a terminal (rich's ``Live`` would write nothing until it
+        stops): one plain-text snapshot each, flushed, no escape codes.
+        Errors are part of each reading, so the watch goes on through them.
+        """
+        console = Console()
+        if opts.json or not console.is_terminal:
+            first = True
             while True:
-                self._print(reader.read(), as_json=True)
+                status = reader.read()
+                self.exitcode = 1 if status.errors else 0
+                if opts.json:
+                    self._print(status, as_json=True)
+                else:
+                    if not first:
+                        console.line()
+                    console.print(render(status))
+                    console.file.flush()
+                first = False
                 time.sleep(opts.interval)
-        with Live(render(reader.read()), auto_refresh=False, screen=False) as live:
+        status = reader.read()
+        self.exitcode = 1 if status.errors else 0
+        with Live(render(status), console=console, auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(opts.interval)
-                live.update(render(reader.read()), refresh=True)
+                status = reader.read()
+                self.exitcode = 1 if status.errors else 0
+                live.update(render(status), refresh=True)

@@ -517,15 +517,29 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Whether any request is queued, waiting for a retry or leased, anywhere.
 
         True while Redis is unreachable or writes are waiting to be sent, so
-        a worker never closes for idleness during an outage.
+        a worker never closes for idleness during an outage. While requests
+        are pending, it logs, once per change, the leases of silent (dead)
+        workers it waits for and when they expire
+        (:class:`~crawler.frontier.waiting.LeaseWaitLog`).
         """
+        from crawler.frontier.waiting import LeaseWaitLog  # noqa: PLC0415
+
         if self._ready or not self.flush_outbox():
             return True
         try:
-            return self.queue.frontier.pending() > 0
+            pending = self.queue.frontier.pending() > 0
         except UNREACHABLE as exc:
             self._failed(exc)
             return True
+        if pending:
+            waits: LeaseWaitLog | None = getattr(self, "_lease_waits", None)
+            if waits is None:
+                waits = LeaseWaitLog(
+                    self.queue.frontier, self.holder, self.lease_timeout, self.spider
+                )
+                self._lease_waits = waits
+            waits.check()  # never raises
+        return pending
 
     def __len__(self) -> int:
         return len(self.queue)

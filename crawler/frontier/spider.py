@@ -33,6 +33,18 @@ __all__ = ["FrontierSpider"]
 REDIS_BACKOFF_CAP = 30.0
 
 
+class _DropRecords(logging.Filter):
+    """Drops the log records whose message (format string) starts with
+    ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
 class FrontierSpider(RedisSpider):  # type: ignore[misc]
     """Base spider for the shared frontier; subclass it as you would Spider.
 
@@ -127,8 +139,30 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         spider.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
         # One holder per process: batch keys are never reused.
         spider.holder = f"{worker_id(settings)}#{os.urandom(4).hex()}"
-        IntakeKeys.for_seed_list(spider.redis_key)  # a seed key it cannot serve fails now
+        intake_keys = IntakeKeys.for_seed_list(spider.redis_key)  # one it cannot serve fails now
+        logger.info(
+            "Reading seeds from Redis list %s, oldest first: up to FRONTIER_SEED_BATCH=%d "
+            "at a time while downloads have room (CONCURRENT_REQUESTS=%d), each batch kept "
+            "in %s until its requests are in the frontier; when idle, waiting up to "
+            "FRONTIER_IDLE_WAIT=%gs for new seeds; encoding %s",
+            spider.redis_key, spider.seed_batch, settings.getint("CONCURRENT_REQUESTS"),
+            intake_keys.registry, spider.idle_wait, spider.redis_encoding,
+            extra={"spider": spider},
+        )
         return spider
+
+    def setup_redis(self, crawler: Crawler | None = None) -> None:
+        """scrapy-redis's setup (seed key, encoding, Redis client, idle
+        signal), without its log line: it announces a start-URL batch size
+        (``CONCURRENT_REQUESTS``, 16 by default) that the seed intake does
+        not use. :meth:`from_crawler` logs what the intake does instead."""
+        seeds_logger = logging.getLogger(self.name)  # scrapy-redis logs on self.logger
+        quiet = _DropRecords("Reading start URLs from redis key")
+        seeds_logger.addFilter(quiet)
+        try:
+            super().setup_redis(crawler)
+        finally:
+            seeds_logger.removeFilter(quiet)
 
     # -- activity ------------------------------------------------------------
 
