@@ -110,7 +110,7 @@ def test_seed_rejects_a_callback_the_spider_lacks() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["nosuchspider", "https://a.example/"], "unknown spider: nosuchspider"),
+        (["nosuchspider", "https://a.example/"], "unknown spider 'nosuchspider': expected one of"),
         (["quotes"], "give seeds as arguments or with --file"),
         (["quotes", "https://a.example/", "--meta", "[1]"], "--meta must be a JSON object"),
     ],

@@ -26,6 +26,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
+from crawler.commands.frontier import check_spider
 from crawler.frontier.connection import get_redis
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.keys import CrawlKeys
@@ -199,10 +200,7 @@ class Command(ScrapyCommand):
         spider, urls = args[0], args[1:]
         if not urls and not opts.file:
             raise UsageError("give seeds as arguments or with --file")
-        try:
-            spider_cls = get_spider_loader(self.settings).load(spider)
-        except KeyError:
-            raise UsageError(f"unknown spider: {spider}", print_help=False) from None
+        spider_cls = get_spider_loader(self.settings).load(check_spider(self.settings, spider))
         meta = None
         if opts.meta is not None:
             try:
