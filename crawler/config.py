@@ -210,11 +210,13 @@ def stop_on_config_error(crawler: Crawler, message: str) -> bool:
 
 
 class _Invalid(ValueError):
-    """A value a :class:`Kind` refuses; ``detail`` says more than ``allowed``."""
+    """A value a :class:`Kind` refuses; ``detail`` says more than ``allowed``
+    (``whole``: it says all, in place of "must be <allowed>")."""
 
-    def __init__(self, detail: str = "") -> None:
+    def __init__(self, detail: str = "", *, whole: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
+        self.whole = whole or detail.startswith("must ")
 
 
 @dataclass(frozen=True)
@@ -445,15 +447,17 @@ def _check_redis_params(params: dict[Any, Any]) -> None:
             try:
                 number(float, 0, low_open=key != "health_check_interval").check(params[key])
             except (ValueError, TypeError):
-                raise _Invalid(f"{key} must be a number of seconds > 0 (or null)") from None
+                raise _Invalid(
+                    f"{key} must be a number of seconds > 0 (or null)", whole=True
+                ) from None
     for key in ("db", "port"):
         if key in params:
             try:
                 number(int, 0).check(params[key])
             except (ValueError, TypeError):
-                raise _Invalid(f"{key} must be a whole number >= 0") from None
+                raise _Invalid(f"{key} must be a whole number >= 0", whole=True) from None
     if params.get("decode_responses"):
-        raise _Invalid("decode_responses must be false: the frontier reads bytes")
+        raise _Invalid("decode_responses must be false: the frontier reads bytes", whole=True)
 
 
 @dataclass(frozen=True)
@@ -629,7 +633,7 @@ def _problem(name: str, row: Setting, value: Any, exc: BaseException) -> str:
     """One error line: the setting, its value and what is allowed."""
     detail = exc.detail if isinstance(exc, _Invalid) else ""
     line = f"{name}={row.shown(value)}: "
-    if detail.startswith("must "):
+    if isinstance(exc, _Invalid) and exc.whole:
         return line + detail
     line += f"must be {row.kind.allowed}"
     return f"{line} ({detail})" if detail else line

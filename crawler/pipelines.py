@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ BACKOFF_CAP = 30.0
 #: MongoDB error codes that say the configuration is wrong, not the server
 #: down: AuthenticationFailed, Unauthorized, MechanismUnavailable.
 AUTHENTICATION_FAILED, UNAUTHORIZED, MECHANISM_UNAVAILABLE = 18, 13, 334
+#: A server's refusal quoted in a ``ServerSelectionTimeoutError``'s text.
+_REFUSAL_IN_TEXT = re.compile(r"'code': (18|13|334), 'codeName': '\w+'")
 #: Seconds the pipeline waits, when it opens, for MongoDB to answer its
 #: check of the credentials; past that (MongoDB down or slow) the crawl
 #: starts, and the first write finds out.
@@ -130,14 +133,18 @@ def mongo_config_error(exc: BaseException, database: str = "") -> str | None:
     """
     if isinstance(exc, ConfigurationError):
         return f"pymongo refuses the configuration ({exc}): check MONGO_URI"
-    if not isinstance(exc, OperationFailure):
-        return None
-    details = exc.details if isinstance(exc.details, dict) else {}
-    text = str(details.get("errmsg") or exc)
-    if exc.code in (AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE):
+    code: int | None = None
+    if isinstance(exc, OperationFailure):
+        details = exc.details if isinstance(exc.details, dict) else {}
+        code, text = exc.code, str(details.get("errmsg") or exc)
+    elif isinstance(exc, ConnectionFailure) and (found := _REFUSAL_IN_TEXT.search(str(exc))):
+        # Once a login failed, pymongo marks the server unknown and the
+        # next calls time out selecting it, quoting the refusal.
+        code, text = int(found.group(1)), found.group(0)
+    if code in (AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE):
         return (f"authentication failed ({text}): check the user name, password, "
                 "authSource and authMechanism in MONGO_URI")
-    if exc.code == UNAUTHORIZED:
+    if code == UNAUTHORIZED:
         where = f" {database!r}" if database else ""
         return (f"not authorized ({text}): the user of MONGO_URI needs the readWrite "
                 f"role on the database{where} (MONGO_DATABASE)")
