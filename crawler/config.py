@@ -42,6 +42,7 @@ from weakref import WeakKeyDictionary
 from pymongo.errors import PyMongoError
 from pymongo.uri_parser import parse_uri
 from redis.connection import parse_url
+from scrapy.exceptions import CloseSpider
 from scrapy.settings import BaseSettings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
@@ -60,6 +61,7 @@ __all__ = [
     "ConfigurationError",
     "Setting",
     "SettingsError",
+    "close_at_open",
     "config_error_of",
     "masked_url",
     "scrub",
@@ -179,6 +181,15 @@ def report_config_error(crawler: Crawler, message: str) -> None:
     if message not in errors:
         errors.append(message)
         logger.error("Configuration error: %s", message, extra={"spider": crawler.spider})
+
+
+def close_at_open(crawler: Crawler, message: str) -> CloseSpider:
+    """Report ``message`` met while the crawl opens, and return the
+    ``CloseSpider(config_error)`` to raise: Scrapy closes the spider once
+    its start-up is done, and the other components do not ask again."""
+    report_config_error(crawler, message)
+    _stopping[crawler] = True
+    return CloseSpider(CONFIG_ERROR_REASON)
 
 
 def stop_on_config_error(crawler: Crawler, message: str) -> bool:
@@ -687,15 +698,16 @@ def _check_client(settings: BaseSettings) -> str | None:
     return None
 
 
-def validate_settings(settings: BaseSettings) -> None:
+def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> None:
     """Check ``settings`` against :data:`SETTINGS`; build no connection.
 
     Every setting of the table that is set is checked (None, unset, always
     passes: Scrapy's getters read it as the component's default); a Redis
     client is then built as the crawl will build it (no I/O on one server),
     so that options redis-py refuses are found now. A setting with a
-    project prefix (:data:`OWN_PREFIXES`) that is not
-    in the table is logged as a warning (a typo, most likely).
+    project prefix (:data:`OWN_PREFIXES`) that is not in the table is
+    logged as a warning (a typo, most likely) unless ``warn_unknown`` is
+    off.
 
     :raises SettingsError: one line per bad setting, naming the setting, its
         value (credentials masked) and what is allowed.
@@ -715,6 +727,8 @@ def validate_settings(settings: BaseSettings) -> None:
             problems.append(client_problem)
     if problems:
         raise SettingsError(problems)
+    if not warn_unknown:
+        return
     for name in settings:
         if isinstance(name, str) and name.startswith(OWN_PREFIXES) and name not in SETTINGS:
             logger.warning("Unknown setting %s (not one of the project's): a typo?", name)

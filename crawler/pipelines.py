@@ -40,12 +40,11 @@ from pymongo.errors import (
     PyMongoError,
 )
 from scrapy import signals
-from scrapy.exceptions import CloseSpider, NotConfigured
+from scrapy.exceptions import NotConfigured
 
 from crawler.config import (
-    CONFIG_ERROR_REASON,
+    close_at_open,
     masked_url,
-    report_config_error,
     scrub,
     secrets_of,
     stop_on_config_error,
@@ -492,8 +491,7 @@ class MongoPipeline:
             )
         except (ConfigurationError, ValueError, TypeError) as exc:
             refused = mongo_config_error(exc) or f"pymongo refuses MONGO_URI ({exc})"
-            report_config_error(self.crawler, self._config_message(refused))
-            raise CloseSpider(CONFIG_ERROR_REASON) from None
+            raise close_at_open(self.crawler, self._config_message(refused)) from None
         check = asyncio.ensure_future(asyncio.to_thread(self._check_access))
         done, _ = await asyncio.wait({check}, timeout=OPEN_CHECK_WAIT)
         error = check.exception() if done else None
@@ -501,9 +499,8 @@ class MongoPipeline:
             check.add_done_callback(lambda f: None if f.cancelled() else f.exception())
         cause = mongo_config_error(error, self.database) if error is not None else None
         if cause is not None:
-            report_config_error(self.crawler, self._config_message(cause))
             self.client.close()
-            raise CloseSpider(CONFIG_ERROR_REASON)
+            raise close_at_open(self.crawler, self._config_message(cause))
         self._timer = asyncio.ensure_future(self._flush_periodically())
 
     def _check_access(self) -> None:

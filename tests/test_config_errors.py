@@ -37,6 +37,7 @@ from crawler.commands.crawl import Command as CrawlCommand
 from crawler.config import (
     CONFIG_ERROR_REASON,
     SETTINGS,
+    ConfigurationError,
     SettingsError,
     config_error_of,
     masked_url,
@@ -94,6 +95,14 @@ class PasswordRedisServer(RedisServer):
             return False
         finally:
             client.close()
+
+
+class PasswordClusterNode(PasswordRedisServer):
+    """One Redis Cluster node (no slots: a refused login comes first)."""
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), "--cluster-enabled", "yes",
+                "--cluster-config-file", str(self.data_dir / "nodes.conf")]
 
 
 class AuthMongoServer(MongoServer):
@@ -271,6 +280,13 @@ def test_every_bad_setting_is_reported_at_once() -> None:
     assert sorted(p.split("=")[0] for p in refused.value.problems) == [
         "FRONTIER_LEASE_BATCH", "FRONTIER_LEASE_TIMEOUT", "FRONTIER_SEED_BATCH"
     ]
+
+
+def test_an_unknown_setting_of_ours_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    settings = get_project_settings()
+    settings.set("FRONTIER_LEASE_TIMOUT", "5", priority="cmdline")  # sic
+    validate_settings(settings)
+    assert "Unknown setting FRONTIER_LEASE_TIMOUT (not one of the project's)" in caplog.text
 
 
 def test_credentials_never_appear_in_a_bad_setting_line() -> None:
@@ -486,6 +502,17 @@ def test_an_acl_revoked_mid_crawl_stops_the_crawl_instead_of_retrying(
     assert message is not None and "evalsha" in message
     assert after - before == 1
     assert crawler.stats.get_value("frontier/redis/outages") is None
+
+
+def test_a_cluster_that_refuses_the_password_is_a_configuration_error() -> None:
+    with PasswordClusterNode("cluster-secret-4") as node:
+        url = f"redis://:wrong-secret-4@{node.host}:{node.port}/0"
+        settings = Settings({"FRONTIER_REDIS_CLUSTER": True, "REDIS_URL": url})
+        with pytest.raises(ConfigurationError) as refused:
+            get_redis(settings)
+    message = str(refused.value)
+    assert message.startswith(f"Redis at redis://:****@{node.host}:{node.port}/0: authentication")
+    assert "secret-4" not in message
 
 
 def test_redis_errors_are_told_apart(password_redis: PasswordRedisServer) -> None:

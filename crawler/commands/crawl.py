@@ -81,7 +81,8 @@ class Command(crawl.Command):
         self._bad_setting = False
         crawler = self._create_crawler(args[0])
         try:
-            validate_settings(crawler.settings)
+            # Unknown names are warned about once, by the add-on's check.
+            validate_settings(crawler.settings, warn_unknown=False)
         except SettingsError as exc:
             self._log_error(exc)
             self.exitcode = EXIT_BAD_SETTING

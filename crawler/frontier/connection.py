@@ -40,6 +40,7 @@ from redis.exceptions import (
     AuthorizationError,
     NoPermissionError,
     RedisClusterException,
+    RedisError,
     ResponseError,
 )
 from redis.retry import Retry
@@ -47,7 +48,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis import connection as scrapy_redis_connection
 from scrapy_redis import defaults
 
-from crawler.config import masked_url, scrub, secrets_of
+from crawler.config import ConfigurationError, masked_url, scrub, secrets_of
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -111,6 +112,9 @@ def get_redis(settings: BaseSettings) -> Redis:
 
     :raises ValueError: cluster mode without ``REDIS_URL``.
     :raises redis.exceptions.RedisError: cluster mode and no node answers.
+    :raises crawler.config.ConfigurationError: cluster mode and the nodes
+        refuse the configuration (:func:`config_error`: a wrong password,
+        say); the message is the one line to log (password masked).
     """
     if not cluster_enabled(settings):
         params = redis_params(settings)
@@ -129,7 +133,13 @@ def get_redis(settings: BaseSettings) -> Redis:
         params["encoding"] = encoding
     if settings.get("REDIS_DECODE_RESPONSES"):
         params["decode_responses"] = True
-    return cast("Redis", FrontierRedisCluster.from_url(url, **params))
+    try:
+        return cast("Redis", FrontierRedisCluster.from_url(url, **params))
+    except (RedisError, RedisClusterException) as exc:
+        message = config_error_message(exc, settings)
+        if message is None:
+            raise
+        raise ConfigurationError(message) from None
 
 
 def _merged_params(settings: BaseSettings) -> dict[str, Any]:

@@ -23,12 +23,11 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from scrapy import signals
-from scrapy.exceptions import CloseSpider
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_redis.scheduler import Scheduler
 
-from crawler.config import CONFIG_ERROR_REASON, report_config_error, stop_on_config_error
+from crawler.config import close_at_open, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import config_error_message, get_redis
@@ -282,10 +281,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         except RedisError as exc:
             message = config_error_message(exc, self.crawler.settings)
             if message is not None:
-                report_config_error(self.crawler, message)
                 # Raised now, CloseSpider would skip the rest of Scrapy's
                 # start-up (the item pipelines), whose close then fails:
-                # the spider is closed once it is open instead.
+                # it is raised once the spider is open instead.
+                self._close_spider = close_at_open(self.crawler, message)
                 self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
                 self._unreachable = True
                 self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
@@ -840,7 +839,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _close_at_open(self) -> None:
         """``spider_opened`` handler after a configuration error at open."""
-        raise CloseSpider(CONFIG_ERROR_REASON)
+        raise self._close_spider
 
     def _config_error(self, exc: Exception) -> bool:
         """Stop the crawl if ``exc`` is a configuration error of Redis.
