@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from crawler.config import validate_settings
+
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
@@ -23,10 +25,21 @@ class FrontierAddon:
     own downloader then runs with ``DOWNLOAD_DELAY = 0``: a second, local
     delay would only hold requests that the frontier already timed, and bunch
     them up. Enabled in ``crawler/settings.py``.
+
+    It first checks every setting of the project (:func:`crawler.config.
+    validate_settings`), before any component is built: ``scrapy crawl``
+    checks them before that already, this covers the other ways to run a
+    crawl, and settings that other add-ons changed.
     """
 
     def update_settings(self, settings: BaseSettings) -> None:
-        """Copy the politeness settings into ``FRONTIER_*`` and zero the local delay."""
+        """Check the settings, copy the politeness settings into
+        ``FRONTIER_*`` and zero the local delay.
+
+        :raises crawler.config.SettingsError: a setting has a value that is
+            not allowed (the message names each one and what is allowed).
+        """
+        validate_settings(settings)
         if settings.get("FRONTIER_DELAY") is None:
             settings.set(
                 "FRONTIER_DELAY",

@@ -16,7 +16,8 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.threads import deferToThread
 
-from crawler.frontier.connection import get_redis
+from crawler.config import stop_on_config_error
+from crawler.frontier.connection import config_error_message, get_redis
 from crawler.keys import CrawlKeys
 from crawler.status import ITEMS_STAT_PREFIX
 
@@ -85,6 +86,8 @@ class ClusterStats:
     close, in a thread (the crawl never waits on Redis), as one pipeline. A
     failed write is logged and retried at the next heartbeat; no increment
     is lost or counted twice unless Redis fails after applying a pipeline.
+    A configuration error (a refused password, an ACL) stops the crawl
+    (:func:`crawler.config.stop_on_config_error`).
 
     Settings: ``FRONTIER_STATS_ENABLED`` (default True; NotConfigured when
     off), ``FRONTIER_HEARTBEAT_INTERVAL`` (seconds, default 5.0),
@@ -229,6 +232,12 @@ class ClusterStats:
 
     def _sent_failed(self, failure: Any) -> None:
         self._inflight = None
+        message = config_error_message(failure.value, self.crawler.settings)
+        if message is not None:
+            # A wrong password or an ACL: no retry fixes it; the crawl stops
+            # (once, whichever component meets it first).
+            stop_on_config_error(self.crawler, message)
+            return
         if failure.check(RedisError):
             logger.warning(
                 "Could not send cluster stats to Redis (will retry): %s",

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -31,9 +32,23 @@ from bson import ObjectId, json_util
 from bson.errors import InvalidDocument
 from itemadapter import ItemAdapter
 from pymongo import ASCENDING, InsertOne, MongoClient, UpdateOne
-from pymongo.errors import BulkWriteError, ConnectionFailure, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    ConfigurationError,
+    ConnectionFailure,
+    OperationFailure,
+    PyMongoError,
+)
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
+
+from crawler.config import (
+    close_at_open,
+    masked_url,
+    scrub,
+    secrets_of,
+    stop_on_config_error,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -52,6 +67,7 @@ __all__ = [
     "collection_of",
     "derive_item_id",
     "load_spill",
+    "mongo_config_error",
 ]
 
 #: MongoDB's error code for a unique index violation.
@@ -60,6 +76,15 @@ DUPLICATE_KEY = 11000
 ID_KEY: tuple[str, ...] = ("_id",)
 #: Longest pause, in seconds, between two attempts to reach MongoDB.
 BACKOFF_CAP = 30.0
+#: MongoDB error codes that say the configuration is wrong, not the server
+#: down: AuthenticationFailed, Unauthorized, MechanismUnavailable.
+AUTHENTICATION_FAILED, UNAUTHORIZED, MECHANISM_UNAVAILABLE = 18, 13, 334
+#: A server's refusal quoted in a ``ServerSelectionTimeoutError``'s text.
+_REFUSAL_IN_TEXT = re.compile(r"'code': (18|13|334), 'codeName': '\w+'")
+#: Seconds the pipeline waits, when it opens, for MongoDB to answer its
+#: check of the credentials; past that (MongoDB down or slow) the crawl
+#: starts, and the first write finds out.
+OPEN_CHECK_WAIT = 3.0
 
 #: Value types that :func:`as_document` keeps as they are.
 _SCALARS = frozenset({str, int, float, bool, type(None), datetime, bytes, ObjectId})
@@ -90,6 +115,39 @@ def _plain(value: Any) -> Any:
     if isinstance(value, ItemAdapter) or ItemAdapter.is_item(value):
         return as_document(value)
     return value
+
+
+def mongo_config_error(exc: BaseException, database: str = "") -> str | None:
+    """What a pymongo error says is wrong with the configuration, or None.
+
+    Configuration errors, which no retry fixes: pymongo's
+    ``ConfigurationError`` (an option, auth mechanism or ``authSource`` it
+    refuses, a password missing), and ``OperationFailure`` codes 18
+    (AuthenticationFailed: wrong user or password, or the wrong
+    ``authSource``), 13 (Unauthorized: the user may not read or write
+    ``database``) and 334 (MechanismUnavailable). Anything else (the server
+    down, a timeout, a rejected document) is not.
+
+    :returns: one line naming the cause and what to check, or None.
+    """
+    if isinstance(exc, ConfigurationError):
+        return f"pymongo refuses the configuration ({exc}): check MONGO_URI"
+    code: int | None = None
+    if isinstance(exc, OperationFailure):
+        details = exc.details if isinstance(exc.details, dict) else {}
+        code, text = exc.code, str(details.get("errmsg") or exc)
+    elif isinstance(exc, ConnectionFailure) and (found := _REFUSAL_IN_TEXT.search(str(exc))):
+        # Once a login failed, pymongo marks the server unknown and the
+        # next calls time out selecting it, quoting the refusal.
+        code, text = int(found.group(1)), found.group(0)
+    if code in (AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE):
+        return (f"authentication failed ({text}): check the user name, password, "
+                "authSource and authMechanism in MONGO_URI")
+    if code == UNAUTHORIZED:
+        where = f" {database!r}" if database else ""
+        return (f"not authorized ({text}): the user of MONGO_URI needs the readWrite "
+                f"role on the database{where} (MONGO_DATABASE)")
+    return None
 
 
 def collection_of(item: Any, spider_name: str) -> str:
@@ -321,7 +379,17 @@ class MongoPipeline:
     acknowledges its lease, only after its items are safe: a worker killed
     before a flush loses nothing, its request is crawled again.
 
-    * **Outage** (or any other error, such as a refused login): the batch
+    * **Configuration error** (:func:`mongo_config_error`: credentials
+      refused, a user not allowed to write the database, an option pymongo
+      refuses): not an outage. When the pipeline opens, it asks MongoDB
+      (``ping``, which logs in) and, on such an error, logs it in one line
+      (password masked) and stops the crawl before it starts
+      (``CloseSpider("config_error")``); met later (a password rotated, a
+      role revoked), it is logged once, everything waiting is spilled to the
+      spill file (below) instead of waiting for ever, every later item goes
+      there too, and the crawl is stopped
+      (:func:`crawler.config.stop_on_config_error`).
+    * **Outage** (or any other error): the batch
       is kept and retried with doubling pauses (up to 30 s; stat
       ``mongo/retries``); writing it again is harmless. Once more than
       ``MONGO_SPILL_AFTER`` documents wait, they are appended to a JSON-lines
@@ -382,6 +450,8 @@ class MongoPipeline:
         self._flusher: asyncio.Task[bool] | None = None
         self._backoff = 0.0
         self._spider_name = ""
+        #: The configuration error that stopped this pipeline's writes.
+        self._config_error: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -402,13 +472,46 @@ class MongoPipeline:
         )
 
     async def open_spider(self) -> None:
-        """Create the client (it connects at the first write) and the timer."""
+        """Create the client, check the configuration, start the timer.
+
+        The check is a ``ping`` of ``MONGO_DATABASE``, which logs in with
+        the credentials of ``MONGO_URI``; it is waited for up to
+        :data:`OPEN_CHECK_WAIT` seconds (a MongoDB that is down does not
+        hold the crawl up: the first write finds out).
+
+        :raises CloseSpider: ``config_error``, when pymongo refuses the URI
+            or MongoDB the credentials (:func:`mongo_config_error`); the
+            error is logged in one line first.
+        """
         assert self.crawler.spider is not None
         self._spider_name = self.crawler.spider.name
-        self.client = MongoClient(
-            self.uri, tz_aware=True, connect=False, serverSelectionTimeoutMS=5000
-        )
+        try:
+            self.client = MongoClient(
+                self.uri, tz_aware=True, connect=False, serverSelectionTimeoutMS=5000
+            )
+        except (ConfigurationError, ValueError, TypeError) as exc:
+            refused = mongo_config_error(exc) or f"pymongo refuses MONGO_URI ({exc})"
+            raise close_at_open(self.crawler, self._config_message(refused)) from None
+        check = asyncio.ensure_future(asyncio.to_thread(self._check_access))
+        done, _ = await asyncio.wait({check}, timeout=OPEN_CHECK_WAIT)
+        error = check.exception() if done else None
+        if not done:  # MongoDB down or slow: its answer is not waited for
+            check.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+        cause = mongo_config_error(error, self.database) if error is not None else None
+        if cause is not None:
+            self.client.close()
+            raise close_at_open(self.crawler, self._config_message(cause))
         self._timer = asyncio.ensure_future(self._flush_periodically())
+
+    def _check_access(self) -> None:
+        """Log in and ping ``MONGO_DATABASE`` (in a worker thread)."""
+        assert self.client is not None
+        self.client[self.database].command("ping")
+
+    def _config_message(self, cause: str) -> str:
+        """The one log line of a MongoDB configuration error (password masked)."""
+        message = f"MongoDB at {masked_url(self.uri)}: {cause}; this is no outage: stopping"
+        return scrub(message, secrets_of(self.uri))
 
     async def close_spider(self) -> None:
         """Store what is pending (waiting out a short outage, then spilling)."""
@@ -494,15 +597,31 @@ class MongoPipeline:
     async def flush(self, *, everything: bool = True) -> bool:
         """Write the sealed batches in order, and first seal the open one
         unless ``everything`` is False; return False if MongoDB could not be
-        written (the batches are kept for the next attempt)."""
+        written (the batches are kept for the next attempt). After a
+        configuration error everything waiting is spilled instead (and True
+        returned: nothing waits any more)."""
         async with self._lock:
             if everything:
                 self._seal()
+            if self._config_error is not None:
+                self._seal()
+                self._spill_all()  # this worker writes no more to MongoDB
+                return True
             while self._sealed:
                 batch = self._sealed[0]
                 try:
                     await asyncio.to_thread(self._write, batch)
                 except Exception as exc:
+                    cause = mongo_config_error(exc, self.database)
+                    if cause is not None:
+                        # Not an outage: no retry fixes it. Spill what waits
+                        # (nothing is lost: scrapy loadspill stores it once
+                        # the configuration is fixed) and stop the crawl.
+                        self._config_error = cause
+                        stop_on_config_error(self.crawler, self._config_message(cause))
+                        self._seal()
+                        self._spill_all()
+                        return True
                     # Writing the batch again is harmless (see _write): an
                     # error that is not MongoDB's, a bug, is retried too,
                     # and the batch spilled in the end, rather than the

@@ -51,10 +51,13 @@ FEED_EXPORT_ENCODING = "utf-8"
 
 #: Redis server shared by all workers of a crawl (scrapy-redis reads it).
 REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
-# scrapy-redis's client options, merged over its defaults: fail fast when
-# Redis is down (the scheduler then waits with backoff) instead of blocking
-# the worker for scrapy-redis's 30 seconds.
-REDIS_PARAMS = {"socket_connect_timeout": 2, "socket_timeout": 10}
+#: scrapy-redis's redis-py client options (a dict, or JSON with -s), merged
+#: over the project's fail-fast timeouts, socket_connect_timeout 2 s and
+#: socket_timeout 10 s (crawler.frontier.connection.FAIL_FAST_PARAMS): its
+#: keys win, those fill the rest, so a worker fails fast when Redis is down
+#: (the scheduler then waits with backoff) instead of blocking for
+#: scrapy-redis's 30 seconds. Default: {}.
+REDIS_PARAMS: dict[str, object] = {}
 #: MongoDB server that stores the items.
 MONGO_URI = os.environ.get("MONGO_URI", "mongodb://localhost:27017")
 #: MongoDB database that holds one collection per item type.
@@ -78,7 +81,9 @@ SCHEDULER_QUEUE_KEY = "{%(spider)s}"
 SCHEDULER_DUPEFILTER_KEY = "{%(spider)s}:dupefilter"
 # Seconds a worker waits with nothing to do before it closes; 0 waits for work
 # forever. Counted from the worker's last request or response.
-MAX_IDLE_TIME_BEFORE_CLOSE = int(os.environ.get("MAX_IDLE_TIME_BEFORE_CLOSE", "0"))
+# From the environment as text: a bad value is reported by the settings
+# check (crawler/config.py) with the others, not as a traceback here.
+MAX_IDLE_TIME_BEFORE_CLOSE = os.environ.get("MAX_IDLE_TIME_BEFORE_CLOSE", "0")
 
 # --- Our own settings (FRONTIER_*, MONGO_*) ---------------------------------
 

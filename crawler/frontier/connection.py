@@ -35,16 +35,43 @@ from typing import TYPE_CHECKING, Any, cast
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterPipeline, RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.retry import Retry
+from scrapy.utils.misc import load_object
+from scrapy_redis import connection as scrapy_redis_connection
 from scrapy_redis import defaults
-from scrapy_redis.connection import get_redis_from_settings
+
+from crawler.config import ConfigurationError, masked_url, scrub, secrets_of
 
 if TYPE_CHECKING:
     from redis import Redis
     from redis.commands.core import Script
     from scrapy.settings import BaseSettings
 
-__all__ = ["FrontierRedisCluster", "cluster_enabled", "get_redis", "no_retries"]
+__all__ = [
+    "FAIL_FAST_PARAMS",
+    "FrontierRedisCluster",
+    "cluster_enabled",
+    "config_error",
+    "config_error_message",
+    "get_redis",
+    "no_retries",
+    "redis_params",
+]
+
+#: The project's redis-py client options, between scrapy-redis's defaults
+#: (30 s timeouts) and ``REDIS_PARAMS``: fail fast when Redis is down (the
+#: scheduler then waits with backoff) instead of blocking the worker for 30
+#: seconds. ``REDIS_PARAMS`` is merged over them, not instead of them: its
+#: keys win, these fill the rest. Seconds.
+FAIL_FAST_PARAMS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
 
 
 def cluster_enabled(settings: BaseSettings) -> bool:
@@ -70,35 +97,77 @@ def get_redis(settings: BaseSettings) -> Redis:
     """A redis-py client for ``settings``; no I/O for a standalone server.
 
     Whatever ``REDIS_PARAMS`` says, the client never resends a command on
-    its own (:func:`no_retries`).
+    its own (:func:`no_retries`), and ``REDIS_PARAMS`` is merged over the
+    project's :data:`FAIL_FAST_PARAMS` (its keys win).
 
-    Standalone (the default): scrapy-redis's ``get_redis_from_settings``,
-    which honours ``REDIS_URL``, ``REDIS_HOST``/``REDIS_PORT``,
+    Standalone (the default): built as scrapy-redis's
+    ``get_redis_from_settings`` builds it (:func:`redis_params`), which
+    honours ``REDIS_URL``, ``REDIS_HOST``/``REDIS_PORT``/``REDIS_DB``,
     ``REDIS_PARAMS`` (``redis_cls`` included) and ``REDIS_ENCODING``.
 
     With ``FRONTIER_REDIS_CLUSTER``: a :class:`FrontierRedisCluster` built
-    from ``REDIS_URL`` and ``REDIS_PARAMS`` over scrapy-redis's defaults
+    from ``REDIS_URL`` and ``REDIS_PARAMS`` over the same defaults
     (``redis_cls`` is ignored). It serves every command the project sends, so
     it is typed as :class:`redis.Redis`.
 
     :raises ValueError: cluster mode without ``REDIS_URL``.
     :raises redis.exceptions.RedisError: cluster mode and no node answers.
+    :raises crawler.config.ConfigurationError: cluster mode and the nodes
+        refuse the configuration (:func:`config_error`: a wrong password,
+        say); the message is the one line to log (password masked).
     """
     if not cluster_enabled(settings):
-        client = cast("Redis", get_redis_from_settings(settings))
+        params = redis_params(settings)
+        if isinstance(params.get("redis_cls"), str):
+            params["redis_cls"] = load_object(params["redis_cls"])
+        client = cast("Redis", scrapy_redis_connection.get_redis(**params))
         _no_retries(client.connection_pool.connection_kwargs)
         return client
     url = settings.get("REDIS_URL")
     if not url:
         raise ValueError("FRONTIER_REDIS_CLUSTER needs REDIS_URL (any node of the cluster)")
-    params: dict[str, Any] = {**defaults.REDIS_PARAMS, **settings.getdict("REDIS_PARAMS")}
+    params = _merged_params(settings)
     params.pop("redis_cls", None)
     _no_retries(params)
     if encoding := settings.get("REDIS_ENCODING"):
         params["encoding"] = encoding
     if settings.get("REDIS_DECODE_RESPONSES"):
         params["decode_responses"] = True
-    return cast("Redis", FrontierRedisCluster.from_url(url, **params))
+    try:
+        return cast("Redis", FrontierRedisCluster.from_url(url, **params))
+    except (RedisError, RedisClusterException) as exc:
+        message = config_error_message(exc, settings)
+        if message is None:
+            raise
+        raise ConfigurationError(message) from None
+
+
+def _merged_params(settings: BaseSettings) -> dict[str, Any]:
+    """scrapy-redis's defaults, then :data:`FAIL_FAST_PARAMS`, then ``REDIS_PARAMS``."""
+    return {**defaults.REDIS_PARAMS, **FAIL_FAST_PARAMS, **settings.getdict("REDIS_PARAMS")}
+
+
+def redis_params(settings: BaseSettings) -> dict[str, Any]:
+    """The keyword arguments of a standalone client for ``settings``.
+
+    scrapy-redis's ``get_redis_from_settings`` replaces the project's
+    timeouts when ``REDIS_PARAMS`` is given at all (``-s REDIS_PARAMS='{"db":
+    1}'`` would bring back its 30 s); here ``REDIS_PARAMS`` is merged over
+    scrapy-redis's defaults and :data:`FAIL_FAST_PARAMS` (its keys win, they
+    fill the rest), then ``REDIS_URL``, ``REDIS_HOST``, ``REDIS_PORT``,
+    ``REDIS_DB``, ``REDIS_ENCODING`` and ``REDIS_DECODE_RESPONSES`` apply
+    when set, as scrapy-redis applies them, and redis-py's retries are off.
+
+    :returns: options for ``scrapy_redis.connection.get_redis`` (``url``
+        and ``redis_cls`` included when given).
+    :raises ValueError: ``REDIS_PARAMS`` is text that is no JSON object.
+    """
+    params = _merged_params(settings)
+    for source, dest in scrapy_redis_connection.SETTINGS_PARAMS_MAP.items():
+        if value := settings.get(source):
+            params[dest] = value
+    _no_retries(params)
+    return params
 
 
 def _no_retries(params: dict[str, Any]) -> None:
@@ -176,3 +245,99 @@ class ScriptingClusterPipeline(ClusterPipeline):
             self.queued_scripts = set()
         result: list[Any] = super().execute(raise_on_error)
         return result
+
+
+# -- configuration errors ------------------------------------------------------
+
+#: Words of Redis replies (lowercase) that say the database asked for does
+#: not exist or cannot be selected.
+_DB_ERRORS = ("db index is out of range", "invalid db index", "select is not allowed")
+#: Words of a cluster client's error (it wraps the node's reply in text)
+#: that say the credentials were refused.
+_AUTH_WORDS = ("wrongpass", "noauth", "invalid username-password", "invalid password",
+               "authentication required")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (5 at most)."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(out) < 5 and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+_AUTH_HINT = "check the user name and password in REDIS_URL (or REDIS_PARAMS)"
+
+
+def _cause(error: BaseException) -> str | None:
+    """The configuration error ``error`` itself says, or None (see
+    :func:`config_error`)."""
+    text = str(error)
+    lower = text.lower()
+    causes: list[tuple[bool, str]] = [
+        (isinstance(error, AuthenticationError), f"authentication failed ({text}): {_AUTH_HINT}"),
+        (isinstance(error, AuthorizationError),
+         f"not authorized ({text}): check the Redis user's ACL"),
+        (isinstance(error, NoPermissionError),
+         f"the Redis user's ACL forbids what the crawler needs ({text}): it runs Lua scripts "
+         "(EVALSHA, SCRIPT LOAD) and reads and writes the keys of its crawl ({<spider>}:*, "
+         "<spider>:start_urls and its intake keys)"),
+        (isinstance(error, ResponseError) and any(w in lower for w in _DB_ERRORS),
+         f"database not available ({text}): check the database number of REDIS_URL (or "
+         "REDIS_DB); a Redis Cluster has database 0 only (FRONTIER_REDIS_CLUSTER=1)"),
+        (isinstance(error, ResponseError) and lower.startswith("unknown command"),
+         f"the server lacks a command the crawler needs ({text}): it needs Redis 6.2 or "
+         "later, with no command renamed"),
+        (isinstance(error, RedisClusterException) and any(w in lower for w in _AUTH_WORDS),
+         f"authentication failed ({text}): {_AUTH_HINT}"),
+    ]
+    return next((cause for matches, cause in causes if matches), None)
+
+
+def config_error(exc: BaseException) -> str | None:
+    """What a Redis error says is wrong with the configuration, or None.
+
+    A configuration error is one that no wait fixes (unlike an outage, a
+    timeout or a script's refusal of a bad key): credentials refused
+    (redis-py's ``AuthenticationError``, although a ``ConnectionError``:
+    ``WRONGPASS``, ``NOAUTH``, AUTH sent to a server without a password), a
+    user not authorized, an ACL that forbids a command or a key the crawler
+    needs (``NOPERM``, a ``NoPermissionError``), a database the server does
+    not have or does not allow (``DB index is out of range``, ``invalid DB
+    index``, ``SELECT`` on a cluster node), a command the server does not
+    know (renamed, or a Redis older than 6.2). ``exc`` and the errors it was
+    raised from or during are looked at.
+
+    :returns: one line naming the cause and what to check (no secret: the
+        servers' replies carry none), or None for anything else.
+    """
+    return next((c for e in _chain(exc) if (c := _cause(e)) is not None), None)
+
+
+def redis_location(settings: BaseSettings) -> str:
+    """Where the crawl's Redis is, for messages: ``REDIS_URL`` with its
+    password masked, or ``REDIS_HOST:REDIS_PORT``."""
+    url = settings.get("REDIS_URL")
+    if url:
+        return masked_url(str(url))
+    return f"{settings.get('REDIS_HOST') or 'localhost'}:{settings.get('REDIS_PORT') or 6379}"
+
+
+def config_error_message(exc: BaseException, settings: BaseSettings) -> str | None:
+    """The one log line for a configuration error of Redis (None: ``exc`` is
+    none, see :func:`config_error`): where Redis is (password masked), the
+    cause, and that the worker stops. Known secrets are scrubbed from it."""
+    cause = config_error(exc)
+    if cause is None:
+        return None
+    secrets = secrets_of(settings.get("REDIS_URL"))
+    try:
+        password = settings.getdict("REDIS_PARAMS").get("password")
+    except ValueError:
+        password = None
+    if isinstance(password, str) and password:
+        secrets.append(password)
+    message = f"Redis at {redis_location(settings)}: {cause}; this is no outage: stopping"
+    return scrub(message, secrets)

@@ -27,9 +27,10 @@ from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_redis.scheduler import Scheduler
 
+from crawler.config import close_at_open, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.connection import cluster_enabled, get_redis
+from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.signals import request_dead
 from crawler.frontier.sites import site_of
@@ -55,6 +56,9 @@ __all__ = ["RETRY_DELAY_META", "FrontierScheduler"]
 RETRY_DELAY_META = "frontier_retry_delay"
 #: Longest pause, in seconds, between attempts to reach Redis during an outage.
 OUTAGE_BACKOFF_CAP = 30.0
+#: Seconds a worker stopped by a configuration error waits before any other
+#: frontier call (it closes meanwhile).
+CONFIG_ERROR_PAUSE = 3600.0
 #: Errors a Redis client raises when Redis cannot be reached or answered
 #: too late (redis-py's cluster client raises RedisClusterException, which
 #: is no RedisError).
@@ -244,6 +248,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def open(self, spider: Spider) -> None:
         """Create the queue, hook lease acknowledgement and start heartbeats.
 
+        The first Redis calls (site overrides, ``SCRIPT LOAD``, the worker's
+        ``alive`` script) check the configuration: a wrong password, a
+        database the server lacks or an ACL that forbids what the crawler
+        needs is logged in one line and stops the crawl before it starts;
+        Redis being down is an outage, waited out later.
+
+        The spider is then closed with the reason ``config_error`` as soon
+        as it is open (``CloseSpider`` from the ``spider_opened`` signal).
+
         :raises RuntimeError: Scrapy's engine no longer exposes the hook that
             tells when a request is finished.
         """
@@ -256,10 +269,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             dupefilter_key=self.df.key,
             bloom=getattr(self.df, "bloom", None),
         )
-        if cluster_enabled(self.crawler.settings) and hasattr(spider, "server"):
-            # scrapy-redis's setup_redis gave the spider a standalone client
-            # (unused yet, no I/O): it reads the seed list through one that
-            # follows the cluster's slots instead.
+        if hasattr(spider, "server"):
+            # scrapy-redis's setup_redis gave the spider a client of its own
+            # (unused yet, no I/O), with scrapy-redis's options only: it reads
+            # the seed list through one of ours instead (REDIS_PARAMS merged
+            # over our timeouts, no retries; on a cluster, one that follows
+            # its slots).
             spider.server = get_redis(self.crawler.settings)
         overrides = self._site_settings()
         self._hook_engine()
@@ -269,6 +284,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self.queue.frontier.load_scripts()
             self.queue.frontier.alive(self.holder)
         except RedisError as exc:
+            message = config_error_message(exc, self.crawler.settings)
+            if message is not None:
+                # Raised now, CloseSpider would skip the rest of Scrapy's
+                # start-up (the item pipelines), whose close then fails:
+                # it is raised once the spider is open instead.
+                self._close_spider = close_at_open(self.crawler, message)
+                self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
+                self._unreachable = True
+                self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
+                return
             self._outage(exc)
         signals_ = self.crawler.signals
         signals_.connect(self._on_request_dead, signal=request_dead)
@@ -825,8 +850,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return True
 
     def _failed(self, exc: Exception) -> None:
-        """A Redis call outside the outbox failed: a refusal (a key of the
-        wrong type answers an error) or an outage."""
+        """A Redis call outside the outbox failed: a configuration error (see
+        :meth:`_config_error`), a refusal (a key of the wrong type answers an
+        error) or an outage."""
+        if self._config_error(exc):
+            return
         if isinstance(exc, ResponseError):
             self._refused(exc)
         else:
@@ -834,7 +862,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _refused(self, exc: ResponseError) -> None:
         """A script refused a call before it wrote anything: no outage, but
-        nothing to do until the key it names is fixed."""
+        nothing to do until the key it names is fixed. (An ACL's ``NOPERM``
+        is a configuration error: :meth:`_config_error`.)"""
+        if self._config_error(exc):
+            return
         self.stats.inc_value("frontier/redis/refused")
         self._unreachable = False
         self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
@@ -845,6 +876,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         )
 
     def _outage(self, exc: Exception) -> None:
+        """Redis could not be reached, or answered too late: wait with
+        doubling pauses. (A refused password is a configuration error,
+        although redis-py raises it as a ``ConnectionError``:
+        :meth:`_config_error`.)"""
+        if self._config_error(exc):
+            return
         # Redis may come back from an older snapshot, without fingerprints
         # this worker recorded: ask it again rather than trust the memory.
         self._seen.clear()
@@ -857,6 +894,46 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             "Redis unreachable (%s); %d writes waiting; trying again in %.1fs",
             exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
         )
+
+    def _close_at_open(self) -> None:
+        """``spider_opened`` handler after a configuration error at open."""
+        raise self._close_spider
+
+    def _config_error(self, exc: Exception) -> bool:
+        """Stop the crawl if ``exc`` is a configuration error of Redis.
+
+        A wrong password (after a rotation, say), a database that cannot be
+        selected or an ACL that forbids a command or key the crawler needs
+        is no outage: no backoff fixes it, and this process cannot get new
+        credentials. The error is logged in one line (password masked), the
+        spider is closed with the finish reason ``config_error`` (the
+        ``crawl`` command then exits non-zero), and this worker sends no
+        more frontier calls: the writes waiting in its outbox are given up,
+        as a killed worker's are (the leases they would have acknowledged
+        expire and are crawled again by the other workers; seeds stay in
+        their intake batch and are returned), so nothing is lost.
+
+        :returns: whether ``exc`` was one (then the caller does nothing more).
+        """
+        message = config_error_message(exc, self.crawler.settings)
+        if message is None:
+            return False
+        given_up = sum(op.kind != "after_commit" for op in self._outbox)
+        self._outbox.clear()
+        self._in_doubt = None
+        self._seen.clear()
+        self._unreachable = True
+        self._backoff = OUTAGE_BACKOFF_CAP
+        self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
+        stop_on_config_error(self.crawler, message)
+        if given_up and not getattr(self, "_gave_up", False):
+            self._gave_up = True
+            logger.warning(
+                "Gave up %d frontier writes: the leases they would have acknowledged "
+                "expire and are crawled again by the other workers",
+                given_up, extra={"spider": self.spider},
+            )
+        return True
 
     def _recovered(self) -> None:
         if self._backoff:

@@ -14,7 +14,9 @@ from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later
 from scrapy_redis.spiders import RedisSpider
 
+from crawler.config import stop_on_config_error
 from crawler.extensions import worker_id
+from crawler.frontier.connection import config_error_message
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
@@ -248,7 +250,10 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         transaction, so a batch is ordered by priority before any worker
         leases from it. Yields nothing itself. Returns (ending the start
         phase, so Scrapy may close the spider) only when
-        ``MAX_IDLE_TIME_BEFORE_CLOSE`` has passed with nothing to do.
+        ``MAX_IDLE_TIME_BEFORE_CLOSE`` has passed with nothing to do, or
+        when Redis refuses this worker's configuration (a wrong password, an
+        ACL: :func:`crawler.frontier.connection.config_error`), which stops
+        the crawl; an outage is waited out.
         """
         backoff = 0.0
         while not self._closed:
@@ -269,6 +274,13 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     await self._wait_for_room()
                 backoff = 0.0
             except RedisError as exc:
+                message = config_error_message(exc, self.crawler.settings)
+                if message is not None:
+                    # A wrong password or an ACL that forbids the seed
+                    # calls: no wait fixes it. Stop the crawl (the scheduler
+                    # does the same when it meets it first).
+                    stop_on_config_error(self.crawler, message)
+                    return
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 what = "refused a seed call" if isinstance(exc, ResponseError) else "unreachable"
                 logger.warning(

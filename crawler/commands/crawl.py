@@ -1,0 +1,131 @@
+"""``scrapy crawl SPIDER``: Scrapy's command, with exit statuses for
+configuration errors.
+
+The project's commands module (``COMMANDS_MODULE``) overrides Scrapy's
+``crawl`` with this subclass (scrapyd's jobs run it too). It runs the crawl
+as Scrapy's does, and adds:
+
+* **Settings are checked first** (:func:`crawler.config.validate_settings`),
+  once the spider's ``custom_settings`` and the ``-s`` options are merged and
+  before anything is built: a bad value is reported in one line per setting,
+  ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds > 0``, and the
+  command exits with status 2 (a usage error, as Scrapy's), without a
+  traceback and without touching Redis or MongoDB.
+* **A configuration error met at a server** (a wrong password, an ACL, a
+  database that cannot be used: see :mod:`crawler.config`) stops the crawl
+  with the finish reason ``config_error`` and the command exits with status
+  1, as Scrapy's does when a crawl fails to start.
+* A :class:`~crawler.config.ConfigurationError` raised while the crawl
+  starts (by :class:`crawler.addon.FrontierAddon`'s check, say) is logged in
+  one line, not as asyncio's "Task exception was never retrieved" traceback.
+
+Exit statuses: 0 the crawl ran (Scrapy's meaning); 1 it could not start, or
+stopped on a configuration error; 2 a usage error or a bad setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy.commands import crawl
+from scrapy.exceptions import UsageError
+
+from crawler.config import ConfigurationError, SettingsError, config_error_of, validate_settings
+
+if TYPE_CHECKING:
+    import argparse
+
+    from twisted.python.failure import Failure
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Command"]
+
+#: Exit status of a crawl that could not start or stopped on a
+#: configuration error (Scrapy's status for a crawl that failed to start).
+EXIT_CONFIG_ERROR = 1
+#: Exit status of a bad setting (Scrapy's status for a usage error).
+EXIT_BAD_SETTING = 2
+
+
+def _configuration_error(exc: BaseException | None) -> ConfigurationError | None:
+    """The :class:`ConfigurationError` that ``exc`` is, or was raised from
+    or during (Scrapy may raise another error while it cleans up)."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, ConfigurationError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+class Command(crawl.Command):
+    """Scrapy's ``crawl``, which exits non-zero on configuration errors."""
+
+    def short_desc(self) -> str:
+        return "Run a spider of the current project (exit 1 or 2 on a configuration error)"
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        """Check the settings, run the crawl, set the exit status.
+
+        :raises UsageError: no spider, or more than one.
+        """
+        if len(args) < 1:
+            raise UsageError
+        if len(args) > 1:
+            raise UsageError("running 'scrapy crawl' with more than one spider is not supported")
+        assert self.crawler_process
+        self._bad_setting = False
+        crawler = self._create_crawler(args[0])
+        try:
+            # Unknown names are warned about once, by the add-on's check.
+            validate_settings(crawler.settings, warn_unknown=False)
+        except SettingsError as exc:
+            self._log_error(exc)
+            self.exitcode = EXIT_BAD_SETTING
+            return
+        running: Any = self.crawler_process.crawl(crawler, **opts.spargs)
+        if isinstance(running, asyncio.Future):
+            running.add_done_callback(self._crawl_done)
+        else:  # a Deferred (FORCE_CRAWLER_PROCESS)
+            running.addErrback(self._crawl_failed)
+        self.crawler_process.start()
+        if self._bad_setting:
+            self.exitcode = EXIT_BAD_SETTING
+        elif self.crawler_process.bootstrap_failed or config_error_of(crawler) is not None:
+            self.exitcode = EXIT_CONFIG_ERROR
+
+    def _crawl_done(self, task: asyncio.Future[Any]) -> None:
+        """Log a configuration error that ended the crawl task in one line
+        (the exception is then retrieved: no asyncio traceback); leave any
+        other error to asyncio's report."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        error = _configuration_error(exc)
+        if error is None:
+            if exc is not None:
+                task.get_loop().call_exception_handler(
+                    {"message": "Task exception was never retrieved", "exception": exc,
+                     "future": task}
+                )
+            return
+        self._log_error(error)
+
+    def _crawl_failed(self, failure: Failure) -> Failure | None:
+        error = _configuration_error(failure.value)
+        if error is None:
+            return failure
+        self._log_error(error)
+        return None
+
+    def _log_error(self, error: ConfigurationError) -> None:
+        if isinstance(error, SettingsError):
+            self._bad_setting = True
+            for line in error.problems:
+                logger.error("Bad setting: %s", line)
+        else:
+            logger.error("Configuration error: %s", error)

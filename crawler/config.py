@@ -1,0 +1,734 @@
+"""Configuration errors: the settings table, its check, and fatal errors.
+
+A configuration error is not an outage: no backoff fixes a wrong password, a
+database the user may not select, an ACL that forbids a command the crawler
+needs or a setting that makes no sense. A worker that meets one says what is
+wrong in one log line (credentials masked) and stops, with a non-zero exit
+status (``crawler/commands/crawl.py``), instead of retrying for ever.
+
+* **Settings.** :data:`SETTINGS` is the one table of every setting the
+  project adds, and of the Scrapy and scrapy-redis settings its components
+  read: name -> allowed type and range, and what it means.
+  :func:`validate_settings` checks a crawler's settings against it before
+  the crawl starts (``scrapy crawl``, and :class:`crawler.addon.FrontierAddon`
+  for any other way of running a crawl) and raises :class:`SettingsError`,
+  whose lines read ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds
+  > 0``.
+* **Servers.** Components that meet a configuration error at a server
+  (:mod:`crawler.frontier.connection` tells them for Redis,
+  :mod:`crawler.pipelines` for MongoDB) report it with
+  :func:`stop_on_config_error`: the error is logged once, the spider is
+  closed with the finish reason :data:`CONFIG_ERROR_REASON`, and
+  :func:`config_error_of` tells the ``crawl`` command to exit non-zero. At
+  start (the scheduler or the pipeline opening) they raise
+  ``CloseSpider(CONFIG_ERROR_REASON)`` instead, so the crawl never starts.
+* **Credentials** never reach a log line: :func:`masked_url` hides the
+  password of a URL, :func:`scrub` removes known secrets from a text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from weakref import WeakKeyDictionary
+
+from pymongo.errors import PyMongoError
+from pymongo.uri_parser import parse_uri
+from redis.connection import parse_url
+from scrapy.exceptions import CloseSpider
+from scrapy.settings import BaseSettings
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.misc import load_object
+
+from crawler.frontier.intake import IntakeKeys
+from crawler.frontier.overrides import parse_site_settings
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CONFIG_ERROR_REASON",
+    "SETTINGS",
+    "ConfigurationError",
+    "Setting",
+    "SettingsError",
+    "close_at_open",
+    "config_error_of",
+    "masked_url",
+    "scrub",
+    "stop_on_config_error",
+    "validate_settings",
+]
+
+#: The finish reason (stat ``finish_reason``) of a crawl stopped by a
+#: configuration error.
+CONFIG_ERROR_REASON = "config_error"
+#: Prefixes of the project's own settings (a name with one of them that is
+#: not in :data:`SETTINGS` is warned about: a typo, most likely).
+OWN_PREFIXES = ("FRONTIER_", "MONGO_", "METRICS_", "LOG_JSON_")
+
+_MASK = "****"
+#: Query parameters of a URL whose values are secrets.
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|credential", re.IGNORECASE)
+
+
+class ConfigurationError(Exception):
+    """The crawl cannot run as configured; retrying will not help.
+
+    ``str(error)`` is the message to log: one line per problem, no secrets.
+    """
+
+
+class SettingsError(ConfigurationError, ValueError):
+    """Settings that :func:`validate_settings` refused.
+
+    :ivar problems: one line per bad setting, e.g. ``FRONTIER_SEED_BATCH=0:
+        must be a whole number >= 1``.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# -- credentials ---------------------------------------------------------------
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password (and secret query values) replaced by ``****``.
+
+    ``redis://user:secret@host:6379/0`` gives ``redis://user:****@host:6379/0``;
+    ``mongodb://u:p@h1,h2/?authSource=admin`` gives
+    ``mongodb://u:****@h1,h2/?authSource=admin``. The user name stays (it
+    tells which ACL user or database user is meant). Works on any
+    ``scheme://[user[:password]@]hosts...`` text, several hosts included
+    (RFC 3986 userinfo, the last ``@`` of the authority ends it).
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _MASK
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:{_MASK}@{hosts}" if colon else f"{user}@{hosts}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_PARAM.search(k) for k, _ in pairs):
+            query = urlencode(
+                [(k, _MASK if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="*:,"
+            )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def secrets_of(url: str | None) -> list[str]:
+    """The passwords (and secret query values) a URL carries, to :func:`scrub`."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+        found += [v for k, v in parse_qsl(parts.query) if _SECRET_PARAM.search(k) and v]
+    except ValueError:
+        return []
+    return [s for s in found if s]
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every secret in ``secrets`` replaced by ``****``.
+
+    For messages of other libraries, which may quote what they were given.
+    Secrets shorter than 4 characters are left alone (they would mangle
+    the text, and libraries' messages do not quote them anyway).
+    """
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if len(secret) >= 4 and secret != _MASK:
+            text = text.replace(secret, _MASK)
+    return text
+
+
+# -- fatal configuration errors ------------------------------------------------
+
+_errors: WeakKeyDictionary[Crawler, list[str]] = WeakKeyDictionary()
+_stopping: WeakKeyDictionary[Crawler, bool] = WeakKeyDictionary()
+
+
+def config_error_of(crawler: Crawler) -> str | None:
+    """The (first) configuration error reported for ``crawler``, or None."""
+    errors = _errors.get(crawler)
+    return errors[0] if errors else None
+
+
+def report_config_error(crawler: Crawler, message: str) -> None:
+    """Log ``message`` (one line, level ERROR) and record it for ``crawler``.
+
+    A message reported before for ``crawler`` is not logged again (each
+    component that meets the error reports it); another one is (Redis and
+    MongoDB may both be misconfigured: both are said at once).
+    """
+    errors = _errors.setdefault(crawler, [])
+    if message not in errors:
+        errors.append(message)
+        logger.error("Configuration error: %s", message, extra={"spider": crawler.spider})
+
+
+def close_at_open(crawler: Crawler, message: str) -> CloseSpider:
+    """Report ``message`` met while the crawl opens, and return the
+    ``CloseSpider(config_error)`` to raise: Scrapy closes the spider once
+    its start-up is done, and the other components do not ask again."""
+    report_config_error(crawler, message)
+    _stopping[crawler] = True
+    return CloseSpider(CONFIG_ERROR_REASON)
+
+
+def stop_on_config_error(crawler: Crawler, message: str) -> bool:
+    """Report ``message`` (:func:`report_config_error`) and close the spider
+    with the finish reason :data:`CONFIG_ERROR_REASON`.
+
+    Safe to call from any component on the reactor thread, while the crawl
+    runs or closes (the close is scheduled, not run inside the caller), as
+    often as it meets the error.
+
+    :returns: whether this call asked for the close (False: an earlier one
+        did).
+    """
+    report_config_error(crawler, message)
+    if _stopping.get(crawler):
+        return False
+    _stopping[crawler] = True
+    try:
+        engine: Any = crawler.engine
+    except RuntimeError:  # no engine yet
+        return True
+    close = getattr(engine, "close_spider_async", None)
+    if close is not None and getattr(engine, "spider", None) is not None:
+        deferred_from_coro(close(reason=CONFIG_ERROR_REASON))
+    return True
+
+
+# -- the settings table ----------------------------------------------------------
+
+
+class _Invalid(ValueError):
+    """A value a :class:`Kind` refuses; ``detail`` says more than ``allowed``
+    (``whole``: it says all, in place of "must be <allowed>")."""
+
+    def __init__(self, detail: str = "", *, whole: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.whole = whole or detail.startswith("must ")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What values a setting takes.
+
+    :ivar allowed: how the error message words it, after "must be".
+    :ivar check: raises ``ValueError`` / ``TypeError`` for a bad value (an
+        :class:`_Invalid` with a detail when "must be ..." is not enough).
+        None (unset) is never checked: Scrapy's getters read it as the
+        component's default.
+    """
+
+    allowed: str
+    check: Callable[[Any], object]
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def number(
+    kind: type[int] | type[float],
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    unit: str = "",
+    nullable: bool = False,
+) -> Kind:
+    """A whole number (``int``) or a number (``float``) within a range.
+
+    Accepts what Scrapy's ``getint`` / ``getfloat`` read (numbers and their
+    text, as ``-s`` gives them), but neither bools, NaN, infinities, nor
+    (for ``int``) fractions, which ``getint`` would truncate silently.
+    ``nullable`` only says, in the message, that None (unset) means a
+    default.
+    """
+    what = "a whole number" if kind is int else "a number"
+    if unit:
+        what += f" of {unit}"
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"{'<' if high_open else '<='} {high:g}")
+    allowed = f"{what} {' and '.join(bounds)}".strip()
+    if nullable:
+        allowed += " (or None)"
+
+    def check(value: Any) -> None:
+        if _is_bool(value) or isinstance(value, (list, dict, tuple, set)):
+            raise _Invalid()
+        parsed = float(value)  # ValueError / TypeError for text that is no number
+        if not math.isfinite(parsed):
+            raise _Invalid()
+        if kind is int:
+            if isinstance(value, str):
+                int(value.strip())  # "2.5" is no whole number
+            elif parsed != int(parsed):
+                raise _Invalid()
+        if low is not None and (parsed < low or (low_open and parsed == low)):
+            raise _Invalid()
+        if high is not None and (parsed > high or (high_open and parsed == high)):
+            raise _Invalid()
+
+    return Kind(allowed, check)
+
+
+def _check_bool(value: Any) -> None:
+    BaseSettings({"X": value}).getbool("X")  # Scrapy's own reading: ValueError if not
+
+
+FLAG = Kind("True or False (also 1/0, true/false)", _check_bool)
+
+
+def false_only(why: str) -> Kind:
+    """A flag the crawler only works with off."""
+
+    def check(value: Any) -> None:
+        _check_bool(value)
+        if BaseSettings({"X": value}).getbool("X"):
+            raise _Invalid(f"must be False: {why}")
+
+    return Kind("False", check)
+
+
+def text(*, empty: bool = False, check: Callable[[str], object] | None = None,
+         allowed: str = "") -> Kind:
+    """A string (non-empty unless ``empty``), checked further by ``check``."""
+    words = allowed or ("a string" if empty else "a non-empty string")
+
+    def check_text(value: Any) -> None:
+        if not isinstance(value, str) or (not empty and not value.strip()):
+            raise _Invalid()
+        if check is not None:
+            check(value)
+
+    return Kind(words, check_text)
+
+
+def _json_dict(value: Any) -> dict[Any, Any]:
+    """What Scrapy's ``getdict`` reads: a dict, or a JSON object as text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise _Invalid(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if isinstance(value, Mapping):
+        return dict(value)
+    try:  # a BaseSettings (Scrapy keeps dict settings as such)
+        return dict(value.copy_to_dict())
+    except AttributeError:
+        raise _Invalid() from None
+
+
+def dictionary(check: Callable[[dict[Any, Any]], object] | None = None,
+               allowed: str = "a dict, or a JSON object") -> Kind:
+    """A dict (a JSON object when given as text), checked further by ``check``."""
+
+    def check_dict(value: Any) -> None:
+        parsed = _json_dict(value)
+        if check is not None:
+            check(parsed)
+
+    return Kind(allowed, check_dict)
+
+
+def _check_list_of_statuses(value: Any) -> None:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    for item in items:
+        status = int(str(item).strip())
+        if not 100 <= status <= 599:
+            raise _Invalid()
+
+
+def _check_object_path(value: Any) -> None:
+    if not isinstance(value, str):
+        if callable(value):
+            return
+        raise _Invalid()
+    try:
+        load_object(value)
+    except (ImportError, NameError, ValueError, AttributeError) as exc:
+        raise _Invalid(f"cannot be imported ({exc})") from None
+
+
+def _check_serializer(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value = importlib.import_module(value)
+        except ImportError as exc:
+            raise _Invalid(f"cannot be imported ({exc})") from None
+    if not (callable(getattr(value, "loads", None)) and callable(getattr(value, "dumps", None))):
+        raise _Invalid("must be a module (or object) with loads() and dumps()")
+
+
+def _format_check(field: str) -> Callable[[str], object]:
+    def check(value: str) -> None:
+        try:
+            value % {field: "x"}
+        except (KeyError, ValueError, TypeError) as exc:
+            raise _Invalid(
+                f"must be a key template with at most %({field})s in it ({exc!r})"
+            ) from None
+
+    return check
+
+
+def _check_seed_key(value: str) -> None:
+    _format_check("name")(value)
+    try:
+        IntakeKeys.for_seed_list(value % {"name": "spider"})
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+def _site_check(kind: str) -> Callable[[dict[Any, Any]], object]:
+    def check(value: dict[Any, Any]) -> None:
+        try:
+            parse_site_settings(kind, value)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise _Invalid(f"{exc}") from None
+
+    return check
+
+
+def _check_redis_url(value: str) -> None:
+    try:
+        parse_url(value)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError) as exc:
+        raise _Invalid(f"not a Redis URL ({exc})") from None
+
+
+def _check_mongo_uri(value: str) -> None:
+    if value.startswith("mongodb+srv://"):
+        return  # parsing resolves DNS: the pipeline finds out when it opens
+    try:
+        parse_uri(value)  # strict: an unknown or bad option is an error here
+    except (PyMongoError, ValueError) as exc:
+        raise _Invalid(f"not a MongoDB URI pymongo accepts ({exc})") from None
+
+
+def _check_mongo_name(what: str, bad: str) -> Callable[[str], object]:
+    def check(value: str) -> None:
+        if any(ch in value for ch in bad) or "\x00" in value or len(value.encode()) > 63:
+            raise _Invalid(
+                f"must be a MongoDB {what} name: at most 63 bytes, none of {bad!r}"
+            )
+
+    return check
+
+
+def _check_dead_collection(value: str) -> None:
+    _check_mongo_name("collection", "$")(value)
+    if value.startswith("system."):
+        raise _Invalid("must not start with 'system.'")
+
+
+_REDIS_NUMERIC_PARAMS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
+
+
+def _check_redis_params(params: dict[Any, Any]) -> None:
+    """Values redis-py would only refuse at the first connection."""
+    for key in _REDIS_NUMERIC_PARAMS:
+        if key in params and params[key] is not None:
+            try:
+                number(float, 0, low_open=key != "health_check_interval").check(params[key])
+            except (ValueError, TypeError):
+                raise _Invalid(
+                    f"{key} must be a number of seconds > 0 (or null)", whole=True
+                ) from None
+    for key in ("db", "port"):
+        if key in params:
+            try:
+                number(int, 0).check(params[key])
+            except (ValueError, TypeError):
+                raise _Invalid(f"{key} must be a whole number >= 0", whole=True) from None
+    if params.get("decode_responses"):
+        raise _Invalid("decode_responses must be false: the frontier reads bytes", whole=True)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of :data:`SETTINGS`: what a setting takes and what it means.
+
+    :ivar kind: the allowed values (:class:`Kind`).
+    :ivar meaning: one line, for the docs and the error.
+    :ivar secret: the value may carry credentials (masked in messages).
+    """
+
+    kind: Kind
+    meaning: str
+    secret: bool = False
+
+    #: The display of a value in an error line.
+    MAX_SHOWN: ClassVar[int] = 200
+
+    def shown(self, value: Any) -> str:
+        """``value`` as the error line shows it (masked when secret)."""
+        if isinstance(value, str) and self.secret:
+            if "://" in value:
+                shown = masked_url(value)
+            else:
+                try:
+                    shown = _masked_json(_json_dict(value))
+                except ValueError:
+                    shown = _MASK if _SECRET_PARAM.search(value) else value
+        elif isinstance(value, str):
+            shown = value
+        elif self.secret and isinstance(value, Mapping):
+            shown = _masked_json(dict(value))
+        elif self.secret:
+            shown = _MASK
+        else:
+            try:
+                shown = json.dumps(value, default=repr)
+            except (TypeError, ValueError):
+                shown = repr(value)
+        if shown == "":
+            shown = "''"
+        return shown if len(shown) <= self.MAX_SHOWN else shown[: self.MAX_SHOWN] + "..."
+
+
+def _masked_json(value: dict[Any, Any]) -> str:
+    """A dict as JSON, the values of secret keys (``password``, ...) masked."""
+    masked = {k: _MASK if _SECRET_PARAM.search(str(k)) else v for k, v in value.items()}
+    return json.dumps(masked, default=repr)
+
+
+def _s(kind: Kind, meaning: str, *, secret: bool = False) -> Setting:
+    return Setting(kind, meaning, secret)
+
+
+_SECONDS_POS = number(float, 0, low_open=True, unit="seconds")
+_SECONDS = number(float, 0, unit="seconds")
+_COUNT_POS = number(int, 1)
+_COUNT = number(int, 0)
+
+#: Every setting the project adds, and the Scrapy and scrapy-redis settings
+#: its components read: name -> :class:`Setting`. ``tests/test_config_errors.py``
+#: checks that every setting read in ``crawler/`` is here.
+SETTINGS: dict[str, Setting] = {
+    # --- connections
+    "REDIS_URL": _s(text(check=_check_redis_url, allowed="a redis://, rediss:// or unix:// URL"),
+                    "the Redis server (or a Redis Cluster node) of the crawl", secret=True),
+    "REDIS_HOST": _s(text(), "Redis host when REDIS_URL is not set (scrapy-redis)"),
+    "REDIS_PORT": _s(number(int, 1, 65535), "Redis port when REDIS_URL is not set (scrapy-redis)"),
+    "REDIS_DB": _s(_COUNT, "Redis database number, over REDIS_URL's (scrapy-redis)"),
+    "REDIS_PARAMS": _s(dictionary(_check_redis_params, "a dict, or a JSON object, of redis-py "
+                                  "client options"),
+                       "redis-py client options, merged over the project's fail-fast timeouts",
+                       secret=True),
+    "REDIS_ENCODING": _s(text(check="".encode, allowed="a text encoding"),
+                         "encoding of text sent to Redis (scrapy-redis)"),
+    "REDIS_DECODE_RESPONSES": _s(false_only("the frontier reads bytes"),
+                                 "decode Redis replies (scrapy-redis); must stay off"),
+    "REDIS_START_URLS_KEY": _s(text(check=_check_seed_key), "the seed list, %(name)s is the "
+                               "spider's name (scrapy-redis)"),
+    "REDIS_START_URLS_AS_SET": _s(false_only("seeds are read from a list"),
+                                  "read seeds from a set (scrapy-redis); not supported"),
+    "REDIS_START_URLS_AS_ZSET": _s(false_only("seeds are read from a list"),
+                                   "read seeds from a sorted set (scrapy-redis); not supported"),
+    "FRONTIER_REDIS_CLUSTER": _s(FLAG, "REDIS_URL names a node of a Redis Cluster"),
+    "MONGO_URI": _s(text(check=_check_mongo_uri, allowed="a mongodb:// or mongodb+srv:// URI"),
+                    "the MongoDB server that stores the items", secret=True),
+    "MONGO_DATABASE": _s(text(check=_check_mongo_name("database", '/\\. "$')),
+                         "the MongoDB database of the items"),
+    # --- scrapy-redis components (their names)
+    "SCHEDULER_PERSIST": _s(FLAG, "keep the frontier when a worker closes"),
+    "SCHEDULER_FLUSH_ON_START": _s(FLAG, "delete the frontier when a worker starts"),
+    "SCHEDULER_QUEUE_KEY": _s(text(check=_format_check("spider")), "prefix of the frontier's "
+                              "keys, %(spider)s is the spider's name"),
+    "SCHEDULER_QUEUE_CLASS": _s(Kind("an importable class path", _check_object_path),
+                                "the frontier queue class"),
+    "SCHEDULER_DUPEFILTER_KEY": _s(text(check=_format_check("spider")),
+                                   "the dupefilter's key, %(spider)s is the spider's name"),
+    "SCHEDULER_SERIALIZER": _s(Kind("a module path with loads() and dumps()",
+                                    _check_serializer), "how requests are stored (JSON if unset)"),
+    "DUPEFILTER_CLASS": _s(Kind("an importable class path", _check_object_path),
+                           "the dupefilter class"),
+    "DUPEFILTER_DEBUG": _s(FLAG, "log every filtered duplicate"),
+    "MAX_IDLE_TIME_BEFORE_CLOSE": _s(number(int, 0, unit="seconds"),
+                                     "idle seconds before a worker closes (0: never)"),
+    # --- Scrapy's, as our components read them
+    "DOWNLOAD_DELAY": _s(_SECONDS, "seconds between two requests to a site (the whole cluster)"),
+    "CONCURRENT_REQUESTS": _s(_COUNT_POS, "downloads at once in one worker"),
+    "CONCURRENT_REQUESTS_PER_DOMAIN": _s(_COUNT_POS, "downloads at once per site (the whole "
+                                         "cluster)"),
+    "ROBOTSTXT_OBEY": _s(FLAG, "obey robots.txt"),
+    "RETRY_ENABLED": _s(FLAG, "retry failed downloads"),
+    "RETRY_TIMES": _s(_COUNT, "retries of a failed download"),
+    "RETRY_HTTP_CODES": _s(Kind("a list of HTTP status codes (100-599)", _check_list_of_statuses),
+                           "statuses that are retried"),
+    "RETRY_PRIORITY_ADJUST": _s(number(int), "priority change of a retried request"),
+    "DEPTH_LIMIT": _s(_COUNT, "most link hops from a seed (0: no limit)"),
+    "LOG_ENABLED": _s(FLAG, "log at all"),
+    # --- frontier
+    "FRONTIER_DELAY": _s(number(float, 0, unit="seconds", nullable=True),
+                         "seconds between requests to a site; None: DOWNLOAD_DELAY"),
+    "FRONTIER_CONCURRENCY": _s(number(int, 1, nullable=True),
+                               "downloads at once per site; None: CONCURRENT_REQUESTS_PER_DOMAIN"),
+    "FRONTIER_DELAY_MARGIN": _s(number(float, 0), "fraction a site's delay is stretched by"),
+    "FRONTIER_SITE_DELAYS": _s(dictionary(_site_check("delay"),
+                                          "a dict of site -> seconds >= 0"),
+                               "per-site delays"),
+    "FRONTIER_SITE_CONCURRENCY": _s(dictionary(_site_check("conc"),
+                                               "a dict of site -> whole number >= 1"),
+                                    "per-site concurrency"),
+    "FRONTIER_ROBOTS_TTL": _s(_SECONDS_POS, "seconds a stored robots.txt is used"),
+    "FRONTIER_ADAPTIVE_ENABLED": _s(FLAG, "slow a site down on 429/503 and slow responses"),
+    "FRONTIER_ADAPTIVE_START": _s(_SECONDS_POS, "first extra delay of a slowed site"),
+    "FRONTIER_ADAPTIVE_MAX": _s(_SECONDS_POS, "largest extra delay of a slowed site"),
+    "FRONTIER_ADAPTIVE_LATENCY": _s(_SECONDS_POS, "latency that counts as slow"),
+    "FRONTIER_LEASE_TIMEOUT": _s(_SECONDS_POS, "seconds a lease lasts without a heartbeat"),
+    "FRONTIER_MAX_DELIVERIES": _s(_COUNT, "deliveries before a request is dead-lettered "
+                                  "(0: no limit)"),
+    "FRONTIER_SEED_BATCH": _s(_COUNT_POS, "most seeds moved into the frontier at once"),
+    "FRONTIER_LEASE_BATCH": _s(_COUNT_POS, "most requests one lease call takes"),
+    "FRONTIER_LOCAL_SEEN": _s(_COUNT, "fingerprints a worker remembers (0: off)"),
+    "FRONTIER_OUTBOX_DELAY": _s(_SECONDS, "seconds writes wait for the next lease call"),
+    "FRONTIER_IDLE_WAIT": _s(_SECONDS_POS, "seconds an idle worker blocks on the seed list"),
+    "FRONTIER_RETRY_BACKOFF_BASE": _s(_SECONDS, "seconds before the first retry"),
+    "FRONTIER_RETRY_BACKOFF_MAX": _s(_SECONDS, "longest wait before a retry"),
+    "FRONTIER_RETRY_JITTER": _s(number(float, 0, 1), "fraction a retry's wait is stretched by"),
+    "FRONTIER_RETRY_AFTER_MAX": _s(_SECONDS, "longest Retry-After obeyed"),
+    "FRONTIER_STAY_ON_SEED_HOSTS": _s(FLAG, "follow links only on the seeds' hosts"),
+    "FRONTIER_BLOOM_CAPACITY": _s(_COUNT_POS, "URLs the Bloom filter is sized for"),
+    "FRONTIER_BLOOM_ERROR_RATE": _s(number(float, 0, 1, low_open=True, high_open=True),
+                                    "false-positive rate of the Bloom filter"),
+    # --- operations
+    "FRONTIER_STATS_ENABLED": _s(FLAG, "keep cluster-wide stats and heartbeats in Redis"),
+    "FRONTIER_HEARTBEAT_INTERVAL": _s(_SECONDS_POS, "seconds between a worker's heartbeats"),
+    "FRONTIER_WORKER_TIMEOUT": _s(_SECONDS_POS, "seconds after which a silent worker is dead "
+                                  "for the status"),
+    "FRONTIER_WORKER_ID": _s(text(empty=True), "this worker's id (empty: host:pid)"),
+    "FRONTIER_STATUS_MAX_PRIORITIES": _s(_COUNT_POS, "priorities the status reports per spider"),
+    "METRICS_HOST": _s(text(), "address the Prometheus exporter binds"),
+    "METRICS_PORT": _s(number(int, 1, 65535), "port of the Prometheus exporter"),
+    "LOG_JSON_ENABLED": _s(FLAG, "log JSON lines"),
+    # --- MongoDB pipeline
+    "MONGO_BATCH_SIZE": _s(_COUNT_POS, "documents per bulk write"),
+    "MONGO_FLUSH_INTERVAL": _s(_SECONDS_POS, "seconds before a partial batch is written"),
+    "MONGO_SPILL_AFTER": _s(_COUNT, "waiting documents before they spill to a file"),
+    "MONGO_SPILL_DIR": _s(text(), "directory of the spill files"),
+    "MONGO_DEAD_COLLECTION": _s(text(check=_check_dead_collection),
+                                "collection of items MongoDB rejects"),
+    "MONGO_ITEM_IDS_ENABLED": _s(FLAG, "derive the _id of items without a key"),
+}
+
+
+def _problem(name: str, row: Setting, value: Any, exc: BaseException) -> str:
+    """One error line: the setting, its value and what is allowed."""
+    detail = exc.detail if isinstance(exc, _Invalid) else ""
+    line = f"{name}={row.shown(value)}: "
+    if isinstance(exc, _Invalid) and exc.whole:
+        return line + detail
+    line += f"must be {row.kind.allowed}"
+    return f"{line} ({detail})" if detail else line
+
+
+def _check_cluster_url(settings: BaseSettings) -> str | None:
+    """With ``FRONTIER_REDIS_CLUSTER``: REDIS_URL names a node, database 0."""
+    url = settings.get("REDIS_URL") or ""
+    if not url:
+        return "FRONTIER_REDIS_CLUSTER=True: REDIS_URL must name a node of the cluster"
+    try:
+        db = int(parse_url(url).get("db") or 0)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError):
+        return None  # REDIS_URL's own row says it
+    if not db:
+        return None
+    return (f"REDIS_URL={masked_url(url)}: must use database 0 with FRONTIER_REDIS_CLUSTER "
+            "(a cluster has no other)")
+
+
+def _check_client(settings: BaseSettings) -> str | None:
+    """Build the Redis client as the crawl will (no I/O on one server) to
+    catch what redis-py refuses: an unknown option, a bad URL."""
+    # Imported here: crawler.frontier.connection imports this module.
+    from crawler.frontier.connection import cluster_enabled, get_redis  # noqa: PLC0415
+
+    if cluster_enabled(settings):
+        return _check_cluster_url(settings)
+    try:
+        client = get_redis(settings)
+        try:
+            # redis-py takes options as they come and refuses an unknown
+            # one only when it makes a connection object (no I/O yet).
+            client.connection_pool.make_connection().disconnect()  # type: ignore[no-untyped-call]
+        finally:
+            client.close()
+    except (TypeError, ValueError, ImportError, AttributeError) as exc:
+        url = settings.get("REDIS_URL")
+        secrets = secrets_of(url)
+        try:
+            params = _json_dict(settings.get("REDIS_PARAMS") or {})
+        except ValueError:
+            params = {}
+        if isinstance(params.get("password"), str):
+            secrets.append(params["password"])
+        error = scrub(str(exc), secrets)
+        if params:
+            shown = SETTINGS["REDIS_PARAMS"].shown(params)
+            return f"REDIS_PARAMS={shown}: must be options redis-py takes (it says: {error})"
+        return f"REDIS_URL={masked_url(str(url or ''))}: must be a URL redis-py takes ({error})"
+    return None
+
+
+def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> None:
+    """Check ``settings`` against :data:`SETTINGS`; build no connection.
+
+    Every setting of the table that is set is checked (None, unset, always
+    passes: Scrapy's getters read it as the component's default); a Redis
+    client is then built as the crawl will build it (no I/O on one server),
+    so that options redis-py refuses are found now. A setting with a
+    project prefix (:data:`OWN_PREFIXES`) that is not in the table is
+    logged as a warning (a typo, most likely) unless ``warn_unknown`` is
+    off.
+
+    :raises SettingsError: one line per bad setting, naming the setting, its
+        value (credentials masked) and what is allowed.
+    """
+    problems = []
+    for name, row in SETTINGS.items():
+        value = settings.get(name)
+        if value is None:  # unset: Scrapy's getters give the component's default
+            continue
+        try:
+            row.kind.check(value)
+        except (ValueError, TypeError, LookupError) as exc:
+            problems.append(_problem(name, row, value, exc))
+    if not any(p.startswith(("REDIS_", "FRONTIER_REDIS_CLUSTER")) for p in problems):
+        client_problem = _check_client(settings)
+        if client_problem:
+            problems.append(client_problem)
+    if problems:
+        raise SettingsError(problems)
+    if not warn_unknown:
+        return
+    for name in settings:
+        if isinstance(name, str) and name.startswith(OWN_PREFIXES) and name not in SETTINGS:
+            logger.warning("Unknown setting %s (not one of the project's): a typo?", name)

@@ -1,0 +1,711 @@
+"""Configuration errors are not outages (issue 12, case 4), settings are
+checked before the crawl starts, and REDIS_PARAMS is merged, not replaced.
+
+Real servers throughout: the session's redis-server (ACL users made and
+deleted here), small redis-servers of this module's own started with
+``--requirepass``, the session's MongoDB server (SecantusDB, or ``$MONGO_URI``)
+for refused credentials, and a SecantusDB of this module's own started with
+``--auth`` for a user without the right to write. The exit paths are real
+``scrapy crawl`` processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pymongo
+import pytest
+import redis
+from pymongo.errors import ServerSelectionTimeoutError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from scrapy import Spider, signals
+from scrapy.exceptions import CloseSpider
+from scrapy.settings import Settings, default_settings
+from scrapy.utils.project import get_project_settings
+from scrapy.utils.test import get_crawler
+
+import tests.scheduler_harness as harness
+from crawler.addon import FrontierAddon
+from crawler.commands.crawl import Command as CrawlCommand
+from crawler.config import (
+    CONFIG_ERROR_REASON,
+    SETTINGS,
+    ConfigurationError,
+    SettingsError,
+    config_error_of,
+    masked_url,
+    validate_settings,
+)
+from crawler.embedded import MongoServer, RedisServer
+from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redis
+from crawler.frontier.spider import FrontierSpider
+from crawler.items import QuoteItem
+from crawler.pipelines import MongoPipeline, mongo_config_error
+from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+
+#: How long a misconfigured worker may take to exit, seconds ("within
+#: seconds"; Scrapy's start-up is most of it on a busy machine).
+EXIT_WITHIN = 20.0
+
+
+class _Spider(FrontierSpider):
+    name = "config_test"
+
+    def parse(self, response: Any, **kwargs: Any) -> Any:
+        return None
+
+
+# -- servers of this module ------------------------------------------------------
+
+
+class PasswordRedisServer(RedisServer):
+    """A redis-server whose default user needs ``password`` (``--requirepass``)."""
+
+    def __init__(self, password: str) -> None:
+        self.password = password
+        super().__init__(appendonly=False)
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), "--requirepass", self.password]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(
+            host=self.host, port=self.port, password=self.password, socket_timeout=2,
+            retry=Retry(NoBackoff(), 0),
+        )
+
+    def _probe(self, pid: int) -> bool:
+        client = self.client()
+        try:
+            return int(client.info("server").get("process_id", -1)) == pid
+        except redis.exceptions.RedisError:
+            return False
+        finally:
+            client.close()
+
+
+class PasswordClusterNode(PasswordRedisServer):
+    """One Redis Cluster node (no slots: a refused login comes first)."""
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), "--cluster-enabled", "yes",
+                "--cluster-config-file", str(self.data_dir / "nodes.conf")]
+
+
+class AuthMongoServer(MongoServer):
+    """SecantusDB with ``--auth`` (SCRAM-SHA-256 and roles enforced), with
+    users made first: SecantusDB takes users only while auth is off."""
+
+    ADMIN = ("admin", "admin-secret-1")
+
+    def __init__(self) -> None:
+        self.auth = False
+        super().__init__()
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), "--auth"] if self.auth else super()._command()
+
+    def uri_for(self, user: str, password: str) -> str:
+        return f"mongodb://{user}:{password}@{self.host}:{self.port}/?directConnection=true"
+
+    def _probe(self, pid: int) -> bool:
+        if not self.auth:
+            return super()._probe(pid)
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            self.uri_for(*self.ADMIN), serverSelectionTimeoutMS=500, connectTimeoutMS=500
+        )
+        try:
+            status = client.admin.command("serverStatus")
+            return status.get("pid") is None or int(str(status["pid"])) == pid
+        except pymongo.errors.PyMongoError:
+            return False
+        finally:
+            client.close()
+
+    def start_with_users(self, users: dict[str, tuple[str, list[dict[str, str]]]]) -> None:
+        """Start without auth, create the admin and ``users`` (name ->
+        password, roles), restart with ``--auth``."""
+        self.start()
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(self.uri)
+        try:
+            name, password = self.ADMIN
+            client.admin.command("createUser", name, pwd=password, roles=["root"])
+            for user, (pwd, roles) in users.items():
+                client.admin.command("createUser", user, pwd=pwd, roles=roles)
+        finally:
+            client.close()
+        self.stop()
+        self.auth = True
+        self.start()
+
+
+@pytest.fixture
+def password_redis() -> Iterator[PasswordRedisServer]:
+    with PasswordRedisServer("right-secret-" + uuid.uuid4().hex[:8]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def auth_mongo() -> Iterator[AuthMongoServer]:
+    server = AuthMongoServer()
+    try:
+        server.start_with_users(
+            {"reader": ("reader-secret-1", [{"role": "read", "db": "crawl_items"}])}
+        )
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def acl_user(redis_server: RedisServer) -> Iterator[Any]:
+    """``make(rules)`` creates an ACL user with those rules on the session's
+    Redis and returns its URL; every user made is deleted after the test."""
+    admin = redis.Redis.from_url(redis_server.url)
+    made: list[str] = []
+
+    def make(*rules: str) -> str:
+        name = f"cfg-{uuid.uuid4().hex[:8]}"
+        admin.acl_setuser(name, enabled=True, passwords=["+user-secret-1"], reset=True)
+        admin.execute_command("ACL", "SETUSER", name, *rules)
+        made.append(name)
+        return f"redis://{name}:user-secret-1@{redis_server.host}:{redis_server.port}/0"
+
+    yield make
+    for name in made:
+        admin.acl_deluser(name)
+    admin.close()
+
+
+def with_credentials(uri: str, user: str, password: str) -> str:
+    """``uri`` (``mongodb://[userinfo@]hosts/...``) with these credentials."""
+    scheme, _, rest = uri.partition("://")
+    return f"{scheme}://{user}:{password}@{rest.rpartition('@')[2]}"
+
+
+def log_errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "] ERROR:" in line or "] CRITICAL:" in line]
+
+
+# -- settings: the table and its check ---------------------------------------------
+
+
+def test_the_project_settings_pass_the_check() -> None:
+    validate_settings(get_project_settings())
+
+
+BAD_SETTINGS = [
+    ("FRONTIER_LEASE_TIMEOUT", "-5", "FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds > 0"),
+    ("FRONTIER_LEASE_TIMEOUT", "0", "FRONTIER_LEASE_TIMEOUT=0: must be a number of seconds > 0"),
+    ("FRONTIER_LEASE_TIMEOUT", "inf", "FRONTIER_LEASE_TIMEOUT=inf: must be a number of seconds"),
+    ("FRONTIER_LEASE_BATCH", "abc", "FRONTIER_LEASE_BATCH=abc: must be a whole number >= 1"),
+    ("FRONTIER_LEASE_BATCH", "2.5", "FRONTIER_LEASE_BATCH=2.5: must be a whole number >= 1"),
+    ("FRONTIER_SEED_BATCH", "0", "FRONTIER_SEED_BATCH=0: must be a whole number >= 1"),
+    ("DOWNLOAD_DELAY", "abc", "DOWNLOAD_DELAY=abc: must be a number of seconds >= 0"),
+    ("DOWNLOAD_DELAY", "-1", "DOWNLOAD_DELAY=-1: must be a number of seconds >= 0"),
+    ("MAX_IDLE_TIME_BEFORE_CLOSE", "abc", "MAX_IDLE_TIME_BEFORE_CLOSE=abc: must be a whole number"),
+    ("CONCURRENT_REQUESTS", "0", "CONCURRENT_REQUESTS=0: must be a whole number >= 1"),
+    ("FRONTIER_MAX_DELIVERIES", "-1", "FRONTIER_MAX_DELIVERIES=-1: must be a whole number >= 0"),
+    ("FRONTIER_RETRY_JITTER", "nan", "FRONTIER_RETRY_JITTER=nan: must be a number >= 0 and <= 1"),
+    ("FRONTIER_BLOOM_ERROR_RATE", "1", "FRONTIER_BLOOM_ERROR_RATE=1: must be a number > 0 and < 1"),
+    ("FRONTIER_STATS_ENABLED", "maybe", "FRONTIER_STATS_ENABLED=maybe: must be True or False"),
+    ("FRONTIER_HEARTBEAT_INTERVAL", "-1", "FRONTIER_HEARTBEAT_INTERVAL=-1: must be a number of"),
+    ("FRONTIER_DELAY", "-1", "FRONTIER_DELAY=-1: must be a number of seconds >= 0"),
+    ("FRONTIER_CONCURRENCY", "0", "FRONTIER_CONCURRENCY=0: must be a whole number >= 1"),
+    ("METRICS_PORT", "70000", "METRICS_PORT=70000: must be a whole number >= 1 and <= 65535"),
+    ("MONGO_BATCH_SIZE", "-3", "MONGO_BATCH_SIZE=-3: must be a whole number >= 1"),
+    ("MONGO_DATABASE", "a.b", "MONGO_DATABASE=a.b: must be a MongoDB database name"),
+    ("FRONTIER_SITE_DELAYS", '{"example.com": "2s"}', "FRONTIER_SITE_DELAYS="),
+    ("FRONTIER_SITE_CONCURRENCY", "[1, 2]", "FRONTIER_SITE_CONCURRENCY=[1, 2]: must be a dict"),
+    ("REDIS_PARAMS", '{"db": 1', 'REDIS_PARAMS={"db": 1: must be a dict, or a JSON object'),
+    ("REDIS_PARAMS", '{"socket_timeout": "x"}',
+     'REDIS_PARAMS={"socket_timeout": "x"}: socket_timeout must be a number of seconds > 0'),
+    ("REDIS_PARAMS", '{"no_such_option": 1}', "REDIS_PARAMS="),
+    ("REDIS_URL", "http://localhost/0", "REDIS_URL=http://localhost/0: must be a redis://"),
+    ("MONGO_URI", "mongodb://h/?authMechanism=BOGUS", "MONGO_URI=mongodb://h/?authMechanism="),
+    ("SCHEDULER_QUEUE_KEY", "%(nope)s", "SCHEDULER_QUEUE_KEY=%(nope)s: must be a key template"),
+    ("DUPEFILTER_CLASS", "no.such.Filter", "DUPEFILTER_CLASS=no.such.Filter: must be an import"),
+    ("REDIS_START_URLS_AS_SET", "True", "REDIS_START_URLS_AS_SET=True: must be False"),
+    ("RETRY_HTTP_CODES", "500,abc", "RETRY_HTTP_CODES=500,abc: must be a list of HTTP status"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "line"), BAD_SETTINGS)
+def test_a_bad_value_is_refused_in_one_line_naming_setting_value_and_what_is_allowed(
+    name: str, value: str, line: str
+) -> None:
+    settings = get_project_settings()
+    settings.set(name, value, priority="cmdline")
+    with pytest.raises(SettingsError) as refused:
+        validate_settings(settings)
+    assert len(refused.value.problems) == 1, refused.value.problems
+    [problem] = refused.value.problems
+    assert problem.startswith(line), problem
+    assert "\n" not in problem
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("FRONTIER_MAX_DELIVERIES", "0"), ("DOWNLOAD_DELAY", "2.5"), ("FRONTIER_LEASE_BATCH", " 4 "),
+     ("FRONTIER_STATS_ENABLED", "false"), ("FRONTIER_REDIS_CLUSTER", "0"),
+     ("REDIS_PARAMS", '{"db": 1, "socket_timeout": 3}'), ("FRONTIER_SITE_DELAYS", {"a.example": 2}),
+     ("DUPEFILTER_CLASS", "crawler.frontier.bloom.BloomDupeFilter"), ("FRONTIER_DELAY", None),
+     ("SCHEDULER_SERIALIZER", "json"), ("MONGO_URI", "mongodb+srv://u:p@cluster.example/")],
+)
+def test_good_values_pass(name: str, value: Any) -> None:
+    settings = get_project_settings()
+    settings.set(name, value, priority="cmdline")
+    validate_settings(settings)
+
+
+def test_every_bad_setting_is_reported_at_once() -> None:
+    settings = get_project_settings()
+    for name, value, _ in BAD_SETTINGS[:6]:
+        settings.set(name, value, priority="cmdline")
+    with pytest.raises(SettingsError) as refused:
+        validate_settings(settings)
+    assert sorted(p.split("=")[0] for p in refused.value.problems) == [
+        "FRONTIER_LEASE_BATCH", "FRONTIER_LEASE_TIMEOUT", "FRONTIER_SEED_BATCH"
+    ]
+
+
+def test_an_unknown_setting_of_ours_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    settings = get_project_settings()
+    settings.set("FRONTIER_LEASE_TIMOUT", "5", priority="cmdline")  # sic
+    validate_settings(settings)
+    assert "Unknown setting FRONTIER_LEASE_TIMOUT (not one of the project's)" in caplog.text
+
+
+def test_credentials_never_appear_in_a_bad_setting_line() -> None:
+    settings = get_project_settings()
+    settings.set("REDIS_URL", "http://user:redis-secret-9@h/0", priority="cmdline")
+    settings.set("MONGO_URI", "mongodb://u:mongo-secret-9@h/?bogusOption=1", priority="cmdline")
+    settings.set("REDIS_PARAMS", {"password": "params-secret-9", "bogus": 1}, priority="cmdline")
+    with pytest.raises(SettingsError) as refused:
+        validate_settings(settings)
+    text = str(refused.value)
+    assert "REDIS_URL=http://user:****@h/0" in text
+    assert "MONGO_URI=mongodb://u:****@h/" in text
+    assert "secret-9" not in text
+
+
+def test_a_worker_settings_error_in_redis_params_names_the_option(redis_url: str) -> None:
+    settings = get_project_settings()
+    settings.set("REDIS_URL", redis_url, priority="cmdline")
+    settings.set("REDIS_PARAMS", '{"password": "pw-secret-9", "no_such_option": 1}', "cmdline")
+    with pytest.raises(SettingsError) as refused:
+        validate_settings(settings)
+    [problem] = refused.value.problems
+    assert "no_such_option" in problem
+    assert '"password": "****"' in problem
+    assert "pw-secret-9" not in problem
+
+
+def test_the_addon_checks_the_settings_for_any_way_of_running_a_crawl() -> None:
+    settings = get_project_settings()
+    settings.set("FRONTIER_SEED_BATCH", "0", priority="cmdline")
+    with pytest.raises(SettingsError, match="FRONTIER_SEED_BATCH=0"):
+        FrontierAddon().update_settings(settings)
+
+
+def test_the_crawl_command_reports_a_configuration_error_of_the_crawl_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    command = CrawlCommand()
+    command._bad_setting = False
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_future()
+        task.set_exception(SettingsError(["FRONTIER_SEED_BATCH=0: must be a whole number >= 1"]))
+        command._crawl_done(task)
+    finally:
+        loop.close()
+    assert command._bad_setting
+    assert [r.getMessage() for r in caplog.records] == [
+        "Bad setting: FRONTIER_SEED_BATCH=0: must be a whole number >= 1"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [("redis://:pw-1234@h:6379/0", "redis://:****@h:6379/0"),
+     ("redis://user:pw-1234@h/0", "redis://user:****@h/0"),
+     ("mongodb://u:p%40ss@h1:1,h2:2/?authSource=admin", "mongodb://u:****@h1:1,h2:2/?authSource=admin"),
+     ("redis://h/0?password=pw-1234", "redis://h/0?password=****"),
+     ("redis://h:6379/0", "redis://h:6379/0")],
+)
+def test_urls_are_shown_with_their_password_masked(url: str, shown: str) -> None:
+    assert masked_url(url) == shown
+
+
+#: Calls that read a setting: ``<...settings>.get*("NAME"`` and ``settings["NAME"]``.
+_GETTERS = {"get", "getint", "getfloat", "getbool", "getlist", "getdict", "getdictorlist",
+            "getwithbase", "getpriority", "set"}
+#: Names of ours (and scrapy-redis's) anywhere in crawler/, e.g. in a tuple read in a loop.
+_OUR_NAME = re.compile(r"^(FRONTIER|MONGO|METRICS|LOG_JSON|REDIS|SCHEDULER)_[A-Z0-9_]+$")
+#: Environment variables that share a prefix but are no settings.
+_NOT_SETTINGS = {"REDIS_SERVER_BIN"}
+
+
+def _settings_read_in_crawler() -> set[str]:
+    names: set[str] = set()
+    for path in (PROJECT_DIR / "crawler").rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            target: ast.expr | None = None
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _GETTERS and node.args
+                    and ast.unparse(node.func.value).endswith("settings")):
+                target = node.args[0]
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("settings"):
+                target = node.slice
+            if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                names.add(target.value)
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and _OUR_NAME.match(node.value)):
+                names.add(node.value)
+        if path.name == "settings.py" and path.parent.name == "crawler":
+            for stmt in tree.body:
+                targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else (
+                    stmt.targets if isinstance(stmt, ast.Assign) else [])
+                names.update(t.id for t in targets if isinstance(t, ast.Name)
+                             and t.id.isupper() and not hasattr(default_settings, t.id))
+    return {name for name in names if name.isupper()} - _NOT_SETTINGS
+
+
+def test_every_setting_read_in_crawler_is_in_the_validation_table() -> None:
+    read = _settings_read_in_crawler()
+    assert {"FRONTIER_LEASE_BATCH", "DOWNLOAD_DELAY", "SCHEDULER_QUEUE_KEY",
+            "MONGO_URI", "CONCURRENT_REQUESTS"} <= read  # the scan finds them
+    missing = sorted(read - set(SETTINGS))
+    assert missing == [], f"add these settings to crawler.config.SETTINGS: {missing}"
+
+
+# -- REDIS_PARAMS: merged, not replaced ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [('{"db": 1, "password": "x"}', {"db": 1, "password": "x", **FAIL_FAST_PARAMS}),
+     ({"socket_timeout": 3}, {"socket_timeout": 3, "socket_connect_timeout": 2}),
+     ({}, FAIL_FAST_PARAMS)],
+)
+def test_redis_params_are_merged_over_the_fail_fast_timeouts(
+    given: Any, expected: dict[str, Any]
+) -> None:
+    settings = Settings({"REDIS_URL": "redis://127.0.0.1:1", "REDIS_PARAMS": given})
+    kwargs = get_redis(settings).connection_pool.connection_kwargs
+    assert {k: kwargs.get(k) for k in expected} == expected
+    assert kwargs["retry"].get_retries() == 0  # never resent, whatever REDIS_PARAMS says
+
+
+def test_the_seed_client_of_the_spider_gets_the_merged_params_too(redis_url: str) -> None:
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, REDIS_PARAMS='{"socket_timeout": 3}'
+    )
+    for client in (scheduler.server, crawler.spider.server):
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (3, 2)
+        assert kwargs["retry"].get_retries() == 0
+
+
+# -- Redis: credentials, databases and ACLs ------------------------------------------
+
+
+def _closed_at_open(crawler: Any) -> bool:
+    """Whether the spider_opened signal now asks to close with config_error."""
+    results = crawler.signals.send_catch_log(
+        signals.spider_opened, spider=crawler.spider, dont_log=CloseSpider
+    )
+    return any(getattr(getattr(r, "value", None), "reason", None) == CONFIG_ERROR_REASON
+               for _, r in results)
+
+
+@pytest.mark.parametrize(
+    ("rules", "cause"),
+    [(("~*", "&*", "+@all", "-evalsha", "-evalsha_ro"), "no permissions to run the 'evalsha'"),
+     (("~other:*", "&*", "+@all"), "no permissions to access one of the keys"),
+     (("~*", "&*", "+@all", "-select"), "no permissions to run the 'select' command")],
+)
+def test_an_acl_that_forbids_what_the_crawler_needs_stops_it_at_open(
+    acl_user: Any, rules: tuple[str, ...], cause: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = acl_user(*rules)
+    if "-select" in rules:
+        url = url[: -1] + "1"  # database 1: redis-py sends SELECT
+    _scheduler, crawler = harness.open_scheduler(url, _Spider)
+    message = config_error_of(crawler)
+    assert message is not None and cause in message.lower(), message
+    assert "user-secret-1" not in caplog.text
+    assert crawler.stats.get_value("frontier/redis/outages") is None  # not an outage
+    assert _closed_at_open(crawler)
+
+
+def test_a_database_the_server_lacks_stops_the_crawl_at_open(redis_server: RedisServer) -> None:
+    url = f"redis://{redis_server.host}:{redis_server.port}/99"  # 16 databases by default
+    _scheduler, crawler = harness.open_scheduler(url, _Spider)
+    message = config_error_of(crawler)
+    assert message is not None and "DB index is out of range" in message, message
+    assert _closed_at_open(crawler)
+
+
+def test_an_outage_is_still_an_outage() -> None:
+    _scheduler, crawler = harness.open_scheduler("redis://127.0.0.1:1/0", _Spider)
+    assert config_error_of(crawler) is None
+    assert crawler.stats.get_value("frontier/redis/outages") == 1
+    assert not _closed_at_open(crawler)
+
+
+def _rejected_evalsha(admin: redis.Redis) -> int:
+    return int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("rejected_calls", 0))
+
+
+def test_an_acl_revoked_mid_crawl_stops_the_crawl_instead_of_retrying(
+    acl_user: Any, redis_server: RedisServer
+) -> None:
+    url = acl_user("~*", "&*", "+@all")
+    scheduler, crawler = harness.open_scheduler(url, _Spider)
+    closed: list[str] = []
+
+    async def close_spider_async(*, reason: str) -> None:
+        closed.append(reason)
+
+    crawler.engine.spider = crawler.spider
+    crawler.engine.close_spider_async = close_spider_async
+    name = url.split("//")[1].split(":")[0]
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        admin.execute_command("ACL", "SETUSER", name, "-evalsha", "-evalsha_ro")
+        before = _rejected_evalsha(admin)
+        assert scheduler.next_request() is None
+        assert scheduler.next_request() is None  # no second attempt: no backoff loop
+        scheduler._beat()  # nor from the heartbeat
+        after = _rejected_evalsha(admin)
+    finally:
+        admin.close()
+    asyncio.get_event_loop().run_until_complete(asyncio.sleep(0))
+    assert closed == [CONFIG_ERROR_REASON]
+    message = config_error_of(crawler)
+    assert message is not None and "evalsha" in message
+    assert after - before == 1
+    assert crawler.stats.get_value("frontier/redis/outages") is None
+
+
+def test_a_cluster_that_refuses_the_password_is_a_configuration_error() -> None:
+    with PasswordClusterNode("cluster-secret-4") as node:
+        url = f"redis://:wrong-secret-4@{node.host}:{node.port}/0"
+        settings = Settings({"FRONTIER_REDIS_CLUSTER": True, "REDIS_URL": url})
+        with pytest.raises(ConfigurationError) as refused:
+            get_redis(settings)
+    message = str(refused.value)
+    assert message.startswith(f"Redis at redis://:****@{node.host}:{node.port}/0: authentication")
+    assert "secret-4" not in message
+
+
+def test_redis_errors_are_told_apart(password_redis: PasswordRedisServer) -> None:
+    """The classification on real replies: which errors are configuration errors."""
+    def error_of(**kwargs: Any) -> Exception:
+        client = redis.Redis(host=password_redis.host, port=password_redis.port,
+                             socket_connect_timeout=1, retry=Retry(NoBackoff(), 0), **kwargs)
+        try:
+            client.ping()
+        except redis.exceptions.RedisError as exc:
+            return exc
+        finally:
+            client.close()
+        raise AssertionError("no error")
+
+    assert "authentication failed" in (config_error(error_of(password="wrong")) or "")
+    assert "authentication failed" in (config_error(error_of()) or "")  # NOAUTH
+    assert "authentication failed" in (config_error(error_of(username="x", password="y")) or "")
+    down = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
+    with pytest.raises(redis.exceptions.ConnectionError) as refused:
+        down.ping()
+    assert config_error(refused.value) is None  # down: an outage
+    assert config_error(redis.exceptions.ResponseError("WRONGTYPE Operation")) is None
+
+
+# -- MongoDB -----------------------------------------------------------------------
+
+
+def test_a_refusal_quoted_by_a_server_selection_timeout_is_a_configuration_error() -> None:
+    # Once a login failed, pymongo marks the server unknown: the next calls
+    # time out selecting it, quoting the refusal (seen against SecantusDB).
+    quoted = ("authentication failed, full error: {'ok': 0.0, 'errmsg': 'authentication "
+              "failed', 'code': 18, 'codeName': 'AuthenticationFailed'}, Timeout: 5.0s")
+    assert "authentication failed" in (mongo_config_error(ServerSelectionTimeoutError(quoted))
+                                       or "")
+    refused = "127.0.0.1:1: [Errno 111] Connection refused, Timeout: 5.0s"
+    assert mongo_config_error(ServerSelectionTimeoutError(refused)) is None
+
+
+class _MongoSpider(Spider):
+    name = "config_mongo_test"
+
+
+def run_async(coro: Any) -> Any:
+    """Run ``coro`` on a loop of its own (the current loop, the reactor's,
+    stays current for the scheduler tests)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def _pipeline(uri: str, database: str, tmp_path: Path) -> MongoPipeline:
+    crawler = get_crawler(_MongoSpider, {"MONGO_URI": uri, "MONGO_DATABASE": database,
+                                         "MONGO_SPILL_DIR": str(tmp_path)})
+    crawler.spider = crawler._create_spider()
+    crawler.stats.open_spider()
+    return MongoPipeline.from_crawler(crawler)
+
+
+def test_refused_mongodb_credentials_stop_the_crawl_at_open(
+    mongo_uri: str, mongo_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SecantusDB, like mongod, checks credentials given in the URI even
+    # without --auth: an unknown user is refused (code 18).
+    uri = with_credentials(mongo_uri, "nosuch-user", "mongo-secret-7")
+    pipeline = _pipeline(uri, mongo_db, tmp_path)
+    with pytest.raises(CloseSpider) as closed:
+        run_async(pipeline.open_spider())
+    assert closed.value.reason == CONFIG_ERROR_REASON
+    message = config_error_of(pipeline.crawler)
+    assert message is not None and "authentication failed" in message
+    assert "nosuch-user:****@" in message
+    assert "mongo-secret-7" not in caplog.text
+
+
+def test_an_option_pymongo_refuses_stops_the_crawl_at_open(
+    mongo_uri: str, mongo_db: str, tmp_path: Path
+) -> None:
+    host = mongo_uri.split("://")[1].split("/", maxsplit=1)[0].rpartition("@")[2]
+    uri = f"mongodb://someone@{host}/?authMechanism=SCRAM-SHA-256"  # no password
+    pipeline = _pipeline(uri, mongo_db, tmp_path)
+    with pytest.raises(CloseSpider):
+        run_async(pipeline.open_spider())
+    message = config_error_of(pipeline.crawler)
+    assert message is not None and "pymongo refuses" in message and "password" in message
+
+
+def test_a_user_who_may_not_write_spills_the_items_and_stops_the_crawl(
+    auth_mongo: AuthMongoServer, tmp_path: Path
+) -> None:
+    pipeline = _pipeline(auth_mongo.uri_for("reader", "reader-secret-1"), "crawl_items", tmp_path)
+    item = QuoteItem(text="t", author="a", tags=[], url="u")
+
+    async def go() -> None:
+        await pipeline.open_spider()  # logging in works: the user exists
+        await asyncio.wait_for(pipeline.process_item(item), timeout=20)
+        await pipeline.close_spider()
+
+    run_async(go())
+    message = config_error_of(pipeline.crawler)
+    assert message is not None and "not authorized" in message, message
+    assert "readWrite" in message and "reader-secret-1" not in message
+    [spill] = list(tmp_path.glob("*.jsonl"))
+    [row] = [json.loads(line) for line in spill.read_text().splitlines()]
+    assert row["doc"]["text"] == "t"
+    assert pipeline.crawler.stats.get_value("mongo/retries") is None  # no backoff loop
+
+
+# -- real `scrapy crawl` processes -------------------------------------------------
+
+
+def run_worker(env: dict[str, str], tmp_path: Path, **settings: object) -> tuple[int, str, float]:
+    """Run one ``scrapy crawl quotes``; return its exit status, log and seconds."""
+    log = tmp_path / f"worker-{time.monotonic_ns()}.log"
+    started = time.monotonic()
+    proc = start_worker("quotes", env, log, {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, **settings})
+    [worker] = wait_workers([proc], [log], timeout=60)
+    return worker.returncode, worker.log, worker.ended - started
+
+
+def test_bad_settings_exit_2_with_one_line_each_and_no_traceback(
+    tmp_path: Path, mongo_uri: str
+) -> None:
+    env = worker_env("redis://127.0.0.1:1/0", mongo_uri, "unused")  # nothing is reached
+    status, log, _ = run_worker(
+        env, tmp_path, FRONTIER_LEASE_TIMEOUT=-5, FRONTIER_LEASE_BATCH="abc",
+        DOWNLOAD_DELAY="abc", MAX_IDLE_TIME_BEFORE_CLOSE="abc", FRONTIER_SEED_BATCH=0,
+    )
+    assert status == 2, log[-3000:]
+    errors = log_errors(log)
+    assert len(errors) == 5, errors
+    for expected in ("FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds > 0",
+                     "FRONTIER_LEASE_BATCH=abc: must be a whole number >= 1",
+                     "DOWNLOAD_DELAY=abc: must be a number of seconds >= 0",
+                     "MAX_IDLE_TIME_BEFORE_CLOSE=abc: must be a whole number of seconds >= 0",
+                     "FRONTIER_SEED_BATCH=0: must be a whole number >= 1"):
+        assert any(line.endswith(expected) for line in errors), (expected, errors)
+    assert "Traceback" not in log and "Spider opened" not in log
+
+
+def test_a_wrong_redis_password_exits_non_zero_within_seconds(
+    password_redis: PasswordRedisServer, mongo_uri: str, mongo_db: str, tmp_path: Path
+) -> None:
+    url = f"redis://:wrong-secret-5@{password_redis.host}:{password_redis.port}/0"
+    status, log, took = run_worker(worker_env(url, mongo_uri, mongo_db), tmp_path)
+    assert status == 1, log[-3000:]
+    assert took < EXIT_WITHIN
+    [error] = log_errors(log)
+    assert "Redis at redis://:****@" in error and "authentication failed" in error, error
+    assert "wrong-secret-5" not in log and password_redis.password not in log
+    assert "'finish_reason': 'config_error'" in log
+    assert "Traceback" not in log and "trying again" not in log
+
+
+def test_a_redis_password_changed_mid_crawl_stops_the_worker(
+    password_redis: PasswordRedisServer, mongo_uri: str, mongo_db: str, tmp_path: Path
+) -> None:
+    url = f"redis://:{password_redis.password}@{password_redis.host}:{password_redis.port}/0"
+    log = tmp_path / "rotated.log"
+    proc = start_worker("quotes", worker_env(url, mongo_uri, mongo_db), log,
+                        {"MAX_IDLE_TIME_BEFORE_CLOSE": 0})  # would wait for seeds for ever
+    admin = password_redis.client()
+    try:
+        deadline = time.monotonic() + 60
+        while not admin.hlen("{quotes}:workers"):  # its first heartbeat: it is crawling
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        admin.config_set("requirepass", "rotated-secret-6")
+        admin.execute_command("CLIENT", "KILL", "TYPE", "normal")  # not this connection
+        rotated = time.monotonic()
+        [worker] = wait_workers([proc], [log], timeout=60)
+    finally:
+        admin.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert worker.returncode == 1, worker.log[-3000:]
+    assert worker.ended - rotated < EXIT_WITHIN
+    errors = log_errors(worker.log)
+    assert len(errors) == 1 and "authentication failed" in errors[0], errors
+    assert "rotated-secret-6" not in worker.log and password_redis.password not in worker.log
+    assert "'finish_reason': 'config_error'" in worker.log
+
+
+def test_refused_mongodb_credentials_exit_non_zero_within_seconds(
+    redis_url: str, mongo_uri: str, mongo_db: str, tmp_path: Path
+) -> None:
+    uri = with_credentials(mongo_uri, "nosuch-user", "mongo-secret-8")
+    status, log, took = run_worker(worker_env(redis_url, uri, mongo_db), tmp_path)
+    assert status == 1, log[-3000:]
+    assert took < EXIT_WITHIN
+    [error] = log_errors(log)
+    assert "MongoDB at mongodb://nosuch-user:****@" in error, error
+    assert "authentication failed" in error
+    assert "mongo-secret-8" not in log and "Traceback" not in log
