@@ -599,6 +599,10 @@ SETTINGS: dict[str, Setting] = {
                                                "a dict of site -> whole number >= 1"),
                                     "per-site concurrency"),
     "FRONTIER_ROBOTS_TTL": _s(_SECONDS_POS, "seconds a stored robots.txt is used"),
+    "FRONTIER_ROBOTS_RETRY_BASE": _s(_SECONDS_POS, "seconds before robots.txt is fetched "
+                                     "again after it was unreachable (doubling after that)"),
+    "FRONTIER_ROBOTS_RETRY_MAX": _s(_SECONDS_POS, "longest wait between two fetches of an "
+                                    "unreachable robots.txt"),
     "FRONTIER_ADAPTIVE_ENABLED": _s(FLAG, "slow a site down on 429/503 and slow responses"),
     "FRONTIER_ADAPTIVE_START": _s(_SECONDS_POS, "first extra delay of a slowed site"),
     "FRONTIER_ADAPTIVE_MAX": _s(_SECONDS_POS, "largest extra delay of a slowed site"),

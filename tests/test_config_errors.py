@@ -48,6 +48,7 @@ from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redi
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
 from crawler.pipelines import MongoPipeline, mongo_config_error
+from tests.cluster import free_cluster_port
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
@@ -74,9 +75,9 @@ class _Spider(FrontierSpider):
 class PasswordRedisServer(RedisServer):
     """A redis-server whose default user needs ``password`` (``--requirepass``)."""
 
-    def __init__(self, password: str) -> None:
+    def __init__(self, password: str, port: int | None = None) -> None:
         self.password = password
-        super().__init__(appendonly=False)
+        super().__init__(port=port, appendonly=False)
 
     def _command(self) -> list[str]:
         return [*super()._command(), "--requirepass", self.password]
@@ -98,7 +99,11 @@ class PasswordRedisServer(RedisServer):
 
 
 class PasswordClusterNode(PasswordRedisServer):
-    """One Redis Cluster node (no slots: a refused login comes first)."""
+    """One Redis Cluster node (no slots: a refused login comes first), on a
+    port Redis accepts for a cluster node (55535 at most)."""
+
+    def __init__(self, password: str) -> None:
+        super().__init__(password, port=free_cluster_port())
 
     def _command(self) -> list[str]:
         return [*super()._command(), "--cluster-enabled", "yes",
