@@ -42,6 +42,16 @@ SETTINGS = {
 }
 
 _workers = itertools.count()
+
+
+def reactor_loop() -> asyncio.AbstractEventLoop:
+    """The asyncio loop of the installed reactor, made the current loop
+    (``asyncio.run`` in another test leaves none current)."""
+    from twisted.internet import reactor
+
+    loop: asyncio.AbstractEventLoop = reactor._asyncioEventloop  # type: ignore[attr-defined]
+    asyncio.set_event_loop(loop)
+    return loop
 _opened: list[FrontierScheduler] = []
 
 
@@ -67,6 +77,7 @@ def open_scheduler(
         ),
     )
     scheduler = build_from_crawler(FrontierScheduler, crawler)
+    reactor_loop()
     scheduler.open(crawler.spider)
     _opened.append(scheduler)
     return scheduler, crawler
@@ -84,7 +95,7 @@ def stop_opened() -> None:
         if scheduler._flush_call is not None:  # its outbox timer: no write after the test
             scheduler._flush_call.cancel()
             scheduler._flush_call = None
-    loop = asyncio.get_event_loop()
+    loop = reactor_loop()
     if not loop.is_running():
         loop.run_until_complete(asyncio.sleep(0))
 

@@ -305,7 +305,7 @@ def test_an_unreachable_redis_exits_3(redis_url: str) -> None:
     result = frontier("redis://127.0.0.1:1/0", "delay", "pages", "example.com", "2")
 
     assert result.returncode == 3
-    assert "Redis failed" in result.stderr
+    assert "Redis at redis://127.0.0.1:1/0 failed" in result.stderr
 
 
 def test_overrides_lists_huge_and_undecodable_values_without_failing(

@@ -343,11 +343,11 @@ def test_two_upserts_out_of_order_keep_the_latest_last_seen_and_fields(
     asyncio.run(go())
     quote = db.quotes.find_one({"text": "q"})
     keyless = db.pipeline_test.find_one({"_id": "k"})
-    early_time = quote["first_seen"]
     for doc, field_name, value in ((quote, "tags", ["new"]), (keyless, "v", "new")):
         assert doc[field_name] == value  # the older write did not overwrite the newer one
-        assert doc["last_seen"] > doc["first_seen"]  # last_seen: the later worker's
-        assert doc["first_seen"] == early_time  # first_seen: the earlier worker's
+        # first_seen: the earlier worker's time, last_seen: the later one's
+        # (50 ms apart; each item is stamped when it is processed).
+        assert doc["last_seen"] - doc["first_seen"] >= timedelta(milliseconds=40)
     assert db.quotes.count_documents({}) == 1
     assert db.pipeline_test.count_documents({}) == 1
     assert early.crawler.stats.get_value("mongo/stale") == 2
