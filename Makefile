@@ -26,10 +26,10 @@ redis-server:
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
 
 demo: redis-server $(VENV)/.runtime
-	$(PY) -m crawler.demo
+	$(PY) -m devtools.demo
 
 lint: $(VENV)/.dev
-	$(PY) -m ruff check crawler tests
+	$(PY) -m ruff check crawler devtools bench tests
 	$(PY) -m mypy
 
 test: redis-server lint

@@ -18,7 +18,7 @@ import redis
 
 from bench.sites import FastSite, flat_site
 from bench.workers import start_worker, stop_workers, wait_blocked
-from crawler.replay import generated_site
+from devtools.replay import generated_site
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -108,7 +108,7 @@ def crawl_throughput(
 ) -> dict[str, object]:
     """Figure a: one worker, our frontier vs Scrapy's in-memory scheduler.
 
-    The site is :func:`crawler.replay.generated_site` (a tree of ``pages``
+    The site is :func:`devtools.replay.generated_site` (a tree of ``pages``
     pages, 5 links each plus a link home and one off-site link) on
     :class:`~bench.sites.FastSite`; runs alternate ours / in-memory.
     """

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench import crawls, frontier_figs, mongo_fig
 from bench.workers import PROJECT_DIR
-from crawler.embedded import MongoServer, RedisServer
+from devtools.embedded import MongoServer, RedisServer
 
 __all__ = ["main"]
 
@@ -41,9 +41,9 @@ do not edit them by hand). Rerun from the project directory with
     .venv/bin/python -m bench --repeat 3   # fewer repeats
     .venv/bin/python -m bench --quick      # tiny smoke run (tests/test_bench.py)
 
-It starts its own `redis-server`, SecantusDB (`crawler.embedded`) and HTTP
+It starts its own `redis-server`, SecantusDB (`devtools.embedded`) and HTTP
 sites (`bench/sites.py`, an asyncio server: the threaded
-`crawler.replay.SiteServer` costs as much CPU per page as the worker it
+`devtools.replay.SiteServer` costs as much CPU per page as the worker it
 serves). Each figure is a median of the repeats, ours against the baseline
 run side by side in the same invocation. How each figure is measured is in
 the docstrings of `bench/crawls.py`, `bench/frontier_figs.py` and
@@ -211,7 +211,7 @@ def write_markdown(path: Path, summary: dict[str, Any]) -> None:
 _NOTES = """\
 - **a.** One `scrapy crawl bench_links` worker (`bench/spiders.py`: follows
   every link, yields no items, so the scheduler's cost is not hidden behind
-  item handling) on `crawler.replay.generated_site` served by `FastSite`.
+  item handling) on `devtools.replay.generated_site` served by `FastSite`.
   Baseline: the same spider and settings with
   `SCHEDULER=scrapy.core.scheduler.Scheduler` and
   `DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter`. `CONCURRENT_REQUESTS`

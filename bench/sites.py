@@ -1,6 +1,6 @@
 """A fast asyncio HTTP/1.1 server for generated sites, in a background thread.
 
-:class:`crawler.replay.SiteServer` runs one Python thread per connection and
+:class:`devtools.replay.SiteServer` runs one Python thread per connection and
 parses each request with :mod:`http.server`; on this 2-core machine that costs
 about as much CPU per page as the Scrapy worker it serves, so the benchmark
 would partly measure the server. :class:`FastSite` keeps every response
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from types import TracebackType
 
-    from crawler.replay import Page
+    from devtools.replay import Page
 
 __all__ = ["FastSite", "ServedHit", "flat_site"]
 
@@ -71,7 +71,7 @@ def flat_site(n_pages: int, prefix: str = "/f/") -> dict[str, bytes]:
 class FastSite:
     """Serve pages over HTTP/1.1 (keep-alive) from an asyncio loop in a thread.
 
-    :param pages: ``{path: Page}`` (as :func:`crawler.replay.generated_site`
+    :param pages: ``{path: Page}`` (as :func:`devtools.replay.generated_site`
         builds) or ``{path: HTML bytes}``.
     :param host: address to listen on (``127.0.0.x``).
     :param delay: seconds each response is held before it is sent.

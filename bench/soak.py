@@ -1,6 +1,6 @@
 """``python -m bench.soak``: a seeded soak of the frontier under faults.
 
-It starts its own ``redis-server`` and SecantusDB (``crawler.embedded``;
+It starts its own ``redis-server`` and SecantusDB (``devtools.embedded``;
 ``$MONGO_URI`` instead when set), replays the quotes.toscrape.com capture on
 127.0.0.1 with 300 ms per response, and puts a fault proxy
 (:class:`tests.faultproxy.FaultProxy`) between the workers and Redis that
@@ -49,9 +49,9 @@ import pymongo
 import redis
 
 from bench.workers import PROJECT_DIR, wait_blocked
-from crawler.embedded import MongoServer, RedisServer
 from crawler.frontier.store import Frontier
-from crawler.replay import ReplayServer, default_warc_path
+from devtools.embedded import MongoServer, RedisServer
+from devtools.replay import ReplayServer, default_warc_path
 from tests.faultproxy import FaultProxy
 
 if TYPE_CHECKING:

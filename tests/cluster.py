@@ -1,6 +1,6 @@
 """A real Redis Cluster for tests: three masters on free loopback ports.
 
-Each master is a :class:`~crawler.embedded.RedisServer` started with
+Each master is a :class:`~devtools.embedded.RedisServer` started with
 ``--cluster-enabled yes`` in its own temporary directory; ``redis-cli
 --cluster create`` then spreads the 16,384 slots over them (no replicas)::
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Self
 
 import redis
 
-from crawler.embedded import RedisServer
+from devtools.embedded import RedisServer
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -3,16 +3,16 @@
 Session-scoped servers are started once and stopped at the end of the run;
 function-scoped fixtures give each test a clean view of them:
 
-- ``redis_server`` (session): a private :class:`~crawler.embedded.RedisServer`.
+- ``redis_server`` (session): a private :class:`~devtools.embedded.RedisServer`.
 - ``redis_url`` (function): its URL (db 0); ``FLUSHDB`` after each test.
 - ``mongo_uri`` (session): ``$MONGO_URI`` if set, else a private
-  :class:`~crawler.embedded.MongoServer`.
+  :class:`~devtools.embedded.MongoServer`.
 - ``mongo_db`` (function): a fresh database name ``test_<8 hex>``, dropped
   after the test.
 - ``replay_server`` (session): the quotes.toscrape.com capture replayed on
   127.0.0.1 (skipped when the WARC file is missing).
 - ``site_factory`` (function): ``site_factory(pages, **kwargs)`` starts a
-  :class:`~crawler.replay.SiteServer`; all are stopped after the test.
+  :class:`~devtools.replay.SiteServer`; all are stopped after the test.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pymongo
 import pytest
 import redis
 
-from crawler.embedded import MongoServer, RedisServer
-from crawler.replay import Page, ReplayServer, SiteServer, default_warc_path
+from devtools.embedded import MongoServer, RedisServer
+from devtools.replay import Page, ReplayServer, SiteServer, default_warc_path
 from tests.cluster import RedisClusterServers
 from tests.workers import worker_env
 

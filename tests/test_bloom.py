@@ -20,7 +20,7 @@ from tests.workers import assert_quotes_crawled, crawl
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from crawler.replay import ReplayServer
+    from devtools.replay import ReplayServer
 
 BLOOM = "crawler.frontier.bloom.BloomDupeFilter"
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from crawler.frontier.scheduler import FrontierScheduler
-    from crawler.replay import ReplayServer
+    from devtools.replay import ReplayServer
 
 class _Spider(Spider):
     name = "c"

@@ -43,11 +43,11 @@ from crawler.config import (
     masked_url,
     validate_settings,
 )
-from crawler.embedded import MongoServer, RedisServer
 from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redis
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
 from crawler.pipelines import MongoPipeline, mongo_config_error
+from devtools.embedded import MongoServer, RedisServer
 from tests.cluster import free_cluster_port
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
 

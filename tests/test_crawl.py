@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from crawler.replay import Page
+from devtools.replay import Page
 from tests.workers import assert_quotes_crawled, crawl
 
 if TYPE_CHECKING:
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from crawler.replay import ReplayServer
+    from devtools.replay import ReplayServer
     from tests.conftest import SiteFactory
 
 

@@ -35,7 +35,7 @@ import pytest
 import redis
 
 from crawler.frontier.store import Frontier
-from crawler.replay import Page, default_warc_path, generated_site, load_warc
+from devtools.replay import Page, default_warc_path, generated_site, load_warc
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, Worker, start_worker, wait_workers, worker_env
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from crawler.replay import SiteServer
+    from devtools.replay import SiteServer
     from tests.conftest import SiteFactory
 
 SPIDER = "pages"

@@ -16,8 +16,8 @@ import pymongo
 import pytest
 import redis
 
-from crawler.embedded import MongoServer, RedisServer
-from crawler.replay import Page, default_warc_path, load_warc
+from devtools.embedded import MongoServer, RedisServer
+from devtools.replay import Page, default_warc_path, load_warc
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from crawler.replay import SiteServer
+    from devtools.replay import SiteServer
     from tests.conftest import SiteFactory
 
 #: Short leases so that a killed worker's requests come back within seconds.

@@ -26,9 +26,9 @@ from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.utils.test import get_crawler
 
 from crawler.commands.deadletters import requeue
-from crawler.embedded import free_port
 from crawler.frontier.store import Frontier
 from crawler.spiders.quotes import QuotesSpider
+from devtools.embedded import free_port
 from tests import scheduler_harness as harness
 
 if TYPE_CHECKING:

@@ -150,3 +150,18 @@ def test_deploy_targets_read_credentials_from_the_environment() -> None:
     for section in targets:
         assert config[section]["password"] == "${SCRAPYD_PASSWORD}"
         assert config[section]["url"].startswith("http://127.0.0.1:")
+
+
+def test_the_deployed_egg_carries_the_crawler_alone(tmp_path: Path) -> None:
+    # The development and demo machinery (devtools/) stays out of the egg
+    # scrapyd installs on every node; the Lua scripts go in.
+    import zipfile
+
+    from deploy.cluster import build_egg
+
+    egg = build_egg(tmp_path, "1")
+    names = zipfile.ZipFile(egg).namelist()
+    tops = {name.split("/")[0] for name in names} - {"EGG-INFO"}
+    assert tops == {"crawler"}, tops
+    assert "crawler/frontier/lua/commit.lua" in names
+    assert not [n for n in names if n.split("/")[-1] in {"replay.py", "embedded.py", "demo.py"}]

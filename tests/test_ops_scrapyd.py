@@ -23,13 +23,13 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from crawler.embedded import free_port
+from devtools.embedded import free_port
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from crawler.replay import ReplayServer
+    from devtools.replay import ReplayServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable

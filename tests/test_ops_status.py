@@ -26,12 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from crawler.commands.frontier import render
-from crawler.embedded import free_port
 from crawler.frontier.bloom import BloomFilter
 from crawler.frontier.store import Frontier, Lease
 from crawler.metrics import StatusCollector
-from crawler.replay import Page
 from crawler.status import StatusReader
+from devtools.embedded import free_port
+from devtools.replay import Page
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ import redis
 from scrapy.utils.test import get_crawler
 
 from crawler.politeness import AdaptiveSlowdownMiddleware
-from crawler.replay import Hit, Page, generated_site
+from devtools.replay import Hit, Page, generated_site
 from tests.workers import crawl
 
 if TYPE_CHECKING:

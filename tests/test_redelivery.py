@@ -28,7 +28,7 @@ from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
 from crawler.middlewares import ItemIdMiddleware
 from crawler.pipelines import ItemIds, MongoPipeline, derive_item_id
-from crawler.replay import Page
+from devtools.replay import Page
 from tests.workers import crawl
 
 if TYPE_CHECKING:

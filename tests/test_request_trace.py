@@ -31,7 +31,7 @@ from crawler.frontier import serializer
 from crawler.frontier.serializer import DecodeError, EncodeError
 from crawler.frontier.sites import site_of
 from crawler.frontier.spider import FrontierSpider
-from crawler.replay import Page
+from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
 from tests.workers import crawl

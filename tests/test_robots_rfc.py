@@ -20,11 +20,11 @@ import pytest
 from scrapy import Request
 from scrapy.http.request import NO_CALLBACK
 
-from crawler.embedded import free_port
 from crawler.frontier.store import Frontier
 from crawler.politeness import RobotsDown, parse_down
-from crawler.replay import Page, SiteServer
 from crawler.spiders.pages import PagesSpider
+from devtools.embedded import free_port
+from devtools.replay import Page, SiteServer
 from tests.workers import crawl, start_worker, wait_workers
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import redis
     from scrapy.http import Response
 
-    from crawler.replay import Hit
+    from devtools.replay import Hit
     from tests.conftest import SiteFactory
 
 HTML = [("Content-Type", "text/html")]

@@ -19,10 +19,10 @@ from redis.crc import key_slot
 from scrapy import Request, Spider
 from scrapy.settings import Settings
 
-from crawler.embedded import RedisServer
 from crawler.frontier.connection import get_redis
 from crawler.frontier.intake import IntakeKeys, Reclaimed, SeedIntake
-from crawler.replay import Page
+from devtools.embedded import RedisServer
+from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.waiting import wait_for
 from tests.workers import start_worker, wait_workers, worker_env
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from crawler.replay import SiteServer
+    from devtools.replay import SiteServer
     from tests.conftest import SiteFactory
 
 SEEDS = "pages:start_urls"

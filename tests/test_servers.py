@@ -16,8 +16,8 @@ import pymongo
 import pytest
 import redis
 
-from crawler.embedded import MongoServer, RedisServer, free_port
-from crawler.replay import (
+from devtools.embedded import MongoServer, RedisServer, free_port
+from devtools.replay import (
     EXTERNAL_LINK,
     Page,
     ReplayServer,

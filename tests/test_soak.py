@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from crawler.replay import default_warc_path
+from devtools.replay import default_warc_path
 from tests.workers import PROJECT_DIR
 
 SEED = 11

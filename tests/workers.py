@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from crawler.replay import ReplayServer
+    from devtools.replay import ReplayServer
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 #: A worker that has not exited after this many seconds fails the test.

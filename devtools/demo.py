@@ -1,15 +1,15 @@
-"""The main job, end to end: ``python -m crawler.demo`` (``make demo``).
+"""The main job, end to end: ``python -m devtools.demo`` (``make demo``).
 
 Runs a distributed crawl of quotes.toscrape.com with N ``scrapy crawl``
 worker processes sharing one Redis frontier, then prints what MongoDB holds.
 
 * Redis: ``$REDIS_URL`` when set, else an embedded ``redis-server`` on a free
-  port (:class:`crawler.embedded.RedisServer`).
+  port (:class:`devtools.embedded.RedisServer`).
 * MongoDB: ``$MONGO_URI`` when set, else an embedded SecantusDB server
-  (:class:`crawler.embedded.MongoServer`).
+  (:class:`devtools.embedded.MongoServer`).
 * Site: https://quotes.toscrape.com/ when it answers within a few seconds;
   otherwise (no network) the capture ``../shared/sites/...warc.gz`` replayed
-  on 127.0.0.1 (:class:`crawler.replay.ReplayServer`).
+  on 127.0.0.1 (:class:`devtools.replay.ReplayServer`).
 
 Workers close after ``--idle`` seconds with nothing to do
 (``MAX_IDLE_TIME_BEFORE_CLOSE``). Their logs go to files in a temporary
@@ -31,8 +31,8 @@ from typing import Any
 import pymongo
 import redis
 
-from crawler.embedded import MongoServer, RedisServer
-from crawler.replay import ReplayServer, default_warc_path
+from devtools.embedded import MongoServer, RedisServer
+from devtools.replay import ReplayServer, default_warc_path
 
 LIVE_SITE = "https://quotes.toscrape.com/"
 PROJECT_DIR = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ record is served, with its captured status, headers and (decoded) body, at
 its URL's path and query.  Paths that were not captured answer 404, as the
 live site would.
 
-Run ``python -m crawler.replay`` to serve the default capture by hand.
+Run ``python -m devtools.replay`` to serve the default capture by hand.
 """
 
 from __future__ import annotations
@@ -593,7 +593,7 @@ def generated_site(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve a WARC capture until SIGINT/SIGTERM (``python -m crawler.replay``).
+    """Serve a WARC capture until SIGINT/SIGTERM (``python -m devtools.replay``).
 
     :param argv: command-line arguments (default ``sys.argv[1:]``).
     :returns: the process exit status, 0.
