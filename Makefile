@@ -32,5 +32,6 @@ lint: $(VENV)/.dev
 	$(PY) -m ruff check crawler devtools bench tests
 	$(PY) -m mypy
 
+# Two processes, each test file in one of them (its servers and keys stay its own).
 test: redis-server lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile

@@ -314,7 +314,7 @@ def test_an_outage_can_start_right_after_a_chosen_reply(
     direct.lpush("seeds", "first", "second")
     proxy.outage_after(command="RPOP", reply=b"first")
     assert client.rpop("seeds", 1) == [b"first"]  # delivered, then Redis is gone
-    assert proxy.in_outage
+    wait_for(lambda: proxy.in_outage, 5, "the outage")  # begun right after the reply went out
     with pytest.raises(redis.ConnectionError):
         client.rpop("seeds", 1)
     proxy.end_outage()
