@@ -402,6 +402,7 @@ class WarcWriterMiddleware:
         mw = cls(crawler, series)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(mw.engine_stopped, signal=signals.engine_stopped)
         return mw
 
     def spider_opened(self) -> None:
@@ -410,6 +411,12 @@ class WarcWriterMiddleware:
         if job:
             self.series.info["job"] = job
         self._pool.start()
+
+    def engine_stopped(self) -> None:
+        """Stop the writer thread if the spider never closed (it must not
+        keep the process alive)."""
+        if self._pool.started:
+            self._pool.stop()
 
     def process_response(self, request: Request, response: Response) -> Response:
         """Queue ``response`` and ``request`` for writing; return ``response``."""
