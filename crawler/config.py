@@ -74,7 +74,7 @@ __all__ = [
 CONFIG_ERROR_REASON = "config_error"
 #: Prefixes of the project's own settings (a name with one of them that is
 #: not in :data:`SETTINGS` is warned about: a typo, most likely).
-OWN_PREFIXES = ("FRONTIER_", "MONGO_", "METRICS_", "LOG_JSON_")
+OWN_PREFIXES = ("FRONTIER_", "MONGO_", "METRICS_", "LOG_JSON_", "WARC_")
 
 _MASK = "****"
 #: Query parameters of a URL whose values are secrets.
@@ -641,6 +641,11 @@ SETTINGS: dict[str, Setting] = {
     "MONGO_DEAD_COLLECTION": _s(text(check=_check_dead_collection),
                                 "collection of items MongoDB rejects"),
     "MONGO_ITEM_IDS_ENABLED": _s(FLAG, "derive the _id of items without a key"),
+    # --- WARC archive (crawler.warc)
+    "USER_AGENT": _s(text(empty=True), "User-Agent header (named in the warcinfo records)"),
+    "WARC_DIR": _s(text(empty=True), "directory of the WARC files (empty: none written)"),
+    "WARC_MAX_SIZE": _s(number(int, 1, unit="bytes"), "bytes after which a WARC file is "
+                        "closed and the next one started"),
 }
 
 

@@ -280,3 +280,18 @@ FRONTIER_BLOOM_ERROR_RATE = 0.001
 #: then a cluster client (crawler/frontier/connection.py). From the
 #: environment variable of the same name ("1" or "true"). Default: False.
 FRONTIER_REDIS_CLUSTER = os.environ.get("FRONTIER_REDIS_CLUSTER", "") in ("1", "true", "True")
+
+# --- WARC archive (issue 14) -------------------------------------------------
+# crawler.warc.WarcWriterMiddleware writes every response a worker downloads
+# (robots.txt and redirects included) and its request as WARC 1.1 records,
+# one gzip member each, to <spider>-<worker>-<start>-<serial>.warc.gz files
+# (written as NAME.warc.gz.open, renamed when closed). At 950, past
+# HttpCacheMiddleware (900), right after the download handler: it records
+# bodies still content-encoded, as they came over the wire.
+DOWNLOADER_MIDDLEWARES["crawler.warc.WarcWriterMiddleware"] = 950
+
+#: Directory of this worker's WARC files; "" (the default) writes none.
+WARC_DIR = ""
+#: Bytes after which a WARC file is closed and the next one started (a file
+#: exceeds it by one record at most). Default: 1,000,000,000 (1 GB).
+WARC_MAX_SIZE = 1_000_000_000

@@ -25,14 +25,19 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, MappingProxyType, TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from warcio.archiveiterator import ArchiveIterator
+from warcio.exceptions import ArchiveLoadFailed
+
+if TYPE_CHECKING:
+    from warcio.recordloader import ArcWarcRecord
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +50,9 @@ __all__ = [
     "default_warc_path",
     "generated_site",
     "load_warc",
+    "load_warcs",
     "main",
+    "warc_files",
 ]
 
 #: The quotes.toscrape.com capture in ``shared/sites`` beside the project checkout.
@@ -160,10 +167,49 @@ def _target_of(uri: str) -> str:
     return uri or "/"
 
 
+#: File names :func:`warc_files` takes from a directory: WARC files, gzipped
+#: or not, and those a crawl is still writing (or a killed worker left).
+WARC_SUFFIXES = (".warc", ".warc.gz", ".warc.open", ".warc.gz.open")
+
+#: Errors warcio raises on a record cut short (a ``.open`` file's last one).
+_TORN_RECORD_ERRORS = (ArchiveLoadFailed, zlib.error, EOFError, ValueError, TypeError,
+                       AttributeError)
+
+
+def warc_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Expand WARC paths: files as given, directories to their WARC files.
+
+    :param paths: one path or several; a directory stands for the files in
+        it (not below it) whose names end in one of :data:`WARC_SUFFIXES`,
+        sorted by name (a crawl's files, ``<spider>-<worker>-<start>-<serial>``,
+        then come in the order each worker wrote them).
+    :returns: the files, in order, each once.
+    :raises FileNotFoundError: if a path does not exist, or a directory
+        holds no WARC file.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for entry in map(Path, paths):
+        if entry.is_dir():
+            found = sorted(p for p in entry.iterdir() if p.name.endswith(WARC_SUFFIXES))
+            if not found:
+                raise FileNotFoundError(f"no WARC file ({', '.join(WARC_SUFFIXES)}) in {entry}")
+            files.extend(found)
+        elif entry.exists():
+            files.append(entry)
+        else:
+            raise FileNotFoundError(f"WARC file not found: {entry}")
+    return list(dict.fromkeys(files))
+
+
 def load_warc(path: str | Path) -> dict[str, Page]:
     """Parse the ``response`` records of a WARC file.
 
-    :param path: a ``.warc`` or ``.warc.gz`` file.
+    :param path: a ``.warc`` or ``.warc.gz`` file, or one still being
+        written (``.open``, see :mod:`crawler.warc`): such a file is read up
+        to its last complete record, digests checked, and a torn record
+        after it is skipped with a warning.
     :returns: ``{request target: Page}``, the target being the URL's path and
         query (``/``, ``/page/2/``, ``/author/Albert-Einstein``).  Bodies are
         decoded (chunked transfer and content encodings undone); hop-by-hop
@@ -173,26 +219,55 @@ def load_warc(path: str | Path) -> dict[str, Page]:
     :raises warcio.exceptions.ArchiveLoadFailed: if it is not a WARC file.
     """
     pages: dict[str, Page] = {}
+    torn_ok = str(path).endswith(".open")
     with open(path, "rb") as fh:
-        for record in ArchiveIterator(fh):
-            if record.rec_type != "response" or record.http_headers is None:
-                continue
-            uri = record.rec_headers.get_header("WARC-Target-URI")
-            if not uri:
-                continue
-            target = _target_of(uri)
-            if target in pages:
-                logger.debug("duplicate WARC record for %s ignored", target)
-                continue
-            status = int(record.http_headers.get_statuscode())
-            headers = [
-                (name, value)
-                for name, value in record.http_headers.headers
-                if name.lower() not in _DROPPED_HEADERS
-            ]
-            body = record.content_stream().read()
-            pages[target] = Page(status=status, headers=headers, body=body)
+        try:
+            for record in ArchiveIterator(fh, check_digests="raise" if torn_ok else False):
+                _add_page(pages, record)
+        except _TORN_RECORD_ERRORS as exc:
+            if not torn_ok:
+                raise
+            logger.warning("%s ends with a torn record (%s): read up to the one before",
+                           path, exc)
     logger.debug("loaded %d pages from %s", len(pages), path)
+    return pages
+
+
+def _add_page(pages: dict[str, Page], record: ArcWarcRecord) -> None:
+    """Add a ``response`` record to ``pages`` (other records are skipped)."""
+    if record.rec_type != "response" or record.http_headers is None:
+        return
+    uri = record.rec_headers.get_header("WARC-Target-URI")
+    if not uri:
+        return
+    target = _target_of(uri)
+    body = record.content_stream().read()  # read first: a torn record raises here
+    if target in pages:
+        logger.debug("duplicate WARC record for %s ignored", target)
+        return
+    status = int(record.http_headers.get_statuscode())
+    headers = [
+        (name, value)
+        for name, value in record.http_headers.headers
+        if name.lower() not in _DROPPED_HEADERS
+    ]
+    pages[target] = Page(status=status, headers=headers, body=body)
+
+
+def load_warcs(paths: str | Path | Iterable[str | Path]) -> dict[str, Page]:
+    """Parse the ``response`` records of several WARC files (:func:`warc_files`).
+
+    :param paths: files and/or directories of them, e.g. the ``WARC_DIR``
+        of a crawl.
+    :returns: ``{request target: Page}`` as :func:`load_warc`; the first
+        record of a target, in file order, wins.
+    :raises FileNotFoundError: as :func:`warc_files`.
+    :raises OSError, warcio.exceptions.ArchiveLoadFailed: as :func:`load_warc`.
+    """
+    pages: dict[str, Page] = {}
+    for file in warc_files(paths):
+        for target, page in _load_warc_cached(file).items():
+            pages.setdefault(target, page)
     return pages
 
 
@@ -498,29 +573,36 @@ class ReplayServer(SiteServer):
     The WARC is parsed once per file (and modification time) per process;
     later servers of the same file share the parsed pages.
 
-    :param warc: the WARC file; :func:`default_warc_path` when None.
+    :param warc: the WARC file, several files, or directories of them (the
+        ``WARC_DIR`` a crawl wrote, ``.open`` files included; see
+        :func:`load_warcs`); :func:`default_warc_path` when None.
     :param kwargs: passed to :class:`SiteServer` (``handler``, ``host``,
         ``port``, ``latency``).
-    :raises FileNotFoundError: if the WARC file does not exist.
+    :raises FileNotFoundError: if a WARC file does not exist, or a
+        directory holds none.
     """
 
     def __init__(
         self,
-        warc: str | Path | None = None,
+        warc: str | Path | Sequence[str | Path] | None = None,
         *,
         handler: PageHandler | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
         latency: float = 0.0,
     ) -> None:
-        self.warc = Path(warc) if warc is not None else default_warc_path()
-        super().__init__(
-            _load_warc_cached(self.warc),
-            handler=handler,
-            host=host,
-            port=port,
-            latency=latency,
+        if warc is None:
+            warc = default_warc_path()
+        #: The files served, in the order their records count.
+        self.warcs = warc_files(warc)
+        #: The WARC path given (the first one when several).
+        self.warc = Path(warc) if isinstance(warc, (str, Path)) else Path(warc[0])
+        pages = (
+            _load_warc_cached(self.warcs[0])
+            if len(self.warcs) == 1
+            else MappingProxyType(load_warcs(self.warcs))
         )
+        super().__init__(pages, handler=handler, host=host, port=port, latency=latency)
 
 
 def _page_html(title: str, description: str, text: str, links: list[str]) -> bytes:
@@ -602,8 +684,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warc",
         type=Path,
+        action="append",
         default=None,
-        help=f"WARC file (default: {default_warc_path()})",
+        metavar="PATH",
+        help="a WARC file, or a directory of them (a crawl's WARC_DIR); repeat for "
+        f"several, the first record of a URL wins (default: {default_warc_path()})",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
@@ -616,7 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server = ReplayServer(args.warc, host=args.host, port=args.port, latency=args.latency)
+    try:
+        server = ReplayServer(args.warc, host=args.host, port=args.port, latency=args.latency)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -626,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     server.start()
-    print(f"Serving {server.warc} ({len(server.pages)} pages) at {server.url}/", flush=True)
+    shown = str(server.warc) if len(server.warcs) == 1 else f"{len(server.warcs)} WARC files"
+    print(f"Serving {shown} ({len(server.pages)} pages) at {server.url}/", flush=True)
     try:
         while not stop.wait(0.5):
             pass
