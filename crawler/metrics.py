@@ -15,8 +15,8 @@ metric                                                what
 ====================================================  ==========================================
 ``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
 ``crawler_state{spider,state}``                       1 for the crawl's state (``running``,
-                                                      ``paused``, ``stopped``: ``{<spider>}:control``,
-                                                      :mod:`crawler.control`), 0 for the others
+                                                      ``paused``, ``stopped``; the key
+                                                      ``{<spider>}:control``), 0 for the others
 ``crawler_seeds_waiting{spider}``                     seeds in ``<spider>:start_urls``
 ``crawler_requests_queued{spider}``                   requests queued (``{<spider>}:count``)
 ``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority (the
