@@ -3,13 +3,16 @@
 The two acceptance crawls run two real ``scrapy crawl quotes`` workers
 against the quotes capture (300 ms per response, per-site concurrency 2) and
 follow the issue's timeline (pause after 6 s, resume 14 s later; stop after
-6 s), so they take about 30 s each. The other tests run the command as an
-operator does, or the extension's decisions on a stub engine.
+6 s); the whole quotes crawl is 263 fetches, about 40 s at two at a time,
+so they take about 70 s and 55 s. The other tests run the command as an
+operator does, read the status and metrics, or drive the extension's
+decisions on a stub engine.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import re
 import subprocess
 import time
@@ -18,9 +21,12 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.console import Console
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
+from twisted.python.failure import Failure
 
 from crawler.commands.frontier import render
 from crawler.control import PAUSED, RUNNING, STOPPED, CrawlControl, read_state, write_state
@@ -119,17 +125,18 @@ def test_pause_stops_every_worker_fetching_until_resume(
     time.sleep(6)  # the issue's timeline
     paused = control(env, rds, "pause")
     before = len(quotes_site.hits())
+    workers.append(pool.start())  # a worker started while paused starts paused
     time.sleep(14)
 
-    # Both workers are up (a paused crawl is not idle) and none started a
+    # The workers are up (a paused crawl is not idle) and none started a
     # fetch from 2 s after the pause on.
-    assert [w.poll() for w in workers] == [None, None]
+    assert [w.poll() for w in workers] == [None, None, None]
     late = [h for h in quotes_site.hits() if h.started >= paused + REACTION]
     assert late == [], [h.path for h in late]
     resumed = control(env, rds, "resume")
     finished = pool.wait(timeout=120)
 
-    assert [w.returncode for w in finished] == [0, 0], [w.log[-2000:] for w in finished]
+    assert [w.returncode for w in finished] == [0, 0, 0], [w.log[-2000:] for w in finished]
     assert 0 < before < 100, "the crawl was under way when paused"
     assert any(h.started >= resumed for h in quotes_site.hits())
     assert db.quotes.count_documents({}) == 100
@@ -320,3 +327,25 @@ def test_the_extension_pauses_resumes_and_stops_once_and_takes_bad_values_as_run
     bad = [r for r in caplog.records if "holds 'halted'" in r.getMessage()]
     assert len(bad) == 1  # logged once
     assert crawler.stats.get_value("control/paused") == 2  # type: ignore[union-attr]
+
+
+def test_the_extension_keeps_its_state_through_an_outage_and_stops_on_a_config_error(
+    rds: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="crawler.control")
+    crawler = get_crawler(_Quotes)
+    crawler.stats.open_spider()  # type: ignore[union-attr]
+    engine = _Engine()
+    crawler.engine = engine  # type: ignore[assignment]
+    ext = CrawlControl(crawler, rds, "quotes", 1.0)
+    ext._apply(PAUSED, b"paused")
+    for _ in range(3):
+        ext._failed(Failure(RedisConnectionError("Connection refused")))
+    assert (ext.state, engine.paused) == (PAUSED, True)  # the last state read holds
+    assert len([r for r in caplog.records if "keeping the crawl paused" in r.getMessage()]) == 1
+    ext._read((RUNNING, None))
+    assert (ext.state, engine.paused) == (RUNNING, False)
+    assert any("Redis reachable again" in r.getMessage() for r in caplog.records)
+
+    ext._failed(Failure(AuthenticationError("invalid username-password pair")))
+    assert engine.calls[-1] == "close:config_error"
