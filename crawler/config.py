@@ -626,6 +626,8 @@ SETTINGS: dict[str, Setting] = {
     # --- operations
     "FRONTIER_STATS_ENABLED": _s(FLAG, "keep cluster-wide stats and heartbeats in Redis"),
     "FRONTIER_HEARTBEAT_INTERVAL": _s(_SECONDS_POS, "seconds between a worker's heartbeats"),
+    "FRONTIER_CONTROL_INTERVAL": _s(_SECONDS_POS, "seconds between two reads of the "
+                                    "crawl's state (pause, resume, stop)"),
     "FRONTIER_WORKER_TIMEOUT": _s(_SECONDS_POS, "seconds after which a silent worker is dead "
                                   "for the status"),
     "FRONTIER_WORKER_ID": _s(text(empty=True), "this worker's id (empty: host:pid)"),

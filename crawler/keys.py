@@ -30,6 +30,9 @@ key                                 type    what it holds
 ``{<spider>}:stats``                hash    cluster-wide stats, stat name -> integer,
                                             kept with ``HINCRBY``
 ``{<spider>}:workers``              hash    worker id -> JSON heartbeat record
+``{<spider>}:control``              string  the crawl's state: ``paused`` or ``stopped``;
+                                            absent: running (``scrapy frontier
+                                            pause|resume|stop``, :mod:`crawler.control`)
 ==================================  ======  ==========================================
 
 The frontier keeps more keys (per-site state, lease data, robots.txt); its
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CrawlKeys",
     "bloom_key",
+    "control_key",
     "count_key",
     "dead_key",
     "dupefilter_key",
@@ -111,6 +115,12 @@ def workers_key(spider: str) -> str:
     return f"{{{spider}}}:workers"
 
 
+def control_key(spider: str) -> str:
+    """``{<spider>}:control``: the crawl's state, ``paused`` or ``stopped``
+    (absent: running); see :mod:`crawler.control`."""
+    return f"{{{spider}}}:control"
+
+
 @dataclass(frozen=True)
 class CrawlKeys:
     """The Redis keys of one spider's crawl (see the module table).
@@ -132,6 +142,7 @@ class CrawlKeys:
     retries: str
     stats: str
     workers: str
+    control: str
 
     @classmethod
     def for_spider(cls, spider: str, settings: BaseSettings | None = None) -> CrawlKeys:
@@ -158,6 +169,7 @@ class CrawlKeys:
             retries=retries_key(spider),
             stats=stats_key(spider),
             workers=workers_key(spider),
+            control=control_key(spider),
         )
 
     def as_dict(self) -> dict[str, str]:

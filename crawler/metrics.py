@@ -14,6 +14,9 @@ Metrics (all gauges unless said; ``spider``, ``worker``, ``collection``,
 metric                                                what
 ====================================================  ==========================================
 ``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
+``crawler_state{spider,state}``                       1 for the crawl's state (``running``,
+                                                      ``paused``, ``stopped``; the key
+                                                      ``{<spider>}:control``), 0 for the others
 ``crawler_seeds_waiting{spider}``                     seeds in ``<spider>:start_urls``
 ``crawler_requests_queued{spider}``                   requests queued (``{<spider>}:count``)
 ``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority (the
@@ -54,6 +57,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from crawler.control import STATES
 from crawler.status import StatusReader
 
 if TYPE_CHECKING:
@@ -87,6 +91,11 @@ class StatusCollector(Collector):
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
 
+        state = gauge(
+            "crawler_state",
+            "1 for the crawl's state (running, paused, stopped), 0 for the others",
+            ["spider", "state"],
+        )
         seeds = gauge("crawler_seeds_waiting", "Seeds waiting in <spider>:start_urls", ["spider"])
         queued = gauge("crawler_requests_queued", "Requests queued in the frontier", ["spider"])
         by_priority = gauge(
@@ -134,6 +143,8 @@ class StatusCollector(Collector):
             "crawler_stats", "Cluster-wide Scrapy stats", labels=["spider", "stat"]
         )
         for name, spider in status.spiders.items():
+            for each in STATES:
+                state.add_metric([name, each], 1.0 if spider.state == each else 0.0)
             seeds.add_metric([name], spider.seeds)
             queued.add_metric([name], spider.queued)
             for priority, count in spider.queued_by_priority.items():
@@ -158,7 +169,7 @@ class StatusCollector(Collector):
         stored = gauge("crawler_items_stored", "Documents per MongoDB collection", ["collection"])
         for collection, count in status.items.items():
             stored.add_metric([collection], count)
-        yield from (seeds, queued, by_priority, leased, leased_by, retries, dead, seen)
+        yield from (state, seeds, queued, by_priority, leased, leased_by, retries, dead, seen)
         yield from (stored, live, rate, pages, items, beat, crawled, scraped, stats)
         yield GaugeMetricFamily(
             "crawler_status_read_seconds", "Seconds the last status reading took", value=took

@@ -229,6 +229,9 @@ EXTENSIONS = {
     "crawler.extensions.ClusterStats": 500,
     # JSON-lines log records when LOG_JSON_ENABLED is on.
     "crawler.jsonlog.JsonLogging": 0,
+    # Pause, resume and stop every worker of a crawl ({<spider>}:control,
+    # scrapy frontier pause|resume|stop; crawler/control.py).
+    "crawler.control.CrawlControl": 510,
 }
 
 #: Keep cluster-wide stats and the worker registry in Redis. Default: True.
@@ -241,6 +244,10 @@ FRONTIER_WORKER_TIMEOUT = 30.0
 #: Id of this worker in {<spider>}:workers and in JSON logs; empty means
 #: ``<hostname>:<pid>``. Default: "".
 FRONTIER_WORKER_ID = os.environ.get("FRONTIER_WORKER_ID", "")
+#: Seconds between two reads of the crawl's state ({<spider>}:control, one
+#: GET) by a worker: it pauses, resumes or stops this long after
+#: ``scrapy frontier pause|resume|stop`` at most. Default: 1.0.
+FRONTIER_CONTROL_INTERVAL = 1.0
 #: Most distinct priorities ``scrapy frontier status`` and the metrics report
 #: per spider. Default: 100.
 FRONTIER_STATUS_MAX_PRIORITIES = 100

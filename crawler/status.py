@@ -38,6 +38,7 @@ from pymongo.errors import PyMongoError
 from redis.exceptions import RedisClusterException, RedisError
 
 from crawler import items as items_module
+from crawler.control import RUNNING, read_state
 from crawler.frontier.connection import get_redis
 from crawler.keys import CrawlKeys
 
@@ -183,6 +184,11 @@ class SpiderStatus:
         spider's items went to (known from its cluster stats).
     :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
     :ivar workers: every worker in the registry, live ones first.
+    :ivar state: the crawl's state from ``{<spider>}:control``
+        (:mod:`crawler.control`): ``"running"``, ``"paused"`` or
+        ``"stopped"``; a malformed value counts as running, as workers take it.
+    :ivar state_bad_value: the malformed value (``"WRONGTYPE"`` for a key
+        of another type), or None.
     """
 
     spider: str
@@ -199,6 +205,8 @@ class SpiderStatus:
     items: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     workers: list[WorkerStatus] = field(default_factory=list)
+    state: str = "running"
+    state_bad_value: str | None = None
 
     @property
     def live_workers(self) -> list[WorkerStatus]:
@@ -429,6 +437,7 @@ class StatusReader:
         pipe.hgetall(keys.stats)
         pipe.hgetall(keys.workers)
         seeds, count, leases, retries, dead, seen, bloom, stats, workers = pipe.execute()
+        self._read_state(spider)
         spider.seeds = int(seeds)
         spider.queued = int(count or 0)
         spider.leases, spider.retries, spider.dead_letters = int(leases), int(retries), int(dead)
@@ -447,6 +456,12 @@ class StatusReader:
             spider.queued_by_priority_truncated = len(counts) > self.max_priorities
         if spider.leases:
             spider.leases_by_worker = self._leases_by_worker(keys.leases)
+
+    def _read_state(self, spider: SpiderStatus) -> None:
+        """The crawl's state (:func:`crawler.control.read_state`)."""
+        state, raw = read_state(self.redis, spider.spider)
+        spider.state = state or RUNNING
+        spider.state_bad_value = None if state is not None else _decode(raw or b"")
 
     def _leases_by_worker(self, key: str) -> dict[str, int]:
         """Count leases per worker: a lease id is ``<worker id>#<nonce>:<n>``

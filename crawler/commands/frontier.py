@@ -1,4 +1,5 @@
-"""``scrapy frontier status|delay|concurrency|overrides``: look at and steer the frontier.
+"""``scrapy frontier status|delay|concurrency|overrides|pause|resume|stop``: look at
+and steer the frontier.
 
 ``status [SPIDER ...] [--json] [--watch]`` prints, per spider, what the
 shared frontier holds (see :mod:`crawler.status` for the figures and
@@ -9,11 +10,17 @@ shared frontier holds (see :mod:`crawler.status` for the figures and
 and list the per-site politeness overrides that workers read at every lease
 (the hashes ``{<spider>}:delay`` and ``{<spider>}:conc``, see
 :mod:`crawler.frontier.overrides`).
+
+``pause SPIDER``, ``resume SPIDER`` and ``stop SPIDER`` set the crawl's state
+in ``{<spider>}:control``, which every worker of the crawl follows within
+``FRONTIER_CONTROL_INTERVAL`` seconds (see :mod:`crawler.control`).
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +35,7 @@ from rich.text import Text
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis
 from crawler.frontier.overrides import (
     CONCURRENCY,
@@ -53,7 +61,17 @@ __all__ = [
     "render",
 ]
 
-SUBCOMMANDS = ("status", "delay", "concurrency", "overrides")
+SUBCOMMANDS = ("status", "delay", "concurrency", "overrides", "pause", "resume", "stop")
+#: The state each control subcommand sets (:mod:`crawler.control`).
+_CONTROL: dict[str, ControlState] = {"pause": PAUSED, "resume": RUNNING, "stop": STOPPED}
+#: What the workers do, per state, for the command's output.
+_CONTROL_EFFECT: dict[ControlState, str] = {
+    PAUSED: "workers start no new download (those in flight finish) and stay up",
+    RUNNING: "workers crawl again; workers started from now on crawl",
+    STOPPED: "workers finish the downloads in flight, give back their other leases, "
+             "flush their items and exit 0; the frontier is kept, and workers started "
+             "while it is stopped exit at once",
+}
 #: Exit status of the override subcommands when Redis cannot be reached (as
 #: ``scrapy seed``); a bad value or a usage error exits 2.
 REDIS_FAILED = 3
@@ -162,6 +180,10 @@ def _spider_table(spider: SpiderStatus) -> Table:
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     table.add_column("detail")
+    state = spider.state
+    if spider.state_bad_value is not None:
+        state = f"running (BAD value {spider.state_bad_value!r})"
+    table.add_row("state", state, spider.keys["control"])
     table.add_row("seeds waiting", str(spider.seeds), spider.keys["seeds"])
     by_priority = ", ".join(f"{p}: {n}" for p, n in spider.queued_by_priority.items())
     if spider.queued_by_priority_truncated:
@@ -268,6 +290,12 @@ class Command(ScrapyCommand):
     for a usage error, an unknown spider or a refused value (nothing is
     written); 3 when Redis could not be reached or refused the call (the
     message names its address, credentials masked, and the cause).
+
+    ``pause SPIDER``, ``resume SPIDER``, ``stop SPIDER`` set the crawl's
+    state in ``{<spider>}:control`` (``resume`` deletes it) and print the
+    state before and after, who set it (``user@host``) and when. Exit
+    status 0; 2 for a usage error or an unknown spider (nothing written);
+    3 when Redis could not be reached or refused the call.
     """
 
     requires_project = True
@@ -279,11 +307,15 @@ class Command(ScrapyCommand):
             "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]\n"
             "       scrapy frontier delay SPIDER SITE SECONDS|--unset\n"
             "       scrapy frontier concurrency SPIDER SITE N|--unset\n"
-            "       scrapy frontier overrides [SPIDER ...] [--json]"
+            "       scrapy frontier overrides [SPIDER ...] [--json]\n"
+            "       scrapy frontier pause|resume|stop SPIDER"
         )
 
     def short_desc(self) -> str:
-        return "Show the shared frontier: seeds, queue, workers, items; per-site overrides"
+        return (
+            "Show the shared frontier: seeds, queue, workers, items; per-site overrides; "
+            "pause, resume, stop a crawl"
+        )
 
     def long_desc(self) -> str:
         return (
@@ -294,7 +326,10 @@ class Command(ScrapyCommand):
             "delay / concurrency: set a site's delay (seconds, e.g. 2 or 0.25; stored in "
             "ms) or concurrency (a whole number >= 1) for every worker of the crawl, or "
             "remove it with --unset. SITE is a host (example.com, example.com:8080) or a "
-            "URL. overrides: list them, flagging values the workers ignore."
+            "URL. overrides: list them, flagging values the workers ignore. "
+            "pause / resume / stop: every worker of the crawl stops starting downloads "
+            "(and stays up), starts again, or finishes what is in flight, gives back its "
+            "leases and exits; the frontier is kept for workers started after resume."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -325,10 +360,12 @@ class Command(ScrapyCommand):
             return
         if opts.watch:
             raise UsageError("--watch is for status only", print_help=False)
-        if opts.unset and args[0] == "overrides":
+        if opts.unset and args[0] not in ("delay", "concurrency"):
             raise UsageError("--unset is for delay and concurrency", print_help=False)
         try:
-            if args[0] == "overrides":
+            if args[0] in _CONTROL:
+                self._control(args[0], args[1:])
+            elif args[0] == "overrides":
                 self._list(args[1:], opts.json)
             else:
                 self._set(DELAY if args[0] == "delay" else CONCURRENCY, args[1:], opts.unset)
@@ -409,6 +446,42 @@ class Command(ScrapyCommand):
         finally:
             sys.stdout.flush()
             redis.close()
+
+    def _control(self, command: str, args: list[str]) -> None:
+        """``pause|resume|stop SPIDER``: set the crawl's state.
+
+        :raises UsageError: not exactly one spider, or an unknown one (exit
+            status 2, nothing written).
+        :raises redis.exceptions.RedisError: Redis failed (exit status 3).
+        """
+        assert self.settings is not None
+        if len(args) != 1:
+            raise UsageError(f"expected: {command} SPIDER", print_help=False)
+        spider = self._spider(args[0])
+        state = _CONTROL[command]
+        redis = get_redis(self.settings)
+        try:
+            before, raw = read_state(redis, spider)
+            write_state(redis, spider, state)
+        finally:
+            redis.close()
+        if before is None:
+            was = f"was a bad value {(raw or b'').decode('utf-8', 'backslashreplace')!r}"
+        else:
+            was = f"was {before}"
+        try:
+            user = getpass.getuser()
+        except (OSError, KeyError):  # no login name, no passwd entry
+            user = "?"
+        who = f"{user}@{socket.gethostname()}"
+        key = frontier_prefix(spider) + "control"
+        sys.stdout.write(
+            f"crawl {spider}: {state} ({was}; {key}) by {who} at {_when(time.time())}\n"
+            f"{_CONTROL_EFFECT[state]}, within FRONTIER_CONTROL_INTERVAL "
+            f"({self.settings.getfloat('FRONTIER_CONTROL_INTERVAL', 1.0):g} s)\n"
+        )
+        sys.stdout.flush()
+        self.exitcode = 0
 
     def _list(self, spiders: list[str], as_json: bool) -> None:
         """``overrides [SPIDER ...]``: every override, bad ones flagged (exit 1)."""

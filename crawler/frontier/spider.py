@@ -86,7 +86,10 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
       no request, response or seed for that many seconds *and* has nothing
       queued or in flight, and no seed is in an intake batch anywhere.
       scrapy-redis starts that clock when the module is imported, which
-      closes busy crawls early.
+      closes busy crawls early. A paused crawl (``scrapy frontier pause``,
+      :mod:`crawler.control`) is not idle; its clock starts again when it
+      resumes. Once the engine closes the spider (``scrapy frontier stop``,
+      say), no more seeds are taken.
     * When the spider closes, seeds not yet in the frontier (their requests'
       writes were never committed) go back to the seed list, atomically;
       when Redis cannot be reached then, they stay in their intake batch
@@ -200,6 +203,11 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
 
         :raises redis.exceptions.RedisError: from the intake count.
         """
+        if getattr(self.crawler.engine, "paused", False):
+            # Paused by `scrapy frontier pause` (crawler.control): not idle,
+            # and the idle clock starts again when the crawl resumes.
+            self._touch()
+            return False
         if (
             self.max_idle_time <= 0
             or self._open
@@ -210,6 +218,12 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         ):
             return False
         return intake.pending() == 0
+
+    def _closing(self) -> bool:
+        """Whether the engine is closing the spider (``scrapy frontier
+        stop``, a configuration error, ``CloseSpider``): take no more seeds."""
+        slot = getattr(self.crawler.engine, "_slot", None)
+        return slot is not None and getattr(slot, "closing", None) is not None
 
     def _scheduler(self) -> Any:
         slot = getattr(self.crawler.engine, "_slot", None)
@@ -256,7 +270,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         the crawl; an outage is waited out.
         """
         backoff = 0.0
-        while not self._closed:
+        while not self._closed and not self._closing():
             try:
                 intake = self._seed_intake()
                 if time.monotonic() >= self._next_upkeep:
@@ -289,7 +303,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 )
                 # Not past the next refresh of the batches this worker holds.
                 await asyncio.sleep(min(backoff, self._upkeep_interval))
-        if not self._closed:
+        if not self._closed and not self._closing():
             logger.info(
                 "Idle for %ss with nothing to do: closing", self.max_idle_time,
                 extra={"spider": self},
