@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
 from redis.exceptions import AuthenticationError
@@ -27,6 +28,7 @@ from rich.console import Console
 from scrapy import Spider
 from scrapy.utils.test import get_crawler
 from twisted.python.failure import Failure
+from warcio.archiveiterator import ArchiveIterator
 
 from crawler.commands.frontier import render
 from crawler.control import PAUSED, RUNNING, STOPPED, CrawlControl, read_state, write_state
@@ -118,15 +120,17 @@ def control(env: dict[str, str], rds: redis.Redis, command: str) -> float:
 
 
 def test_pause_stops_every_worker_fetching_until_resume(
-    quotes_site: SiteServer, pool: Pool, env: dict[str, str], rds: redis.Redis, db: Any
+    quotes_site: SiteServer, pool: Pool, env: dict[str, str], rds: redis.Redis, db: Any,
+    tmp_path: Path,
 ) -> None:
+    warc_dir = tmp_path / "warc"
     rds.lpush("quotes:start_urls", quotes_site.url_for("/"))
-    workers = [pool.start(), pool.start()]
-    time.sleep(6)  # the issue's timeline
+    workers = [pool.start(WARC_DIR=warc_dir), pool.start(WARC_DIR=warc_dir)]
+    wait_for(lambda: len(quotes_site.hits()) >= 20, 60, "the crawl to be under way")
     paused = control(env, rds, "pause")
     before = len(quotes_site.hits())
-    workers.append(pool.start())  # a worker started while paused starts paused
-    time.sleep(14)
+    workers.append(pool.start(WARC_DIR=warc_dir))  # a worker started while paused starts paused
+    time.sleep(14)  # the pause under test lasts 14 s
 
     # The workers are up (a paused crawl is not idle) and none started a
     # fetch from 2 s after the pause on.
@@ -144,6 +148,15 @@ def test_pause_stops_every_worker_fetching_until_resume(
     assert [p for p, n in Counter(h.path for h in quotes_site.hits()).items() if n > 1] == []
     assert all("crawl quotes is paused" in w.log for w in finished)
     assert rds.zcard("{quotes}:leases") == 0
+    # Every URL fetched has a response record in the workers' WARC files.
+    archived = set()
+    for path in warc_dir.iterdir():
+        with path.open("rb") as fh:
+            archived |= {
+                urlsplit(r.rec_headers.get_header("WARC-Target-URI")).path
+                for r in ArchiveIterator(fh) if r.rec_type == "response"
+            }
+    assert {urlsplit(h.path).path for h in quotes_site.hits()} <= archived
 
 
 def test_stop_ends_every_worker_and_a_later_worker_finishes_after_resume(
@@ -152,7 +165,7 @@ def test_stop_ends_every_worker_and_a_later_worker_finishes_after_resume(
     rds.lpush("quotes:start_urls", quotes_site.url_for("/"))
     pool.start()
     pool.start()
-    time.sleep(6)  # the issue's timeline
+    wait_for(lambda: len(quotes_site.hits()) >= 20, 60, "the crawl to be under way")
     stopped = control(env, rds, "stop")
     finished = pool.wait(timeout=20)
 
