@@ -209,6 +209,9 @@ DOWNLOADER_MIDDLEWARES = {
     # After RedirectMiddleware (600) in process_request order, before the
     # download handler: drops redirects off the seed's hosts.
     "crawler.middlewares.SeedHostsMiddleware": 650,
+    # Revisits with conditional GETs (FRONTIER_REVISIT_AFTER > 0): sees the
+    # final response of a redirect chain, before the retry middleware.
+    "crawler.middlewares.RevisitMiddleware": 570,
 }
 
 ITEM_PIPELINES = {
@@ -280,3 +283,13 @@ FRONTIER_BLOOM_ERROR_RATE = 0.001
 #: then a cluster client (crawler/frontier/connection.py). From the
 #: environment variable of the same name ("1" or "true"). Default: False.
 FRONTIER_REDIS_CLUSTER = os.environ.get("FRONTIER_REDIS_CLUSTER", "") in ("1", "true", "True")
+
+# --- Revisits with conditional GETs (issue 14) -------------------------------
+#: Seconds after its fetch that every page fetched successfully is due again,
+#: without being seeded again; it is then requested with If-None-Match /
+#: If-Modified-Since from the ETag / Last-Modified its last response carried.
+#: A 304 raises the stored documents' last_seen (and fetched_at) without
+#: running the callback. Per site: scrapy frontier revisit SPIDER SITE SECONDS.
+#: Revisits not yet due do not keep a worker from closing on
+#: MAX_IDLE_TIME_BEFORE_CLOSE. Default: 0 (never revisit; costs nothing).
+FRONTIER_REVISIT_AFTER = 0
