@@ -3,9 +3,23 @@ Redis, MongoDB and HTTP servers that send ETags and answer 304."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
+from redis.exceptions import ResponseError
+from scrapy import Request, Spider
+
+from crawler.frontier.scheduler import REVISIT_META
+from crawler.frontier.signals import request_fetched
+from crawler.frontier.sites import site_of
+from crawler.frontier.store import Commit, Frontier, NotDue, Revisit
+from devtools.replay import Page
+from tests import scheduler_harness as harness
+from tests.faultproxy import FaultProxy
+from tests.test_overrides import frontier as frontier_cli
 from tests.workers import crawl
 
 if TYPE_CHECKING:
@@ -14,6 +28,7 @@ if TYPE_CHECKING:
     import redis
 
     from devtools.replay import ReplayServer
+    from tests.conftest import SiteFactory
 
 #: Seconds after its fetch a page is due again in these tests: longer than
 #: the first run lasts (so it revisits nothing itself), short enough to wait.
@@ -77,3 +92,195 @@ def test_second_run_revisits_every_page_conditionally_and_advances_last_seen(
     # Each 304 scheduled the next revisit, with the same validators.
     assert second.stats["frontier/revisits/scheduled"] == 213
     assert rds.zcard("{pages}:revisits") == 213
+
+
+# -- the scripts -------------------------------------------------------------------
+
+
+def _frontier(rds: redis.Redis, revisit_after: float = 0.05) -> Frontier:
+    frontier = Frontier(rds, "t", default_concurrency=8, revisit_after=revisit_after)
+    frontier.load_scripts()
+    return frontier
+
+
+def _revisit(url: str) -> Revisit:
+    return Revisit(url.encode(), url.split("/")[2], 0, url.encode())
+
+
+def _lease_all(frontier: Frontier) -> tuple[list[bytes], list[str]]:
+    """Lease and acknowledge what is due; return the requests and the problems."""
+    got, problems, n = [], [], 0
+    while isinstance(result := frontier.lease_many([f"w#x:{n}"]), list):
+        got += [lease.data for lease in result]
+        problems += result[0].problems
+        frontier.ack([lease.lease_id for lease in result])
+        n += 1
+    return got, problems + list(result.problems)
+
+
+def test_a_due_revisit_is_queued_past_the_dupefilter_once_and_not_pending_before(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds, revisit_after=0.3)
+    assert frontier.push(b"https://a.example/1", site="a.example", priority=0,
+                         fingerprint=b"https://a.example/1", dont_filter=False)
+    [lease] = _lease_all(frontier)[0]
+    frontier.commit(Commit(revisits=[_revisit("https://a.example/1")] * 2))  # newest wins
+
+    assert rds.zcard("{t}:revisits") == 1
+    assert rds.hget("{t}:rdata", b"https://a.example/1") == b"0\ta.example\thttps://a.example/1"
+    assert frontier.pending() == 0  # not due: no work
+    not_due = frontier.lease_many(["w#y:0"])
+    assert isinstance(not_due, NotDue)
+    assert not_due.wait is not None and 0 < not_due.wait <= 0.3  # when to look again
+    wait_until_due(rds, "{t}:revisits")
+    assert _lease_all(frontier)[0] == [b"https://a.example/1"]  # seen, queued all the same
+    assert rds.exists("{t}:revisits", "{t}:rdata") == 0
+    assert frontier.audit() == {}
+
+
+def test_revisit_intervals_per_site_override_the_default(rds: redis.Redis) -> None:
+    frontier = _frontier(rds, revisit_after=100)
+    rds.hset("{t}:revisit", mapping={"never.example": 0, "soon.example": 50, "bad.example": "2s"})
+    frontier.commit(Commit(revisits=[
+        _revisit(f"https://{site}.example/") for site in ("never", "soon", "bad", "plain")
+    ]))
+    now = redis_ms(rds)
+    due = {k.decode(): v - now for k, v in rds.zrange("{t}:revisits", 0, -1, withscores=True)}
+    assert due.keys() == {"https://soon.example/", "https://bad.example/", "https://plain.example/"}
+    assert due["https://soon.example/"] <= 50
+    assert 99_000 < due["https://bad.example/"] <= 100_000  # a bad value: the default
+    assert 99_000 < due["https://plain.example/"] <= 100_000
+
+
+def test_malformed_revisit_entries_are_dead_lettered_and_good_ones_queued(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    frontier.commit(Commit(revisits=[_revisit("https://a.example/ok")]))
+    rds.zadd("{t}:revisits", {"fp-garbled": 0, "fp-missing": 0})
+    rds.hset("{t}:rdata", "fp-garbled", "no tabs here")
+    wait_until_due(rds, "{t}:revisits")
+
+    got, problems = _lease_all(frontier)
+
+    assert got == [b"https://a.example/ok"]
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert dead["reason"] == "malformed revisit entry"
+    assert dead["entry"] == "no tabs here"
+    assert any("{t}:rdata holds a malformed entry" in p for p in problems)
+    assert any("fingerprint without an entry in {t}:rdata" in p for p in problems)
+    assert rds.exists("{t}:revisits", "{t}:rdata") == 0
+
+
+def test_revisit_keys_of_the_wrong_type_refuse_the_call_before_any_write(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    rds.set("{t}:rdata", "oops")
+    with pytest.raises(ResponseError, match=r"\{t\}:rdata holds a string"):
+        frontier.commit(Commit(revisits=[_revisit("https://a.example/")], dead=[b"{}"]))
+    assert rds.exists("{t}:revisits", "{t}:dead") == 0  # nothing written
+    with pytest.raises(ResponseError, match=r"\{t\}:rdata holds a string"):
+        frontier.lease_many(["w#z:0"])
+
+
+# -- whole crawls ------------------------------------------------------------------
+
+
+def _two_pages(version: dict[str, str]) -> Any:
+    """A handler: ``/`` links to ``/b``, whose title is ``b <version["b"]>``."""
+
+    def handle(path: str, nth: int) -> Page | None:
+        html = [("Content-Type", "text/html")]
+        if path == "/":
+            return Page(200, html, b'<html><title>root</title><a href="/b">b</a></html>')
+        if path == "/b":
+            return Page(200, html, f"<html><title>b {version['b']}</title></html>".encode())
+        return None
+
+    return handle
+
+
+def test_a_changed_page_is_parsed_again_and_a_sites_override_sets_its_interval(
+    env: dict[str, str], db: Any, rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
+) -> None:
+    version = {"b": "one"}
+    site = site_factory(handler=_two_pages(version))
+    # The default (10 minutes) would never come due here; the site's 2 s do.
+    done = frontier_cli(env["REDIS_URL"], "revisit", "pages", site.url, "2")
+    assert done.returncode == 0, done.stderr
+    assert rds.hget("{pages}:revisit", site_of(Request(site.url))) == b"2000"
+    rds.lpush("pages:start_urls", site.url_for("/"))
+    settings = {"FRONTIER_REVISIT_AFTER": 600, "MAX_IDLE_TIME_BEFORE_CLOSE": 1}
+
+    [first] = crawl("pages", env, tmp_path, settings=settings)
+    assert first.returncode == 0
+    wait_until_due(rds, "{pages}:revisits")
+    site.clear_hits()
+    version["b"] = "two"
+    [second] = crawl("pages", env, tmp_path, settings=settings)
+
+    assert second.returncode == 0
+    hits = {h.path: h for h in site.hits() if h.path != "/robots.txt"}
+    assert hits.keys() == {"/", "/b"}
+    assert all(h.conditional for h in hits.values())
+    assert (hits["/"].status, hits["/b"].status) == (304, 200)
+    assert second.stats["revisit/not_modified"] == 1
+    assert second.stats["revisit/modified"] == 1
+    assert db.pages.find_one({"final_url": site.url_for("/b")})["title"] == "b two"
+    assert db.pages.count_documents({}) == 2
+    # The new validators replace the old: the next revisit of /b sends them.
+    entries = [v for v in rds.hvals("{pages}:rdata") if b'"/b"' in v]
+    [entry] = entries
+    etag = json.loads(entry.split(b"\t", 2)[2])["m"][REVISIT_META]["etag"]
+    assert etag == '"' + hashlib.sha1(b"<html><title>b two</title></html>").hexdigest()[:20] + '"'
+
+
+# -- faults ------------------------------------------------------------------------
+
+
+class _Spider(Spider):
+    name = "t"
+
+
+@pytest.mark.usefixtures("stop_heartbeats")
+def test_a_commit_carrying_revisits_whose_reply_was_lost_runs_once(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    with FaultProxy(redis_url) as proxy:
+        scheduler, crawler = harness.open_scheduler(
+            proxy.url, _Spider, FRONTIER_REVISIT_AFTER=60
+        )
+        scheduler.enqueue_request(Request("https://a.example/x"))
+        assert scheduler.flush_outbox()
+        [request] = harness.lease_all(scheduler)
+        crawler.signals.send_catch_log(
+            request_fetched, request=request, validators={"etag": '"v1"'}
+        )
+        crawler.signals.send_catch_log(  # robots.txt, say: not leased, not revisited
+            request_fetched, request=Request("https://a.example/robots.txt"), validators={}
+        )
+        crawler.engine._slot.remove_request(request)  # handled: acked with the revisit
+        rule = proxy.lose_replies(script="Revisits: one entry per fingerprint")
+
+        assert not scheduler.flush_outbox()  # ran, but its reply was lost
+        assert rule.acted == 1
+        [(fp, due)] = rds.zrange("{t}:revisits", 0, -1, withscores=True)
+        scheduler._down_until = 0.0  # Redis answers again
+        assert scheduler.flush_outbox()  # found out that it ran: not sent again
+
+        sent = [
+            c for c in proxy.commands(script="Revisits: one entry per fingerprint")
+            if any(REVISIT_META.encode() in arg for arg in c.args)
+        ]
+        assert len(sent) == 1
+        assert rds.zrange("{t}:revisits", 0, -1, withscores=True) == [(fp, due)]
+        entry = rds.hget("{t}:rdata", fp)
+        assert entry is not None
+        revisit = json.loads(entry.split(b"\t", 2)[2])
+        assert revisit["u"] == "/x"
+        assert revisit["m"][REVISIT_META] == {"etag": '"v1"'}
+        assert rds.zcard("{t}:leases") == 0  # the ack went with it
+        assert crawler.stats.get_value("frontier/revisits/scheduled") == 1
+        assert scheduler.queue.frontier.audit() == {}
