@@ -124,7 +124,7 @@ def test_a_due_revisit_is_queued_past_the_dupefilter_once_and_not_pending_before
     frontier = _frontier(rds, revisit_after=0.3)
     assert frontier.push(b"https://a.example/1", site="a.example", priority=0,
                          fingerprint=b"https://a.example/1", dont_filter=False)
-    [lease] = _lease_all(frontier)[0]
+    assert _lease_all(frontier)[0] == [b"https://a.example/1"]
     frontier.commit(Commit(revisits=[_revisit("https://a.example/1")] * 2))  # newest wins
 
     assert rds.zcard("{t}:revisits") == 1
