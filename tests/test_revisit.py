@@ -3,19 +3,26 @@ Redis, MongoDB and HTTP servers that send ETags and answer 304."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pymongo.errors import ServerSelectionTimeoutError
 from redis.exceptions import ResponseError
 from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http import HtmlResponse
+from scrapy.utils.test import get_crawler
 
 from crawler.frontier.scheduler import REVISIT_META
-from crawler.frontier.signals import request_fetched
+from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, NotDue, Revisit
+from crawler.middlewares import RevisitMiddleware
+from crawler.pipelines import MongoPipeline
 from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
@@ -284,3 +291,72 @@ def test_a_commit_carrying_revisits_whose_reply_was_lost_runs_once(
         assert rds.zcard("{t}:leases") == 0  # the ack went with it
         assert crawler.stats.get_value("frontier/revisits/scheduled") == 1
         assert scheduler.queue.frontier.audit() == {}
+
+
+# -- the middleware, alone -------------------------------------------------------------
+
+
+class _FailingPipeline:
+    def touch(self, source: str, when: Any) -> int:
+        raise ServerSelectionTimeoutError("MongoDB down (test)")
+
+
+def _middleware() -> tuple[RevisitMiddleware, list[tuple[Any, ...]]]:
+    crawler = get_crawler(Spider, {"FRONTIER_REVISIT_AFTER": 5})
+    sent: list[tuple[Any, ...]] = []
+    crawler.signals.connect(
+        lambda request, validators, **_: sent.append(("fetched", request.url, validators)),
+        signal=request_fetched, weak=False,
+    )
+    crawler.signals.connect(
+        lambda request, reason, **_: sent.append(("dead", request.url, reason)),
+        signal=request_dead, weak=False,
+    )
+    return RevisitMiddleware.from_crawler(crawler), sent
+
+
+def test_the_middleware_is_off_without_revisits() -> None:
+    with pytest.raises(NotConfigured):
+        RevisitMiddleware.from_crawler(get_crawler(Spider, {"FRONTIER_REVISIT_AFTER": 0}))
+
+
+def test_a_200_reports_its_validators_and_a_304_to_a_revisit_stops_before_the_callback(
+) -> None:
+    mw, sent = _middleware()
+    fresh = Request("https://a.example/p")
+    mw.process_request(fresh)
+    assert b"If-None-Match" not in fresh.headers
+    ok = HtmlResponse(fresh.url, headers={"ETag": '"e1"', "Last-Modified": "Mon, 01 Jan 2024 "
+                                          "00:00:00 GMT"}, request=fresh)
+    assert asyncio.run(mw.process_response(fresh, ok)) is ok
+    validators = {"etag": '"e1"', "modified": "Mon, 01 Jan 2024 00:00:00 GMT"}
+    assert sent == [("fetched", fresh.url, validators)]
+
+    revisit = Request(fresh.url, meta={REVISIT_META: validators})
+    mw.process_request(revisit)
+    assert revisit.headers[b"If-None-Match"] == b'"e1"'
+    assert revisit.headers[b"If-Modified-Since"] == b"Mon, 01 Jan 2024 00:00:00 GMT"
+    with pytest.raises(IgnoreRequest):
+        asyncio.run(mw.process_response(revisit, HtmlResponse(fresh.url, status=304)))
+    assert sent[1:] == [("fetched", fresh.url, validators)]  # the same validators again
+    assert mw.crawler.stats.get_value("revisit/not_modified") == 1
+
+
+def test_a_304_to_a_request_that_was_not_conditional_is_left_to_scrapy() -> None:
+    mw, sent = _middleware()
+    plain = Request("https://a.example/p")
+    response = HtmlResponse(plain.url, status=304)
+    assert asyncio.run(mw.process_response(plain, response)) is response
+    assert sent == []
+
+
+def test_a_304_that_mongodb_could_not_record_becomes_a_dead_letter() -> None:
+    mw, sent = _middleware()
+    MongoPipeline._by_crawler[mw.crawler] = _FailingPipeline()  # type: ignore[assignment]
+    revisit = Request("https://a.example/p", meta={REVISIT_META: {"etag": '"e1"'}})
+    mw.process_request(revisit)
+    with pytest.raises(IgnoreRequest):
+        asyncio.run(mw.process_response(revisit, HtmlResponse(revisit.url, status=304)))
+    [(what, url, reason)] = sent  # no revisit scheduled: the dead letter's requeue sends it
+    assert (what, url) == ("dead", revisit.url)
+    assert reason.startswith("304 not recorded in MongoDB: ServerSelectionTimeoutError")
