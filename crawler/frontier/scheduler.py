@@ -71,6 +71,7 @@ REVISIT_META = "frontier_revisit"
 #: Meta keys of one download that a revisit does not carry over.
 _NOT_REVISITED = frozenset({
     "download_latency", "download_slot", "retry_times", RETRY_DELAY_META,
+    "redirect_times", "redirect_ttl",
 })
 #: Conditional headers of the last revisit: the next one sends its own.
 _CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
