@@ -293,3 +293,7 @@ FRONTIER_REDIS_CLUSTER = os.environ.get("FRONTIER_REDIS_CLUSTER", "") in ("1", "
 #: Revisits not yet due do not keep a worker from closing on
 #: MAX_IDLE_TIME_BEFORE_CLOSE. Default: 0 (never revisit; costs nothing).
 FRONTIER_REVISIT_AFTER = 0
+#: Per-site revisit intervals, {site or URL: seconds} (0: never revisit the
+#: site), stored in {<spider>}:revisit when a worker starts, as scrapy
+#: frontier revisit would. Default: {}.
+FRONTIER_SITE_REVISITS: dict[str, float] = {}

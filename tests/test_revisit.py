@@ -17,6 +17,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
+from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.scheduler import REVISIT_META
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
@@ -360,3 +361,16 @@ def test_a_304_that_mongodb_could_not_record_becomes_a_dead_letter() -> None:
     [(what, url, reason)] = sent  # no revisit scheduled: the dead letter's requeue sends it
     assert (what, url) == ("dead", revisit.url)
     assert reason.startswith("304 not recorded in MongoDB: ServerSelectionTimeoutError")
+
+
+@pytest.mark.usefixtures("stop_heartbeats")
+def test_the_per_site_revisit_setting_is_stored_as_the_command_would(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_REVISIT_AFTER=60,
+        FRONTIER_SITE_REVISITS={"https://A.example/": 0.5, "b.example": 0},
+    )
+    assert rds.hgetall("{t}:revisit") == {b"a.example": b"500", b"b.example": b"0"}
+    with pytest.raises(ValueError, match=r"FRONTIER_SITE_REVISITS\['c.example'\]"):
+        parse_site_settings("revisit", {"c.example": "1h"}, "FRONTIER_SITE_REVISITS")

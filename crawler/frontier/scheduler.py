@@ -338,9 +338,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self.flush()
 
     def _site_settings(self) -> dict[str, dict[str, int]]:
-        """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` as the
-        overrides ``scrapy frontier delay|concurrency`` would store, by key
-        (``delay``: ms, ``conc``).
+        """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` /
+        ``FRONTIER_SITE_REVISITS`` as the overrides ``scrapy frontier
+        delay|concurrency|revisit`` would store, by key (``delay``: ms,
+        ``conc``, ``revisit``: ms).
 
         :raises ValueError: a site or a value is not valid (the message says
             which setting, site and value).
@@ -352,6 +353,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             ),
             "conc": parse_site_settings(
                 "conc", settings.getdict("FRONTIER_SITE_CONCURRENCY"), "FRONTIER_SITE_CONCURRENCY"
+            ),
+            "revisit": parse_site_settings(
+                "revisit", settings.getdict("FRONTIER_SITE_REVISITS"), "FRONTIER_SITE_REVISITS"
             ),
         }
         return {key: mapping for key, mapping in out.items() if mapping}
