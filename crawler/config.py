@@ -619,6 +619,11 @@ SETTINGS: dict[str, Setting] = {
     "FRONTIER_RETRY_BACKOFF_MAX": _s(_SECONDS, "longest wait before a retry"),
     "FRONTIER_RETRY_JITTER": _s(number(float, 0, 1), "fraction a retry's wait is stretched by"),
     "FRONTIER_RETRY_AFTER_MAX": _s(_SECONDS, "longest Retry-After obeyed"),
+    "FRONTIER_REVISIT_AFTER": _s(_SECONDS, "seconds after its fetch a page is requested again, "
+                                 "conditionally (0: never)"),
+    "FRONTIER_SITE_REVISITS": _s(dictionary(_site_check("revisit"),
+                                            "a dict of site -> seconds >= 0"),
+                                 "per-site revisit intervals"),
     "FRONTIER_STAY_ON_SEED_HOSTS": _s(FLAG, "follow links only on the seeds' hosts"),
     "FRONTIER_BLOOM_CAPACITY": _s(_COUNT_POS, "URLs the Bloom filter is sized for"),
     "FRONTIER_BLOOM_ERROR_RATE": _s(number(float, 0, 1, low_open=True, high_open=True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from datetime import UTC, datetime
@@ -9,15 +10,22 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
+from pymongo.errors import PyMongoError
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.response import response_status_message
 
-from crawler.frontier.scheduler import RETRY_DELAY_META
-from crawler.frontier.signals import request_dead
+from crawler.frontier.scheduler import RETRY_DELAY_META, REVISIT_META
+from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import on_sites, site_of
-from crawler.pipelines import ItemIds, collection_of, derive_item_id
+from crawler.pipelines import (
+    ItemIds,
+    ItemSources,
+    MongoPipeline,
+    collection_of,
+    derive_item_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -32,6 +40,7 @@ __all__ = [
     "DONT_DEAD_LETTER_META",
     "BackoffRetryMiddleware",
     "ItemIdMiddleware",
+    "RevisitMiddleware",
     "SeedHostsMiddleware",
     "backoff_delay",
     "tag_seed",
@@ -321,6 +330,11 @@ class ItemIdMiddleware:
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self.ids = ItemIds.of(crawler)
+        #: With revisits on, every item's source too (see ItemSources).
+        self.sources = (
+            ItemSources.of(crawler)
+            if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) > 0 else None
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -356,8 +370,13 @@ class ItemIdMiddleware:
             return _leave
         fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
         ranks: dict[tuple[str, str], int] = {}
+        sources = self.sources
 
         def tag(output: Any) -> None:
+            if sources is not None and not isinstance(output, Request) and ItemAdapter.is_item(
+                output
+            ):
+                sources.put(output, fingerprint.hex())
             if (
                 isinstance(output, Request)
                 or getattr(output, "key", None)
@@ -374,6 +393,113 @@ class ItemIdMiddleware:
                 self.crawler.stats.inc_value("mongo/ids/forgotten", forgotten)
 
         return tag
+
+
+class RevisitMiddleware:
+    """Revisit every fetched page with a conditional GET (``FRONTIER_REVISIT_AFTER``).
+
+    A downloader middleware. For each response of 2xx to a request the
+    frontier leased, it sends the signal
+    :data:`~crawler.frontier.signals.request_fetched` with the response's
+    validators (``ETag``, ``Last-Modified``); the scheduler commits a revisit
+    with the request's ack, due ``FRONTIER_REVISIT_AFTER`` seconds later
+    (or the site's override, ``scrapy frontier revisit``). The revisit comes
+    back with the validators in ``meta["frontier_revisit"]``, and this
+    middleware sends them as ``If-None-Match`` / ``If-Modified-Since``
+    (RFC 9110, sections 13.1.2 and 13.1.3).
+
+    * **304 Not Modified** to such a conditional request: the callback is not
+      run (``IgnoreRequest``); the documents the page yielded before (found
+      by their :data:`~crawler.pipelines.SOURCE_FIELD`) get ``last_seen``
+      and ``fetched_at`` raised to now (:meth:`MongoPipeline.touch`), and the
+      next revisit is scheduled with the same validators. When MongoDB fails
+      for that update, the request becomes a dead letter (``scrapy
+      deadletters requeue`` sends it again, conditionally).
+    * **200** to a revisit: the callback runs as for any response, and the
+      new validators replace the old ones.
+    * A 304 to a request that was not conditional is left to Scrapy (its
+      HttpErrorMiddleware drops it); a failed download to the retry and
+      dead-letter path.
+
+    Enable it near Scrapy's RedirectMiddleware (``DOWNLOADER_MIDDLEWARES``,
+    570: it sees the final response of a redirect chain, before the
+    retry middleware). NotConfigured when ``FRONTIER_REVISIT_AFTER`` is 0.
+
+    Stats: ``revisit/not_modified`` (304s), ``revisit/modified`` (200s to a
+    revisit), ``revisit/touched`` (documents whose ``last_seen`` a 304
+    raised), ``revisit/touch_failed``.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build from ``crawler``; raise NotConfigured when revisits are off."""
+        if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) <= 0:
+            raise NotConfigured("FRONTIER_REVISIT_AFTER is 0")
+        return cls(crawler)
+
+    def process_request(self, request: Request) -> None:
+        """Send a revisit's validators as conditional headers."""
+        validators = request.meta.get(REVISIT_META)
+        if validators:
+            if validators.get("etag"):
+                request.headers[b"If-None-Match"] = validators["etag"]
+            if validators.get("modified"):
+                request.headers[b"If-Modified-Since"] = validators["modified"]
+
+    async def process_response(self, request: Request, response: Response) -> Response:
+        """Schedule the next revisit of a fetched page; stop a 304 before the callback.
+
+        :raises scrapy.exceptions.IgnoreRequest: for a 304 to a revisit.
+        """
+        stats = self.crawler.stats
+        assert stats is not None
+        validators: dict[str, str] = request.meta.get(REVISIT_META) or {}
+        conditional = bool(validators) and (
+            b"If-None-Match" in request.headers or b"If-Modified-Since" in request.headers
+        )
+        if response.status == 304 and conditional:
+            stats.inc_value("revisit/not_modified")
+            if await self._touch(request):
+                self._fetched(request, validators)
+            raise IgnoreRequest(f"not modified since the last visit: {request.url}")
+        if 200 <= response.status < 300:
+            if REVISIT_META in request.meta:
+                stats.inc_value("revisit/modified")
+            fresh = {}
+            for name, header in (("etag", b"ETag"), ("modified", b"Last-Modified")):
+                value = response.headers.get(header)
+                if value:
+                    fresh[name] = value.decode("latin-1")
+            self._fetched(request, fresh)
+        return response
+
+    def _fetched(self, request: Request, validators: dict[str, str]) -> None:
+        self.crawler.signals.send_catch_log(
+            request_fetched, request=request, validators=validators
+        )
+
+    async def _touch(self, request: Request) -> bool:
+        """Raise ``last_seen`` of what ``request``'s page yielded; False (and
+        a dead letter) when MongoDB failed."""
+        pipeline = MongoPipeline.of(self.crawler)
+        if pipeline is None:
+            return True
+        source = self.crawler.request_fingerprinter.fingerprint(request).hex()
+        try:
+            changed = await asyncio.to_thread(pipeline.touch, source, datetime.now(UTC))
+        except (PyMongoError, RuntimeError) as exc:
+            self.crawler.stats.inc_value("revisit/touch_failed")
+            self.crawler.signals.send_catch_log(
+                request_dead, request=request,
+                reason=f"304 not recorded in MongoDB: {type(exc).__name__}: {exc}",
+                error=repr(exc),
+            )
+            return False
+        self.crawler.stats.inc_value("revisit/touched", changed)
+        return True
 
 
 def _leave(output: Any) -> None:

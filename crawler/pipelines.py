@@ -60,7 +60,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "SOURCE_FIELD",
     "ItemIds",
+    "ItemSources",
     "MongoPipeline",
     "SpillLoad",
     "as_document",
@@ -85,6 +87,15 @@ _REFUSAL_IN_TEXT = re.compile(r"'code': (18|13|334), 'codeName': '\w+'")
 #: check of the credentials; past that (MongoDB down or slow) the crawl
 #: starts, and the first write finds out.
 OPEN_CHECK_WAIT = 3.0
+
+#: The field of a stored document that holds the fingerprint (hex) of the
+#: request whose response last yielded it, with revisits on
+#: (``FRONTIER_REVISIT_AFTER`` > 0): a 304 to that request's revisit raises
+#: those documents' ``last_seen`` (:meth:`MongoPipeline.touch`).
+SOURCE_FIELD = "_src"
+#: Fields of a stored document a 304 raises to its time as it raises
+#: ``last_seen``, when the document has them (an item's fetch time).
+FETCH_TIME_FIELDS = ("fetched_at",)
 
 #: Value types that :func:`as_document` keeps as they are.
 _SCALARS = frozenset({str, int, float, bool, type(None), datetime, bytes, ObjectId})
@@ -246,6 +257,16 @@ class ItemIds:
     def discard(self, item: Any, **_: Any) -> None:
         """Forget ``item``'s id (a signal handler: the item went no further)."""
         self.pop(item)
+
+
+class ItemSources(ItemIds):
+    """Fingerprints (hex) of the requests whose responses yielded items,
+    from :class:`~crawler.middlewares.ItemIdMiddleware` to the pipeline,
+    which stores each in its document's :data:`SOURCE_FIELD` (revisits on).
+    Held as :class:`ItemIds` holds ids; one instance per crawler: :meth:`of`.
+    """
+
+    _by_crawler: ClassVar[WeakKeyDictionary[Crawler, ItemIds]] = WeakKeyDictionary()
 
 
 def _not_newer(last: datetime) -> dict[str, Any]:
@@ -441,6 +462,10 @@ class MongoPipeline:
         self._sealed: deque[list[_Pending]] = deque()
         #: Ids derived by ItemIdMiddleware, taken by process_item.
         self._ids = ItemIds.of(crawler)
+        #: Sources of items (revisits on), taken by process_item.
+        self._sources = ItemSources.of(crawler)
+        self._revisits = crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) > 0
+        MongoPipeline._by_crawler[crawler] = self
         self._warned_minted = False
         self._indexed: set[tuple[str, tuple[str, ...]]] = set()
         #: Collections whose last batch was mostly keys stored already.
@@ -452,6 +477,45 @@ class MongoPipeline:
         self._spider_name = ""
         #: The configuration error that stopped this pipeline's writes.
         self._config_error: str | None = None
+
+    _by_crawler: ClassVar[WeakKeyDictionary[Crawler, MongoPipeline]] = WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> MongoPipeline | None:
+        """The crawler's pipeline, once built (None when it is not enabled)."""
+        return cls._by_crawler.get(crawler)
+
+    def touch(self, source: str, when: datetime) -> int:
+        """Record that the response of request ``source`` is unchanged at
+        ``when``: the documents it yielded (:data:`SOURCE_FIELD` equal to
+        ``source``, in every collection of ``MONGO_DATABASE`` but the dead
+        one) get ``last_seen`` and their :data:`FETCH_TIME_FIELDS` raised to
+        ``when`` (``$max``: never backwards). Blocking: call it in a thread.
+
+        :param source: the request's fingerprint, hex.
+        :param when: UTC datetime.
+        :returns: documents changed.
+        :raises pymongo.errors.PyMongoError: MongoDB failed (nothing or part
+            was written; writing again is harmless).
+        :raises RuntimeError: the pipeline is not open.
+        """
+        if self.client is None:
+            raise RuntimeError("MongoPipeline.touch before the pipeline opened")
+        db = self.client[self.database]
+        changed = 0
+        for name in db.list_collection_names():
+            if name == self.dead_collection or name.startswith("system."):
+                continue
+            coll = db[name]
+            changed += coll.update_many(
+                {SOURCE_FIELD: source}, {"$max": {"last_seen": when}}
+            ).modified_count
+            for fetched in FETCH_TIME_FIELDS:
+                coll.update_many(
+                    {SOURCE_FIELD: source, fetched: {"$exists": True}},
+                    {"$max": {fetched: when}},
+                )
+        return changed
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -530,7 +594,10 @@ class MongoPipeline:
         """Queue ``item`` for the next bulk write and return once it is stored."""
         now = datetime.now(UTC)
         derived = self._ids.pop(item)
+        source = self._sources.pop(item) if self._revisits else None
         doc = as_document(item)
+        if source is not None:
+            doc[SOURCE_FIELD] = source
         key: tuple[str, ...] = tuple(getattr(item, "key", ()))
         collection = collection_of(item, self._spider_name)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -666,6 +733,9 @@ class MongoPipeline:
                 if (name, key) not in self._indexed:
                     coll.create_index([(k, ASCENDING) for k in key], unique=True)
                     self._indexed.add((name, key))
+            if self._revisits and (name, (SOURCE_FIELD,)) not in self._indexed:
+                coll.create_index([(SOURCE_FIELD, ASCENDING)])  # touch() finds by it
+                self._indexed.add((name, (SOURCE_FIELD,)))
             self._store(coll, entries)
 
     def _store(self, coll: Collection[dict[str, Any]], entries: list[_Pending]) -> None:

@@ -209,6 +209,9 @@ DOWNLOADER_MIDDLEWARES = {
     # After RedirectMiddleware (600) in process_request order, before the
     # download handler: drops redirects off the seed's hosts.
     "crawler.middlewares.SeedHostsMiddleware": 650,
+    # Revisits with conditional GETs (FRONTIER_REVISIT_AFTER > 0): sees the
+    # final response of a redirect chain, before the retry middleware.
+    "crawler.middlewares.RevisitMiddleware": 570,
 }
 
 ITEM_PIPELINES = {
@@ -302,3 +305,17 @@ WARC_DIR = ""
 #: Bytes after which a WARC file is closed and the next one started (a file
 #: exceeds it by one record at most). Default: 1,000,000,000 (1 GB).
 WARC_MAX_SIZE = 1_000_000_000
+
+# --- Revisits with conditional GETs (issue 14) -------------------------------
+#: Seconds after its fetch that every page fetched successfully is due again,
+#: without being seeded again; it is then requested with If-None-Match /
+#: If-Modified-Since from the ETag / Last-Modified its last response carried.
+#: A 304 raises the stored documents' last_seen (and fetched_at) without
+#: running the callback. Per site: scrapy frontier revisit SPIDER SITE SECONDS.
+#: Revisits not yet due do not keep a worker from closing on
+#: MAX_IDLE_TIME_BEFORE_CLOSE. Default: 0 (never revisit; costs nothing).
+FRONTIER_REVISIT_AFTER = 0
+#: Per-site revisit intervals, {site or URL: seconds} (0: never revisit the
+#: site), stored in {<spider>}:revisit when a worker starts, as scrapy
+#: frontier revisit would. Default: {}.
+FRONTIER_SITE_REVISITS: dict[str, float] = {}

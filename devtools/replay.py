@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import html
 import logging
 import os
@@ -28,10 +29,11 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from warcio.archiveiterator import ArchiveIterator
 from warcio.exceptions import ArchiveLoadFailed
@@ -132,6 +134,8 @@ class Hit:
         ready to send (just before its bytes are written).
     :ivar status: the status code sent (0 if the request failed before a
         response was ready).
+    :ivar conditional: the request carried ``If-None-Match`` or
+        ``If-Modified-Since``.
     """
 
     path: str
@@ -141,6 +145,7 @@ class Hit:
     started: float
     finished: float
     status: int
+    conditional: bool = False
 
     @property
     def duration(self) -> float:
@@ -295,6 +300,35 @@ def _server_error() -> Page:
     return Page(500, [("Content-Type", "text/plain; charset=utf-8")], b"handler failed\n")
 
 
+def _validated(page: Page, request_headers: Any) -> Page:
+    """``page`` (a 200) with an ``ETag`` (its own, else a hash of its body),
+    or 304 Not Modified when the request's ``If-None-Match`` matches it, or,
+    without ``If-None-Match``, when ``If-Modified-Since`` is not before the
+    page's ``Last-Modified`` (RFC 9110, sections 13.1.2, 13.1.3, 13.2.2)."""
+    if page.status != 200:
+        return page
+    etag = page.header("ETag")
+    headers = list(page.headers)
+    if etag is None:
+        etag = '"' + hashlib.sha1(page.body).hexdigest()[:20] + '"'  # noqa: S324 - no crypto
+        headers.append(("ETag", etag))
+    validators = [(n, v) for n, v in headers if n.lower() in ("etag", "last-modified")]
+    match = request_headers.get("If-None-Match")
+    if match is not None:
+        tags = [t.strip().removeprefix("W/") for t in match.split(",")]
+        if "*" in tags or etag.removeprefix("W/") in tags:
+            return Page(304, validators, b"")
+        return Page(page.status, headers, page.body)
+    since, modified = request_headers.get("If-Modified-Since"), page.header("Last-Modified")
+    if since and modified:
+        try:
+            if parsedate_to_datetime(modified) <= parsedate_to_datetime(since):
+                return Page(304, validators, b"")
+        except (TypeError, ValueError):
+            pass  # an invalid date: the condition is ignored
+    return Page(page.status, headers, page.body)
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -341,11 +375,16 @@ class _Handler(BaseHTTPRequestHandler):
                         started=started,
                         finished=time.monotonic(),
                         status=status,
+                        conditional=any(
+                            h in self.headers for h in ("If-None-Match", "If-Modified-Since")
+                        ),
                     )
                 )
 
         try:
             page = site._respond(self.path)
+            if site.conditional_get:
+                page = _validated(page, self.headers)
             # Headers are buffered until end_headers(): nothing reaches the
             # client before the hit is recorded, so a client that has its
             # response always finds the hit in hits().
@@ -375,6 +414,12 @@ class _Handler(BaseHTTPRequestHandler):
 class SiteServer:
     """A threaded HTTP/1.1 server for tests, running in a background thread.
 
+    Every 200 carries an ``ETag`` (the page's own, else a hash of its body)
+    and a conditional GET that matches it (``If-None-Match``, or
+    ``If-Modified-Since`` against the page's ``Last-Modified``) gets
+    ``304 Not Modified``; set ``conditional_get = False`` on the server (or
+    its class) to serve pages as they are.
+
     :param pages: ``{request target: Page}`` served as is (targets are path
         plus query, e.g. ``/page/2/``); unknown targets answer 404.
     :param handler: ``handler(path, nth)`` called for every request before
@@ -386,6 +431,9 @@ class SiteServer:
     :param latency: seconds slept before answering each request, in the
         request's own thread (simulates a slow site; requests overlap).
     """
+
+    #: Send ETags and answer conditional GETs with 304 (see the class doc).
+    conditional_get: bool = True
 
     def __init__(
         self,

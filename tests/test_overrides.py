@@ -113,7 +113,7 @@ def test_stored_value_ok_is_the_lease_scripts_rule(kind: str, raw: bytes, ok: bo
 
 
 def test_stored_value_ok_refuses_an_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="expected 'delay' or 'conc'"):
+    with pytest.raises(ValueError, match="expected 'delay', 'conc' or 'revisit'"):
         stored_value_ok("slow", b"1")  # type: ignore[arg-type]
 
 
@@ -236,7 +236,7 @@ def test_a_bad_concurrency_is_refused_with_exit_status_2_and_nothing_written(
         (["delay", "pages", "example.com"], "expected: delay SPIDER SITE SECONDS"),
         (["concurrency", "pages", "example.com", "2", "3"], "expected: concurrency SPIDER SITE N"),
         (["delay", "pages", "example.com", "2", "--unset"], "SPIDER SITE --unset"),
-        (["overrides", "--unset"], "--unset is for delay and concurrency"),
+        (["overrides", "--unset"], "--unset is for delay, concurrency and revisit"),
         (["delay", "pages", "example.com", "2", "--watch"], "--watch is for status only"),
     ],
 )

@@ -40,9 +40,11 @@ from crawler.frontier.connection import get_redis
 from crawler.frontier.overrides import (
     CONCURRENCY,
     DELAY,
+    REVISIT,
     OverrideKind,
     parse_concurrency,
     parse_delay,
+    parse_revisit,
     parse_site,
     stored_value_ok,
 )
@@ -61,7 +63,9 @@ __all__ = [
     "render",
 ]
 
-SUBCOMMANDS = ("status", "delay", "concurrency", "overrides", "pause", "resume", "stop")
+SUBCOMMANDS = (
+    "status", "delay", "concurrency", "overrides", "revisit", "pause", "resume", "stop",
+)
 #: The state each control subcommand sets (:mod:`crawler.control`).
 _CONTROL: dict[str, ControlState] = {"pause": PAUSED, "resume": RUNNING, "stop": STOPPED}
 #: What the workers do, per state, for the command's output.
@@ -72,6 +76,9 @@ _CONTROL_EFFECT: dict[ControlState, str] = {
              "flush their items and exit 0; the frontier is kept, and workers started "
              "while it is stopped exit at once",
 }
+#: The override subcommands, by kind.
+_COMMANDS: dict[OverrideKind, str] = {DELAY: "delay", CONCURRENCY: "concurrency",
+                                      REVISIT: "revisit"}
 #: Exit status of the override subcommands when Redis cannot be reached (as
 #: ``scrapy seed``); a bad value or a usage error exits 2.
 REDIS_FAILED = 3
@@ -84,6 +91,7 @@ _SERVERS = {"redis": "Redis", "mongodb": "MongoDB"}
 _RULES: dict[OverrideKind, str] = {
     DELAY: "whole milliseconds >= 0",
     CONCURRENCY: "a whole number >= 1",
+    REVISIT: "whole milliseconds >= 0",
 }
 
 
@@ -109,9 +117,9 @@ class Override:
         value = self.raw.decode("utf-8", "backslashreplace")
         if not self.ok:
             return f"BAD {value!r}: not {_RULES[self.kind]}, the default is used"
-        if self.kind == DELAY and len(value) <= 15:  # a float holds it exactly
+        if self.kind != CONCURRENCY and len(value) <= 15:  # a float holds it exactly
             return f"{value} ms ({int(value) / 1000:g} s)"
-        return f"{value} ms" if self.kind == DELAY else value
+        return value if self.kind == CONCURRENCY else f"{value} ms"
 
     def as_dict(self) -> dict[str, Any]:
         """``{"spider", "kind", "site", "value", "ok"}``; ``value`` as a string."""
@@ -135,14 +143,15 @@ def read_overrides(redis: Redis, spider: str) -> list[Override]:
     :raises redis.exceptions.RedisError: Redis is unreachable.
     """
     found: list[Override] = []
-    for kind in (DELAY, CONCURRENCY):
+    for kind in (DELAY, CONCURRENCY, REVISIT):
         stored: dict[bytes | str, bytes | str] = redis.hgetall(override_key(spider, kind))
         for field, value in stored.items():
             # Bytes, unless REDIS_PARAMS asks the client to decode responses.
             site = field if isinstance(field, str) else field.decode("utf-8", "backslashreplace")
             raw = value.encode() if isinstance(value, str) else value
             found.append(Override(spider, kind, site, raw, stored_value_ok(kind, raw)))
-    found.sort(key=lambda o: (o.kind != DELAY, o.site))
+    order = {DELAY: 0, CONCURRENCY: 1, REVISIT: 2}
+    found.sort(key=lambda o: (order[o.kind], o.site))
     return found
 
 
@@ -308,6 +317,7 @@ class Command(ScrapyCommand):
             "       scrapy frontier delay SPIDER SITE SECONDS|--unset\n"
             "       scrapy frontier concurrency SPIDER SITE N|--unset\n"
             "       scrapy frontier overrides [SPIDER ...] [--json]\n"
+            "       scrapy frontier revisit SPIDER SITE SECONDS|--unset\n"
             "       scrapy frontier pause|resume|stop SPIDER"
         )
 
@@ -326,7 +336,9 @@ class Command(ScrapyCommand):
             "delay / concurrency: set a site's delay (seconds, e.g. 2 or 0.25; stored in "
             "ms) or concurrency (a whole number >= 1) for every worker of the crawl, or "
             "remove it with --unset. SITE is a host (example.com, example.com:8080) or a "
-            "URL. overrides: list them, flagging values the workers ignore. "
+            "URL. overrides: list them, flagging values the workers ignore. revisit: set a "
+            "site's revisit interval (seconds; 0: never revisit the site) in place of "
+            "FRONTIER_REVISIT_AFTER, or remove it with --unset. "
             "pause / resume / stop: every worker of the crawl stops starting downloads "
             "(and stays up), starts again, or finishes what is in flight, gives back its "
             "leases and exits; the frontier is kept for workers started after resume."
@@ -348,7 +360,7 @@ class Command(ScrapyCommand):
         )
         parser.add_argument(
             "--unset", action="store_true",
-            help="delay, concurrency: remove the site's override (the default applies)",
+            help="delay, concurrency, revisit: remove the site's override (the default applies)",
         )
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -360,15 +372,16 @@ class Command(ScrapyCommand):
             return
         if opts.watch:
             raise UsageError("--watch is for status only", print_help=False)
-        if opts.unset and args[0] not in ("delay", "concurrency"):
-            raise UsageError("--unset is for delay and concurrency", print_help=False)
+        if opts.unset and args[0] not in ("delay", "concurrency", "revisit"):
+            raise UsageError("--unset is for delay, concurrency and revisit", print_help=False)
         try:
             if args[0] in _CONTROL:
                 self._control(args[0], args[1:])
             elif args[0] == "overrides":
                 self._list(args[1:], opts.json)
             else:
-                self._set(DELAY if args[0] == "delay" else CONCURRENCY, args[1:], opts.unset)
+                kinds = {command: kind for kind, command in _COMMANDS.items()}
+                self._set(kinds[args[0]], args[1:], opts.unset)
         except REDIS_ERRORS as exc:
             sys.stderr.write(
                 f"Redis at {redis_location(self.settings)} failed: {type(exc).__name__}: {exc}\n"
@@ -404,16 +417,16 @@ class Command(ScrapyCommand):
             reader.close()
 
     def _set(self, kind: OverrideKind, args: list[str], unset: bool) -> None:
-        """``delay|concurrency SPIDER SITE VALUE`` or ``... SPIDER SITE --unset``.
+        """``delay|concurrency|revisit SPIDER SITE VALUE`` or ``... SPIDER SITE --unset``.
 
         :raises UsageError: wrong arguments, an unknown spider, a bad site or
             a bad value (exit status 2, nothing written).
         """
         assert self.settings is not None
-        command = "delay" if kind == DELAY else "concurrency"
+        command = _COMMANDS[kind]
         wanted = 2 if unset else 3
         if len(args) != wanted:
-            what = "SECONDS" if kind == DELAY else "N"
+            what = "N" if kind == CONCURRENCY else "SECONDS"
             raise UsageError(
                 f"expected: {command} SPIDER SITE {what}, or {command} SPIDER SITE --unset",
                 print_help=False,
@@ -426,7 +439,8 @@ class Command(ScrapyCommand):
         value = 0
         if not unset:
             try:
-                value = parse_delay(args[2]) if kind == DELAY else parse_concurrency(args[2])
+                parse = {DELAY: parse_delay, REVISIT: parse_revisit}.get(kind, parse_concurrency)
+                value = parse(args[2])
             except ValueError as exc:
                 raise UsageError(f"refused: {exc}", print_help=False) from None
         key = override_key(spider, kind)
@@ -441,7 +455,7 @@ class Command(ScrapyCommand):
                 )
                 return
             redis.hset(key, site, str(value))
-            shown = f"{value} ms ({value / 1000:g} s)" if kind == DELAY else str(value)
+            shown = str(value) if kind == CONCURRENCY else f"{value} ms ({value / 1000:g} s)"
             sys.stdout.write(f"{key} {site} = {shown}\n")
         finally:
             sys.stdout.flush()
@@ -508,7 +522,7 @@ class Command(ScrapyCommand):
             if bad:
                 sys.stdout.write(
                     f"{len(bad)} bad value(s): the workers use the default for those sites;"
-                    " set them again with scrapy frontier delay|concurrency\n"
+                    " set them again with scrapy frontier delay|concurrency|revisit\n"
                 )
             sys.stdout.flush()
         self.exitcode = 1 if bad else 0

@@ -11,6 +11,9 @@ key                    field -> value
                        (``"2000"``)
 ``{<spider>}:conc``    site -> requests to the site at once, a decimal
                        integer ``>= 1`` (``"4"``)
+``{<spider>}:revisit`` site -> revisit interval (``FRONTIER_REVISIT_AFTER``
+                       for that site), in **milliseconds**, a decimal
+                       integer ``>= 0``; ``"0"``: the site is not revisited
 =====================  =================================================
 
 The lease script treats any other stored value as bad: it uses the default
@@ -44,22 +47,28 @@ __all__ = [
     "DELAY",
     "MAX_CONCURRENCY",
     "MAX_DELAY_SECONDS",
+    "MAX_REVISIT_SECONDS",
+    "REVISIT",
     "OverrideKind",
     "parse_concurrency",
     "parse_delay",
+    "parse_revisit",
     "parse_site",
     "parse_site_settings",
     "stored_value_ok",
 ]
 
 #: The kinds of override, named as their hash: ``{<spider>}:delay``, ``{<spider>}:conc``.
-OverrideKind = Literal["delay", "conc"]
+OverrideKind = Literal["delay", "conc", "revisit"]
 DELAY: Final = "delay"
 CONCURRENCY: Final = "conc"
+REVISIT: Final = "revisit"
 
 #: Longest delay :func:`parse_delay` accepts, in seconds (one day). A longer
 #: one is more likely a slip (milliseconds typed as seconds) than a wish.
 MAX_DELAY_SECONDS: Final = 86_400
+#: Longest revisit interval :func:`parse_revisit` accepts, in seconds (a year).
+MAX_REVISIT_SECONDS: Final = 366 * 86_400
 #: Highest concurrency :func:`parse_concurrency` accepts.
 MAX_CONCURRENCY: Final = 100_000
 
@@ -69,6 +78,7 @@ MAX_CONCURRENCY: Final = 100_000
 _STORED: Final = {
     DELAY: re.compile(rb"[0-9]+"),
     CONCURRENCY: re.compile(rb"[1-9][0-9]*"),
+    REVISIT: re.compile(rb"[0-9]+"),
 }
 #: Seconds as an operator types them: ``2``, ``2.5``, ``0.25``, ``.5``, ``2.``.
 _SECONDS: Final = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
@@ -83,6 +93,10 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _DELAY_RULE = (
     f"a delay is a number of seconds from 0 to {MAX_DELAY_SECONDS}, written with digits"
     " and at most one decimal point, no unit (e.g. 2, 2.5 or 0.25)"
+)
+_REVISIT_RULE = (
+    f"a revisit interval is a number of seconds from 0 (never) to {MAX_REVISIT_SECONDS},"
+    " written with digits and at most one decimal point, no unit (e.g. 3600 or 20)"
 )
 _CONC_RULE = f"a concurrency is a whole number from 1 to {MAX_CONCURRENCY} (e.g. 1 or 4)"
 
@@ -105,6 +119,21 @@ def parse_delay(value: str | float) -> int:
     seconds = _decimal(value, _SECONDS, "delay", _DELAY_RULE)
     if seconds > MAX_DELAY_SECONDS:
         raise ValueError(f"delay {value!r} is not allowed: {_DELAY_RULE}")
+    return int((seconds * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def parse_revisit(value: str | float) -> int:
+    """The revisit interval to store, in milliseconds, for ``value`` seconds.
+
+    As :func:`parse_delay` (rounded to the ms, half up), up to
+    :data:`MAX_REVISIT_SECONDS`; ``0`` means the site is not revisited.
+
+    :returns: whole milliseconds ``>= 0``, the format of ``{<spider>}:revisit``.
+    :raises ValueError: as :func:`parse_delay`; the message says what is allowed.
+    """
+    seconds = _decimal(value, _SECONDS, "revisit interval", _REVISIT_RULE)
+    if seconds > MAX_REVISIT_SECONDS:
+        raise ValueError(f"revisit interval {value!r} is not allowed: {_REVISIT_RULE}")
     return int((seconds * 1000).to_integral_value(rounding=ROUND_HALF_UP))
 
 
@@ -157,7 +186,9 @@ def stored_value_ok(kind: OverrideKind, raw: bytes) -> bool:
     """
     pattern = _STORED.get(kind)
     if pattern is None:
-        raise ValueError(f"unknown override kind {kind!r}: expected 'delay' or 'conc'")
+        raise ValueError(
+            f"unknown override kind {kind!r}: expected 'delay', 'conc' or 'revisit'"
+        )
     return pattern.fullmatch(raw) is not None
 
 
@@ -225,9 +256,11 @@ def parse_site_settings(
         (``"Example.com"`` and ``"example.com"``) with different values are
         refused too.
     """
-    parse = parse_delay if kind == DELAY else parse_concurrency
+    parse = {DELAY: parse_delay, REVISIT: parse_revisit}.get(kind, parse_concurrency)
     if kind not in _STORED:
-        raise ValueError(f"unknown override kind {kind!r}: expected 'delay' or 'conc'")
+        raise ValueError(
+            f"unknown override kind {kind!r}: expected 'delay', 'conc' or 'revisit'"
+        )
     parsed: dict[str, int] = {}
     for name, value in values.items():
         where = f"{setting}[{name!r}]" if setting else repr(name)

@@ -80,6 +80,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
             robots_gate=settings.getbool("ROBOTSTXT_OBEY"),
             bloom=bloom,
+            revisit_after=max(0.0, settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0)),
         )
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
         self._method_names: dict[Callable[..., Any], str] = {}

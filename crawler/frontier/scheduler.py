@@ -32,9 +32,18 @@ from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.overrides import parse_site_settings
-from crawler.frontier.signals import request_dead
+from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import Commit, Committed, Frontier, Lease, NotDue, Push, Retry
+from crawler.frontier.store import (
+    Commit,
+    Committed,
+    Frontier,
+    Lease,
+    NotDue,
+    Push,
+    Retry,
+    Revisit,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,11 +58,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RETRY_DELAY_META", "FrontierScheduler"]
+__all__ = ["RETRY_DELAY_META", "REVISIT_META", "FrontierScheduler"]
 
 #: Request meta key: seconds to hold the request in the retry set before it
 #: is queued again (set by :class:`crawler.middlewares.BackoffRetryMiddleware`).
 RETRY_DELAY_META = "frontier_retry_delay"
+#: Request meta key of a revisit (``FRONTIER_REVISIT_AFTER``): the
+#: validators of the last response, ``{"etag": str, "modified": str}`` (each
+#: optional), sent as ``If-None-Match`` / ``If-Modified-Since``
+#: (:class:`crawler.middlewares.RevisitMiddleware`).
+REVISIT_META = "frontier_revisit"
+#: Meta keys of one download that a revisit does not carry over.
+_NOT_REVISITED = frozenset({
+    "download_latency", "download_slot", "retry_times", RETRY_DELAY_META,
+    "redirect_times", "redirect_ttl",
+})
+#: Conditional headers of the last revisit: the next one sends its own.
+_CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
 #: Longest pause, in seconds, between attempts to reach Redis during an outage.
 OUTAGE_BACKOFF_CAP = 30.0
 #: Seconds a worker stopped by a configuration error waits before any other
@@ -76,7 +97,8 @@ class _Op:
     ``kind`` names the :class:`~crawler.frontier.store.Commit` list that
     ``item`` goes to: ``pushes`` (a :class:`Push`), ``retries`` (a
     :class:`Retry`), ``dead`` (JSON bytes), ``slots``, ``acks`` or
-    ``givebacks`` (a lease id); ``after_commit`` ops carry only ``done``.
+    ``givebacks`` (a lease id), ``revisits`` (a :class:`Revisit`);
+    ``after_commit`` ops carry only ``done``.
     """
 
     kind: str
@@ -184,7 +206,17 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     ``frontier/redis/outages``, ``frontier/redis/refused`` (calls a script
     refused), ``frontier/redis/in_doubt`` (calls whose reply was lost),
     ``frontier/lease_calls`` (Redis calls that leased at least one request),
-    ``frontier/problems`` (bad values met in Redis).
+    ``frontier/problems`` (bad values met in Redis),
+    ``frontier/revisits/scheduled`` (fetched requests committed as revisits),
+    ``frontier/revisits/leased`` (revisits this worker leased).
+
+    **Revisits.** With ``FRONTIER_REVISIT_AFTER`` > 0, a leased request
+    reported fetched (signal :data:`~crawler.frontier.signals.request_fetched`,
+    sent by :class:`crawler.middlewares.RevisitMiddleware`) is committed with
+    its ack as a revisit, due that many seconds later (or its site's
+    ``{s}:revisit`` override): one per fingerprint, its response's validators
+    in its meta (:data:`REVISIT_META`). A lease call queues due revisits past
+    the dupefilter. Revisits not due are not pending work.
     """
 
     queue: LeasedPriorityQueue
@@ -297,6 +329,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._outage(exc)
         signals_ = self.crawler.signals
         signals_.connect(self._on_request_dead, signal=request_dead)
+        signals_.connect(self._on_request_fetched, signal=request_fetched)
         signals_.connect(self._on_spider_error, signal=signals.spider_error)
         signals_.connect(self._download_ended, signal=signals.request_left_downloader)
         self._heartbeat = create_looping_call(self._beat)
@@ -305,9 +338,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self.flush()
 
     def _site_settings(self) -> dict[str, dict[str, int]]:
-        """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` as the
-        overrides ``scrapy frontier delay|concurrency`` would store, by key
-        (``delay``: ms, ``conc``).
+        """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` /
+        ``FRONTIER_SITE_REVISITS`` as the overrides ``scrapy frontier
+        delay|concurrency|revisit`` would store, by key (``delay``: ms,
+        ``conc``, ``revisit``: ms).
 
         :raises ValueError: a site or a value is not valid (the message says
             which setting, site and value).
@@ -319,6 +353,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             ),
             "conc": parse_site_settings(
                 "conc", settings.getdict("FRONTIER_SITE_CONCURRENCY"), "FRONTIER_SITE_CONCURRENCY"
+            ),
+            "revisit": parse_site_settings(
+                "revisit", settings.getdict("FRONTIER_SITE_REVISITS"), "FRONTIER_SITE_REVISITS"
             ),
         }
         return {key: mapping for key, mapping in out.items() if mapping}
@@ -489,6 +526,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 continue
             self._leases[request] = lease.lease_id
             self._ready.append(request)
+            if REVISIT_META in request.meta and not request.meta.get("retry_times"):
+                self.stats.inc_value("frontier/revisits/leased")
 
     def _want(self) -> int:
         """Requests to lease at once: the downloader's free slots, at least 1."""
@@ -568,6 +607,33 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def __len__(self) -> int:
         return len(self.queue)
+
+    # -- revisits ------------------------------------------------------------------
+
+    def _on_request_fetched(
+        self, request: Request, validators: dict[str, str], **kwargs: Any
+    ) -> None:
+        """Commit a revisit of ``request`` with its ack, if this worker leased
+        it (a request fetched outside the frontier, robots.txt say, is not
+        revisited)."""
+        if request not in self._leases or not self.queue.frontier.revisit_after_ms:
+            return
+        meta = {k: v for k, v in request.meta.items() if k not in _NOT_REVISITED}
+        meta[REVISIT_META] = dict(validators)
+        headers = request.headers.copy()
+        for name in _CONDITIONAL:
+            headers.pop(name, None)
+        again = request.replace(meta=meta, headers=headers)
+        try:
+            data = self.queue.encode(again)
+        except ValueError as exc:  # cannot happen for a request that was decoded
+            logger.error("Revisit not scheduled: %s", exc, extra={"spider": self.spider})
+            return
+        fingerprint = self.df.request_fingerprint(request)
+        self._write(
+            "revisits", item=Revisit(data, site_of(request), request.priority, fingerprint)
+        )
+        self.stats.inc_value("frontier/revisits/scheduled")
 
     # -- dead letters --------------------------------------------------------------
 

@@ -19,6 +19,11 @@ key                                 type    holds
 ``{s}:ldata``                       hash    lease id -> ``priority\\tsite\\t#<deliveries>#request``
 ``{s}:retries``                     zset    ``priority\\tsite\\trequest`` -> due (ms)
 ``{s}:dead``                        list    dead letters, JSON objects
+``{s}:revisits``                    zset    fingerprint -> when its revisit is due (ms)
+``{s}:rdata``                       hash    fingerprint -> ``priority\tsite\trequest``:
+                                            the request to send again, its
+                                            validators in its meta
+``{s}:revisit``                     hash    per-site revisit interval overrides (ms)
 ``{s}:delay`` / ``{s}:conc``        hash    per-site delay (ms) / concurrency overrides,
                                             editable while the crawl runs
 ``{s}:slow``                        hash    per-site adaptive extra delay (ms)
@@ -68,8 +73,8 @@ if TYPE_CHECKING:
     from crawler.frontier.bloom import BloomFilter
 
 __all__ = [
-    "Commit", "Committed", "Frontier", "Lease", "NotDue", "Push", "Retry", "frontier_prefix",
-    "holder_of",
+    "Commit", "Committed", "Frontier", "Lease", "NotDue", "Push", "Retry", "Revisit",
+    "frontier_prefix", "holder_of",
 ]
 
 #: Highest and lowest priorities kept apart; larger ones are clamped.
@@ -140,6 +145,22 @@ class Retry(NamedTuple):
     delay: float
 
 
+class Revisit(NamedTuple):
+    """One fetched request to send again later (``FRONTIER_REVISIT_AFTER``).
+
+    :ivar data: the encoded request, validators of its last response in its meta.
+    :ivar site: its site.
+    :ivar priority: its priority when it is queued again.
+    :ivar fingerprint: its fingerprint: one revisit per fingerprint is kept,
+        the newest.
+    """
+
+    data: bytes
+    site: str
+    priority: int
+    fingerprint: bytes
+
+
 @dataclass
 class Commit:
     """A worker's writes for :meth:`Frontier.commit`, sent in one atomic call.
@@ -156,6 +177,8 @@ class Commit:
         :meth:`Frontier.recover` tells whether it ran.
     :ivar claim: a dead letter (its exact bytes in ``{s}:dead``) to take out
         of the list first; when it is gone, the call writes nothing.
+    :ivar revisits: fetched requests to send again the site's revisit
+        interval from now (``{s}:revisits``).
     """
 
     pushes: list[Push] = field(default_factory=list)
@@ -166,11 +189,12 @@ class Commit:
     givebacks: list[str] = field(default_factory=list)
     marker: tuple[str, int] | None = None
     claim: bytes | None = None
+    revisits: list[Revisit] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
             self.pushes or self.retries or self.dead or self.slots or self.acks
-            or self.givebacks or self.claim
+            or self.givebacks or self.claim or self.revisits
         )
 
 
@@ -274,6 +298,9 @@ class Frontier:
     :param bloom: record fingerprints in this Bloom filter
         (:class:`~crawler.frontier.bloom.BloomFilter`) instead of the set
         ``{s}:dupefilter``.
+    :param revisit_after: seconds after which a fetched request committed as
+        a :class:`Revisit` is due again, unless ``{s}:revisit`` overrides it
+        for its site (0: never).
     """
 
     #: How long a commit marker (``{s}:sent:<holder>``) lasts, ms: a worker
@@ -294,8 +321,10 @@ class Frontier:
         bloom: BloomFilter | None = None,
         delay_margin: float = 0.1,
         robots_gate: bool = False,
+        revisit_after: float = 0.0,
     ) -> None:
         self.redis = redis
+        self.revisit_after_ms = max(0, round(revisit_after * 1000))
         self.bloom = bloom
         self.prefix = frontier_prefix(spider_name)
         self.default_delay_ms = round(default_delay * 1000)
@@ -353,6 +382,7 @@ class Frontier:
             batch.claim or b"",
             len(batch.pushes), len(batch.retries), len(batch.dead),
             len(batch.slots), len(batch.acks), len(batch.givebacks),
+            self.revisit_after_ms, len(batch.revisits),
         ]
         for p in batch.pushes:
             spec = b""
@@ -369,11 +399,14 @@ class Frontier:
         args += batch.slots
         args += batch.acks
         args += batch.givebacks
+        for v in batch.revisits:
+            args += (v.fingerprint, v.site, _clamp(v.priority), v.data)
         reply = self._commit(
             keys=[
                 k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
                 k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
                 k("retries"), k("dead"), self.marker_key(holder),
+                k("revisits"), k("rdata"), k("revisit"),
             ],
             args=args,
             client=client,
@@ -525,7 +558,7 @@ class Frontier:
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
                 k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
-                k("dead"),
+                k("dead"), k("revisits"), k("rdata"),
             ],
             args=[
                 self.prefix,
@@ -609,8 +642,15 @@ class Frontier:
         n = self._extend(keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids])
         return int(n)
 
+    def revisits(self) -> int:
+        """Revisits scheduled and not yet due into their queues (``{s}:revisits``)."""
+        return int(self.redis.zcard(self.key("revisits")))
+
     def pending(self) -> int:
-        """Requests queued, waiting to be retried, or leased (one round trip)."""
+        """Requests queued, waiting to be retried, or leased (one round trip).
+
+        Revisits not yet due are not counted: a worker with nothing else to
+        do closes on ``MAX_IDLE_TIME_BEFORE_CLOSE`` although they wait."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.key("count"))
             pipe.zcard(self.key("retries"))

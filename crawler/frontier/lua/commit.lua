@@ -20,6 +20,10 @@
 -- KEYS[13] {s}:dead         list of dead letters (JSON)
 -- KEYS[14] {s}:sent:<holder> string: the sequence number of the holder's
 --                           last commit (the commit marker)
+-- KEYS[15] {s}:revisits     zset fingerprint -> ms when its revisit is due
+-- KEYS[16] {s}:rdata        hash fingerprint -> "priority\tsite\trequest"
+-- KEYS[17] {s}:revisit      hash site -> revisit interval override, ms
+--                           (integer >= 0; 0: the site is not revisited)
 -- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
 -- ARGV[2]  default concurrency per site
 -- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
@@ -33,7 +37,10 @@
 --          "": when it is no longer there, nothing is written (requeue and
 --          purge never both act on one dead letter)
 -- ARGV[9..14] how many of each group follow: pushes, retries, dead letters,
---          slots, acks, givebacks; then the groups, in that order:
+--          slots, acks, givebacks
+-- ARGV[15] default revisit interval, ms (FRONTIER_REVISIT_AFTER)
+-- ARGV[16] how many revisits follow the other groups; then the groups, in
+--          that order:
 --   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
 --          queue even if seen (dont_filter) else "0", site, priority, encoded
 --          request, bloom spec ("bitmap-key offsets", decimal offsets
@@ -45,6 +52,11 @@
 --   ack (1 each): lease id whose request was handled (lease ended, slot freed)
 --   giveback (1 each): lease id not handled, given back: its request returns
 --          to the front of its queue, not counted as a failed delivery
+--   revisit (4 each): fingerprint (raw bytes), site, priority, encoded
+--          request (its validators in its meta): due again the site's
+--          interval (KEYS[17], else ARGV[15]) from now, replacing any
+--          revisit of that fingerprint; an interval of 0 removes it. Its
+--          entry skips the dupefilter when it comes due (lease.lua).
 -- Returns {pushed, slots freed, acks ended, given back, problems, claimed}:
 -- pushed has per push 1 (queued) or 0 (filtered as seen); problems lists
 -- the bad values met (each a line of text); claimed is 0 when ARGV[8] was
@@ -59,7 +71,8 @@ local bloom = ARGV[3] == 'bloom'
 local size = tonumber(ARGV[4])
 local n_push, n_retry, n_dead = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local n_slot, n_ack, n_give = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local first = 15
+local revisit_ms, n_revisit = tonumber(ARGV[15]), tonumber(ARGV[16])
+local first = 17
 
 -- Checks that may refuse the call: before any write. (KEYS[4], KEYS[5] and
 -- KEYS[11] are only read, leniently: a wrong type there is reported and
@@ -77,6 +90,10 @@ if n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {KEYS[10], 'hash'}
 end
 if n_retry > 0 then spec[#spec + 1] = {KEYS[12], 'zset'} end
+if n_revisit > 0 then
+  spec[#spec + 1] = {KEYS[15], 'zset'}
+  spec[#spec + 1] = {KEYS[16], 'hash'}
+end
 if n_push + n_dead + n_give > 0 or ARGV[8] ~= '' then spec[#spec + 1] = {KEYS[13], 'list'} end
 local err = check_types(spec) or check_counter(KEYS[6])
 if err then return err end
@@ -216,6 +233,21 @@ for _ = 1, n_give do
     local freed_site = free_slot(id)
     if site then wake(site) end
     if freed_site and freed_site ~= site then wake(freed_site) end
+  end
+end
+
+-- Revisits: one entry per fingerprint, the newest fetch's.
+for _ = 1, n_revisit do
+  local fp, site, prio, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  i = i + 4
+  local after = hnum(KEYS[17], site, NAT, revisit_ms,
+                     'revisit interval must be whole ms >= 0: default used')
+  if after > 0 then
+    redis.call('ZADD', KEYS[15], K.now + after, fp)
+    redis.call('HSET', KEYS[16], fp, prio .. '\t' .. site .. '\t' .. data)
+  else
+    redis.call('ZREM', KEYS[15], fp)
+    redis.call('HDEL', KEYS[16], fp)
   end
 end
 

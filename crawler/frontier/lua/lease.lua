@@ -40,6 +40,8 @@
 --                       download slot there (freed when the download ends)
 -- KEYS[15] {s}:robots   hash site -> robots.txt as stored by the workers
 -- KEYS[16] {s}:dead     list of dead letters (JSON)
+-- KEYS[17] {s}:revisits zset fingerprint -> ms when its revisit is due
+-- KEYS[18] {s}:rdata    hash fingerprint -> "priority\tsite\trequest"
 -- ARGV[1]  key prefix "{s}:"
 -- ARGV[2]  most deliveries without acknowledgement (FRONTIER_MAX_DELIVERIES);
 --          0: no limit
@@ -47,7 +49,8 @@
 -- ARGV[4]  default delay per site, ms
 -- ARGV[5]  default concurrency per site
 -- ARGV[6]  most candidate sites compared per call
--- ARGV[7]  most expired leases and due retries handled per call
+-- ARGV[7]  most expired leases, due retries and due revisits handled per
+--          call (each)
 -- ARGV[8]  the holder (lease ids are "<holder>:<n>")
 -- ARGV[9]  ms to wait before asking again when all queued work is on sites
 --          at their concurrency
@@ -60,7 +63,8 @@
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
--- is the ms until a site or a retry is due, or -1 when nothing is queued.
+-- is the ms until a site, a retry or a revisit is due, or -1 when nothing
+-- is queued. (Revisits not due are not queued: they do not count as work.)
 -- expired and retried count the housekeeping done, dead the requests it
 -- dead-lettered; problems lists the bad values met, a line of text each.
 K.P = ARGV[1]
@@ -81,7 +85,7 @@ local lease_ms = tonumber(ARGV[3])
 -- there is reported and ignored.
 local err = check_types({
   {KEYS[1], 'zset'}, {KEYS[4], 'hash'}, {KEYS[5], 'hash'}, {KEYS[12], 'hash'},
-  {KEYS[14], 'hash'}, {KEYS[16], 'list'},
+  {KEYS[14], 'hash'}, {KEYS[16], 'list'}, {KEYS[18], 'hash'},
 }) or check_counter(KEYS[9])
 if err then return err end
 local ids = {unpack(ARGV, 12)}
@@ -100,6 +104,8 @@ K.now = now_ms()
 local now = K.now
 local expired = read('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 local due_retries = read('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
+-- (one cheap read when there are no revisits: an empty key)
+local due_revisits = read('ZRANGEBYSCORE', KEYS[17], '-inf', now, 'LIMIT', 0, batch)
 read('ZSCORE', KEYS[11], holder)
 
 -- This worker is alive; workers silent for a lease's length are not.
@@ -165,6 +171,39 @@ for _, entry in ipairs(due_retries) do
     buried = buried + 1
   end
   redis.call('ZREM', retries, entry)
+end
+
+-- 2b. Due revisits join the back of their queue, past the dupefilter (their
+-- fingerprint is in it); their entry leaves KEYS[17] and KEYS[18] (the
+-- next fetch schedules the next revisit). An entry that cannot be read is
+-- dead-lettered with the reason.
+for _, fp in ipairs(due_revisits) do
+  local entry = redis.call('HGET', KEYS[18], fp)
+  local why, prio, site, data = nil, nil, nil, nil
+  if not entry then
+    problem(KEYS[17] .. ' holds a fingerprint without an entry in ' .. KEYS[18] ..
+            ': dropped')
+  else
+    prio, site, data = split3(entry)
+    if not prio_ok(prio) then
+      why = 'malformed revisit entry'
+      problem(KEYS[18] .. ' holds a malformed entry: dead-lettered')
+    else
+      local bad = enqueue(K.P, K.count, site, prio, data, false)
+      if bad then
+        why = 'could not be queued: ' .. bad
+        problem(bad .. ': revisit dead-lettered')
+      else
+        wake(site)
+      end
+    end
+  end
+  if why then
+    bury(dead, why, site, prio, data or entry, 0, now)
+    buried = buried + 1
+  end
+  redis.call('ZREM', KEYS[17], fp)
+  redis.call('HDEL', KEYS[18], fp)
 end
 
 -- 3. Due sites, in due order, with what choosing among them needs.
@@ -279,10 +318,12 @@ if wait < 0 and tonumber(redis.call('GET', K.count) or '0') > 0 then
   -- work is queued on sites at their concurrency: look again soon
   wait = tonumber(ARGV[9])
 end
-local rnext = redis.call('ZRANGE', retries, 0, 0, 'WITHSCORES')
-if #rnext > 0 then
-  local rwait = math.max(0, tonumber(rnext[2]) - now)
-  if wait < 0 or rwait < wait then wait = rwait end
+for _, later in ipairs({retries, KEYS[17]}) do
+  local rnext = redis.call('ZRANGE', later, 0, 0, 'WITHSCORES')
+  if #rnext > 0 then
+    local rwait = math.max(0, tonumber(rnext[2]) - now)
+    if wait < 0 or rwait < wait then wait = rwait end
+  end
 end
 out[2] = wait
 return out
