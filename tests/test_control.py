@@ -259,7 +259,7 @@ def test_status_and_metrics_show_the_state(rds: redis.Redis) -> None:
         (["pause", "nosuch"], 2, "unknown spider 'nosuch': expected one of pages, quotes"),
         (["stop"], 2, "expected: stop SPIDER"),
         (["resume", "quotes", "pages"], 2, "expected: resume SPIDER"),
-        (["pause", "quotes", "--unset"], 2, "--unset is for delay and concurrency"),
+        (["pause", "quotes", "--unset"], 2, "--unset is for delay, concurrency and revisit"),
         (["stop", "quotes"], 3, "Redis at {shown} failed: ConnectionError"),
     ],
     ids=["unknown-spider", "no-spider", "two-spiders", "unset", "redis-down"],
