@@ -714,6 +714,28 @@ def _check_client(settings: BaseSettings) -> str | None:
     return None
 
 
+#: Pairs of settings (least, most) whose first must not exceed the second.
+ORDERED: tuple[tuple[str, str, float, float], ...] = (
+    # (first, second, first's default, second's default)
+    ("FRONTIER_ROBOTS_RETRY_BASE", "FRONTIER_ROBOTS_RETRY_MAX", 2.0, 300.0),
+    ("FRONTIER_RETRY_BACKOFF_BASE", "FRONTIER_RETRY_BACKOFF_MAX", 1.0, 60.0),
+    ("FRONTIER_ADAPTIVE_START", "FRONTIER_ADAPTIVE_MAX", 1.0, 60.0),
+    ("FRONTIER_HEARTBEAT_INTERVAL", "FRONTIER_WORKER_TIMEOUT", 5.0, 30.0),
+)
+
+
+def _order_problems(settings: BaseSettings) -> list[str]:
+    """One line per pair of :data:`ORDERED` out of order (each value alone
+    passed its row's check)."""
+    out = []
+    for low, high, low_default, high_default in ORDERED:
+        a = settings.getfloat(low, low_default)
+        b = settings.getfloat(high, high_default)
+        if a > b:
+            out.append(f"{low}={a:g} and {high}={b:g}: {low} must not exceed {high}")
+    return out
+
+
 def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> None:
     """Check ``settings`` against :data:`SETTINGS`; build no connection.
 
@@ -741,6 +763,8 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
         client_problem = _check_client(settings)
         if client_problem:
             problems.append(client_problem)
+    if not problems:
+        problems = _order_problems(settings)
     if problems:
         raise SettingsError(problems)
     if not warn_unknown:

@@ -34,7 +34,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.response import response_status_message
 
-from crawler.frontier.connection import get_redis
+from crawler.config import stop_on_config_error
+from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.scheduler import RETRY_DELAY_META
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import frontier_prefix
@@ -45,6 +46,9 @@ REDIS_BACKOFF_CAP = 30.0
 #: Seconds a worker holds the lock ``{s}:robots:lock:<site>`` while it
 #: fetches a site's robots.txt for all; a worker that died lets it expire.
 LOCK_SECONDS = 60
+#: Bytes of a robots.txt parsed and shared (RFC 9309 section 2.5: at least
+#: 500 KiB; what follows is ignored).
+ROBOTS_MAX_BYTES = 500 * 1024
 #: Redirects followed to reach robots.txt (RFC 9309 section 2.3.1.2: at
 #: least five); past them it counts as unavailable (no rules).
 MAX_REDIRECTS = 5
@@ -269,6 +273,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                                   nx=True, ex=LOCK_SECONDS):
                     break
             except RedisError as exc:
+                if self._config_error(exc):
+                    # No wait fixes it: the crawl stops; this request goes
+                    # back to the frontier with the rest of the outbox.
+                    return _Wait(self.retry_base, 0, "Redis refused: configuration error")
                 # An outage, or a lost reply (a lock taken with it expires in
                 # 60 s): the request waits; it is no download failure.
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
@@ -361,6 +369,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         self._rules[site] = (parser, time.monotonic() + max(0.0, seconds))
         return parser
 
+    def _robots_maxsize(self) -> int:
+        """``download_maxsize`` of a robots.txt fetch, bytes: at least
+        :data:`ROBOTS_MAX_BYTES` (0, no limit, stays 0)."""
+        limit = self.crawler.settings.getint("DOWNLOAD_MAXSIZE")
+        return 0 if limit <= 0 else max(limit, ROBOTS_MAX_BYTES)
+
     async def _fetch(self, request: Request, site: str, stored: _Stored) -> RobotParser | _Wait:
         """Fetch robots.txt of ``request``'s site for all (this worker holds
         the lock) and share the outcome."""
@@ -375,6 +389,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 "dont_retry": True,
                 DONT_DEAD_LETTER_META: True,
                 "redirect_ttl": MAX_REDIRECTS,
+                # RFC 9309 section 2.5: at least 500 KiB must be read, even
+                # when DOWNLOAD_MAXSIZE is lower.
+                "download_maxsize": self._robots_maxsize(),
             },
             callback=NO_CALLBACK,
         )
@@ -399,7 +416,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             if response.status >= 500:
                 failure = response_status_message(response.status)
             elif 200 <= response.status < 300:
-                body = response.body
+                body = response.body[:ROBOTS_MAX_BYTES]  # RFC 9309 section 2.5
             # else 4xx (or a redirect not followed): unavailable, no rules
         if failure is not None:
             return self._unreachable(site, stored, failure)
@@ -463,13 +480,27 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         except RedisError as exc:
             # This worker's request waits all the same; the others fetch
             # robots.txt themselves once the lock expires (60 s).
+            if self._config_error(exc):
+                return
             logger.warning("Could not share the robots.txt state of %s in Redis: %s", site, exc)
+
+    def _config_error(self, exc: RedisError) -> bool:
+        """Whether ``exc`` is a configuration error of Redis (a password, an
+        ACL: see :func:`~crawler.frontier.connection.config_error`); if so
+        the crawl is stopped with one line, as everywhere else."""
+        message = config_error_message(exc, self.crawler.settings)
+        if message is None:
+            return False
+        stop_on_config_error(self.crawler, message)
+        return True
 
     def _defer(self, request: Request, wait: _Wait) -> Request:
         """A copy of ``request`` that waits ``wait.seconds`` in the
-        frontier's retry set (no retry attempt of it, never filtered)."""
+        frontier's retry set (no retry attempt of it). Its ``dont_filter``
+        is kept: the retry set skips the dupefilter anyway, and a redirect
+        of the copy must still be filtered as a duplicate."""
         site = site_of(request)
-        later = request.replace(dont_filter=True)
+        later = request.replace()
         later.meta[RETRY_DELAY_META] = max(0.0, wait.seconds)
         self._stats.inc_value("robotstxt/unreachable/deferred")
         if self._logged.get(site) != wait.attempt:
@@ -494,6 +525,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         except RedisError as exc:
             # This worker obeys it already; the others fetch it themselves
             # once the lock expires (60 s).
+            if self._config_error(exc):
+                return
             logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:

@@ -259,7 +259,8 @@ FRONTIER_STATUS_MAX_PRIORITIES = 100
 #: Default: "127.0.0.1" (loopback only).
 METRICS_HOST = os.environ.get("METRICS_HOST", "127.0.0.1")
 #: Port of the Prometheus exporter. Default: 9410.
-METRICS_PORT = int(os.environ.get("METRICS_PORT", "9410"))
+# Kept as text: a bad value is reported by the settings check, not a traceback.
+METRICS_PORT = os.environ.get("METRICS_PORT", "9410")
 
 #: Write log records as JSON lines (time, level, logger, message, worker,
 #: spider, job) instead of Scrapy's text format. Default: False.

@@ -14,7 +14,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -714,3 +717,45 @@ def test_refused_mongodb_credentials_exit_non_zero_within_seconds(
     assert "MongoDB at mongodb://nosuch-user:****@" in error, error
     assert "authentication failed" in error
     assert "mongo-secret-8" not in log and "Traceback" not in log
+
+
+def test_an_acl_that_forbids_a_command_inside_the_scripts_stops_the_crawl(
+    acl_user: Any,
+) -> None:
+    # Redis answers a plain error (not NOPERM) when a script runs a command
+    # the user may not: "The user executing the script can't run this command".
+    url = acl_user("~*", "&*", "+@all", "-zadd")
+    _scheduler, crawler = harness.open_scheduler(url, _Spider)
+    message = config_error_of(crawler)
+    assert message is not None and "scripts run" in message, message
+    assert crawler.stats.get_value("frontier/redis/outages") is None
+    assert crawler.stats.get_value("frontier/redis/refused") is None  # no retry loop
+    assert _closed_at_open(crawler)
+
+
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [("FRONTIER_ROBOTS_RETRY_BASE", "FRONTIER_ROBOTS_RETRY_MAX"),
+     ("FRONTIER_RETRY_BACKOFF_BASE", "FRONTIER_RETRY_BACKOFF_MAX"),
+     ("FRONTIER_ADAPTIVE_START", "FRONTIER_ADAPTIVE_MAX"),
+     ("FRONTIER_HEARTBEAT_INTERVAL", "FRONTIER_WORKER_TIMEOUT")],
+)
+def test_two_settings_out_of_order_are_refused_in_one_line(low: str, high: str) -> None:
+    settings = get_project_settings()
+    settings.set(low, "10", priority="cmdline")
+    settings.set(high, "5", priority="cmdline")
+    with pytest.raises(SettingsError) as refused:
+        validate_settings(settings)
+    assert refused.value.problems == [f"{low}=10 and {high}=5: {low} must not exceed {high}"]
+
+
+def test_a_bad_metrics_port_in_the_environment_is_a_settings_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "quotes"], check=False, cwd=PROJECT_DIR,
+        env={**os.environ, "METRICS_PORT": "abc"}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "METRICS_PORT='abc'" in result.stderr or "METRICS_PORT=abc" in result.stderr, (
+        result.stderr[-2000:]
+    )
+    assert "Traceback" not in result.stderr

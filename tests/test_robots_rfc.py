@@ -13,6 +13,7 @@ import itertools
 import json
 import signal
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -402,3 +403,37 @@ def test_a_request_whose_sender_handles_its_failure_is_no_dead_letter(failure: A
     assert not isinstance(handled, Request)
     fail({})
     assert dead == ["http://a.example/robots.txt"]
+
+
+def test_a_request_that_waited_for_robots_txt_is_still_filtered_when_it_redirects(
+    env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
+) -> None:
+    # /s and /t wait while robots.txt answers 503; then /s redirects onto
+    # /t, fetched already: the redirect is filtered as a duplicate, as it
+    # would be had robots.txt answered at once (the wait keeps dont_filter).
+    from tests.test_request_trace import SPIDERS, _html
+
+    served_t = threading.Event()
+
+    def handler(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            return Page(503, TEXT, b"") if nth == 1 else Page(200, TEXT, b"")
+        if path == "/t":
+            served_t.set()
+            return _html()
+        if path == "/s":
+            served_t.wait(10)
+            return Page(302, [("Location", "/t")], b"")
+        return None
+
+    b = site_factory({}, handler=handler)
+    a = site_factory({"/": _html(b.url_for("/s"), b.url_for("/t"))})
+    rds.lpush("request_trace:start_urls", a.url_for("/"))
+    [worker] = crawl("request_trace", env, tmp_path, settings={
+        **SPIDERS, **FAST, "FRONTIER_ADAPTIVE_ENABLED": False,
+        "FRONTIER_STAY_ON_SEED_HOSTS": False,
+    })
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert [h.path for h in b.hits()].count("/t") == 1
+    assert worker.stats.get("dupefilter/filtered") == 1
+    assert worker.stats.get("robotstxt/unreachable/deferred", 0) >= 1

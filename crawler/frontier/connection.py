@@ -284,6 +284,9 @@ def _cause(error: BaseException) -> str | None:
          f"the Redis user's ACL forbids what the crawler needs ({text}): it runs Lua scripts "
          "(EVALSHA, SCRIPT LOAD) and reads and writes the keys of its crawl ({<spider>}:*, "
          "<spider>:start_urls and its intake keys)"),
+        (isinstance(error, ResponseError) and "user executing the script can't run" in lower,
+         f"the Redis user's ACL forbids a command the crawler's scripts run ({text}): "
+         "allow it to the user"),
         (isinstance(error, ResponseError) and any(w in lower for w in _DB_ERRORS),
          f"database not available ({text}): check the database number of REDIS_URL (or "
          "REDIS_DB); a Redis Cluster has database 0 only (FRONTIER_REDIS_CLUSTER=1)"),
