@@ -336,3 +336,23 @@ def test_the_seed_log_line_states_what_the_intake_does(
     ):
         assert part in line, line
 
+
+
+def test_a_dead_letter_records_its_first_priority_by_the_crawls_own_adjustment(
+    redis_url: str,
+) -> None:
+    # The crawl ran with RETRY_PRIORITY_ADJUST=-3; the requeue command runs
+    # without it, and still restores the first priority.
+    from crawler.commands.deadletters import requeue_push
+
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, RETRY_PRIORITY_ADJUST=-3)
+    request = Request("https://a.example/x", priority=-1, meta={"retry_times": 2})  # 5 - 2 * 3
+    scheduler.dead_letter(request, "gave up")
+    assert scheduler.flush_outbox()
+    frontier = Frontier(scheduler.server, _Spider.name)
+    [raw] = scheduler.server.lrange(frontier.key("dead"), 0, -1)
+    record = json.loads(raw)
+    assert record["first_priority"] == 5
+    push = requeue_push(record)  # the command's default adjustment, -1
+    assert push is not None and push.priority == 5
+    scheduler.server.delete(frontier.key("dead"))

@@ -21,6 +21,7 @@ from scrapy.exceptions import UsageError
 from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis
+from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, whole_number
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, Push
 from crawler.status import redis_location
@@ -38,8 +39,6 @@ ACTIONS = ("list", "requeue", "purge")
 #: Exit status when Redis could not be reached or refused a call (as
 #: ``scrapy seed`` and ``scrapy frontier delay|concurrency|overrides``).
 REDIS_FAILED = 3
-#: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
-DEFAULT_PRIORITY_ADJUST = -1
 
 
 def load_record(raw: bytes) -> dict[str, Any]:
@@ -55,33 +54,6 @@ def load_record(raw: bytes) -> dict[str, Any]:
     return {"url": None, "reason": "unreadable dead letter", "entry": raw.decode("latin-1")}
 
 
-def _int(value: Any) -> int | None:
-    """``value`` when it is a whole number (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def first_priority(
-    priority: int, meta: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
-) -> int:
-    """The priority a request had when it was first scheduled, before
-    Scrapy's retries changed it.
-
-    Each retry (:func:`scrapy.downloadermiddlewares.retry.get_retry_request`)
-    adds the request's ``meta["priority_adjust"]``, else
-    ``RETRY_PRIORITY_ADJUST`` (default -1), to its priority and counts itself
-    in ``meta["retry_times"]``; this takes those retries off again, assuming
-    the adjustment did not change between them.
-
-    :param priority: the priority the request has now.
-    :param meta: its meta (``retry_times``, ``priority_adjust``; other types
-        than whole numbers count as absent).
-    :param priority_adjust: ``RETRY_PRIORITY_ADJUST``.
-    """
-    retries = _int(meta.get("retry_times")) or 0
-    adjust = _int(meta.get("priority_adjust"))
-    return priority - retries * (priority_adjust if adjust is None else adjust)
-
-
 def requeue_push(
     record: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
 ) -> Push | None:
@@ -94,9 +66,13 @@ def requeue_push(
     Two forms carry one: ``request`` (the full encoded request, written by
     the scheduler) and ``entry`` with ``site`` (the queued entry, written by
     the frontier's scripts for a request past ``FRONTIER_MAX_DELIVERIES``;
-    its priority is the entry's, else the record's ``priority``).
+    its priority is the entry's, else the record's ``priority``). The
+    priority is the record's ``first_priority`` when the crawl recorded it
+    (the scheduler does, with its own ``RETRY_PRIORITY_ADJUST``), else
+    :func:`first_priority` with ``priority_adjust``.
 
-    :param priority_adjust: ``RETRY_PRIORITY_ADJUST`` of the crawl.
+    :param priority_adjust: ``RETRY_PRIORITY_ADJUST`` of the crawl (for
+        records without ``first_priority``).
     """
     try:
         if isinstance(record.get("request"), str):
@@ -112,10 +88,11 @@ def requeue_push(
     meta = entry.get("m", {})
     if not isinstance(meta, dict):
         return None
-    priority = _int(entry.get("p"))
+    priority = whole_number(entry.get("p"))
     if priority is None:
-        priority = _int(record.get("priority")) or 0
-    priority = first_priority(priority, meta, priority_adjust)
+        priority = whole_number(record.get("priority")) or 0
+    first = whole_number(record.get("first_priority"))  # recorded by the crawl itself
+    priority = first if first is not None else first_priority(priority, meta, priority_adjust)
     meta.pop("retry_times", None)
     if meta:
         entry["m"] = meta

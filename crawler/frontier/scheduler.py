@@ -90,6 +90,37 @@ UNREACHABLE = (RedisError, RedisClusterException)
 NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
 
 
+#: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
+DEFAULT_PRIORITY_ADJUST = -1
+
+
+def whole_number(value: Any) -> int | None:
+    """``value`` when it is a whole number (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def first_priority(
+    priority: int, meta: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+) -> int:
+    """The priority a request had when it was first scheduled, before
+    Scrapy's retries changed it.
+
+    Each retry (:func:`scrapy.downloadermiddlewares.retry.get_retry_request`)
+    adds the request's ``meta["priority_adjust"]``, else
+    ``RETRY_PRIORITY_ADJUST`` (default -1), to its priority and counts itself
+    in ``meta["retry_times"]``; this takes those retries off again, assuming
+    the adjustment did not change between them.
+
+    :param priority: the priority the request has now.
+    :param meta: its meta (``retry_times``, ``priority_adjust``; other types
+        than whole numbers count as absent).
+    :param priority_adjust: ``RETRY_PRIORITY_ADJUST``.
+    """
+    retries = whole_number(meta.get("retry_times")) or 0
+    adjust = whole_number(meta.get("priority_adjust"))
+    return priority - retries * (priority_adjust if adjust is None else adjust)
+
+
 @dataclass
 class _Op:
     """A Redis write waiting in the outbox.
@@ -649,7 +680,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def dead_letter(self, request: Request, reason: str, error: str | None = None) -> None:
         """Record ``request`` in ``{s}:dead`` as JSON: url, reason, attempts,
-        last error, time (Unix seconds) and the encoded request (for requeue)."""
+        last error, time (Unix seconds), the encoded request and the priority
+        it was first scheduled with (for requeue)."""
         try:
             encoded: str | None = self.queue.encode(request, compact=False).decode()
         except ValueError:
@@ -661,6 +693,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             "last_error": error,
             "time": time.time(),
             "request": encoded,
+            # Before Scrapy's retries lowered it, by this crawl's own
+            # RETRY_PRIORITY_ADJUST: what `scrapy deadletters requeue` restores.
+            "first_priority": first_priority(
+                request.priority, request.meta,
+                self.crawler.settings.getint("RETRY_PRIORITY_ADJUST", -1),
+            ),
         }
         self._dead(record)
         logger.warning("Dead letter for %s: %s", request.url, reason)
