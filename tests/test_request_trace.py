@@ -341,3 +341,26 @@ def test_a_malformed_extra_attributes_field_read_from_redis_is_refused(
 ) -> None:
     with pytest.raises(DecodeError, match=reason):
         serializer.loads(json.dumps(entry).encode())
+
+
+class PositionalRequest(Request):
+    """A subclass whose ``__init__`` does not take back what ``to_dict`` gives."""
+
+    attributes = (*Request.attributes, "kind")
+
+    def __init__(self, kind: str, url: str) -> None:
+        self.kind = kind
+        super().__init__(url)
+
+
+def test_a_subclass_that_cannot_be_rebuilt_is_refused_when_scheduled(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler, crawler = harness.open_scheduler(redis_url, _Spider)
+    assert not scheduler.enqueue_request(PositionalRequest("k", "https://a.example/p"))
+    assert crawler.stats.get_value("scheduler/unencodable") == 1
+    assert (
+        "cannot store request https://a.example/p in Redis: PositionalRequest cannot be "
+        "rebuilt from its stored form (TypeError" in caplog.text
+    )
+    assert scheduler.enqueue_request(TaggedRequest("https://a.example/t", tag="t-1"))  # fine

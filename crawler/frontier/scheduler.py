@@ -22,7 +22,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
-from scrapy import signals
+from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_redis.scheduler import Scheduler
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Self
 
-    from scrapy import Request, Spider
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from twisted.python.failure import Failure
@@ -476,6 +476,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 return False
         try:
             data = self.queue.encode(request)
+            if type(request) is not Request:
+                self._check_rebuilds(request, data)
         except ValueError as exc:  # EncodeError, or a callback not on the spider
             logger.error("%s", exc, extra={"spider": self.spider})
             self.stats.inc_value("scheduler/unencodable")
@@ -491,6 +493,23 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._write("pushes", item=push, request=request)
         self._remember(fingerprint)
         return True
+
+    def _check_rebuilds(self, request: Request, data: bytes) -> None:
+        """Decode ``data`` as a worker will: a Request subclass whose
+        ``__init__`` does not take back what ``to_dict`` gave (Scrapy's
+        :func:`~scrapy.utils.request.request_from_dict` passes every
+        attribute as a keyword) is refused now, not lost when leased.
+        Only subclasses pay for it.
+
+        :raises ValueError: naming the URL, the class and the cause.
+        """
+        try:
+            self.queue.decode(data, site_of(request))
+        except Exception as exc:
+            raise ValueError(
+                f"cannot store request {request.url} in Redis: {type(request).__name__} "
+                f"cannot be rebuilt from its stored form ({type(exc).__name__}: {exc})"
+            ) from exc
 
     def _remember(self, fingerprint: bytes) -> None:
         if self.seen_max:
@@ -553,7 +572,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             try:
                 request = self.queue.decode(lease.data, lease.site)
             except Exception as exc:  # whatever Redis held, never crash the worker
-                self._dead_entry(lease.data, lease.lease_id, exc)
+                self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
                 continue
             self._leases[request] = lease.lease_id
             self._ready.append(request)
@@ -703,11 +722,19 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._dead(record)
         logger.warning("Dead letter for %s: %s", request.url, reason)
 
-    def _dead_entry(self, data: bytes, lease_id: str, exc: Exception) -> None:
+    def _dead_entry(
+        self, data: bytes, lease_id: str, exc: Exception, site: str | None = None
+    ) -> None:
+        """A leased entry that is no request here: a dead letter with the
+        entry and its site (so ``scrapy deadletters requeue`` can send it back
+        once the cause is fixed, e.g. its Request class made importable)."""
         reason = f"undecodable frontier entry: {type(exc).__name__}: {exc}"
         logger.error("%s", reason, extra={"spider": self.spider})
-        self._dead({"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
-                    "time": time.time(), "request": None, "entry": data.decode("latin-1")})
+        record = {"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
+                  "time": time.time(), "request": None, "entry": data.decode("latin-1")}
+        if site is not None:
+            record["site"] = site
+        self._dead(record)
         self._write("acks", item=lease_id)
 
     def _dead(self, record: dict[str, Any]) -> None:
