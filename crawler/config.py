@@ -421,6 +421,12 @@ def _check_redis_url(value: str) -> None:
         parse_url(value)  # type: ignore[no-untyped-call]
     except (ValueError, TypeError) as exc:
         raise _Invalid(f"not a Redis URL ({exc})") from None
+    parts = urlsplit(value)
+    path = parts.path.lstrip("/")
+    if parts.scheme in ("redis", "rediss") and path and not path.isdigit():
+        # redis-py ignores a path that is not a number: database 0, maybe
+        # another crawl's.
+        raise _Invalid(f"the database {path!r} is not a number (redis://host:port/DB)")
 
 
 def _check_mongo_uri(value: str) -> None:
@@ -574,6 +580,8 @@ SETTINGS: dict[str, Setting] = {
     "MAX_IDLE_TIME_BEFORE_CLOSE": _s(number(int, 0, unit="seconds"),
                                      "idle seconds before a worker closes (0: never)"),
     # --- Scrapy's, as our components read them
+    "DOWNLOAD_TIMEOUT": _s(_SECONDS_POS, "seconds a download may take"),
+    "DOWNLOAD_MAXSIZE": _s(_COUNT, "largest response body, bytes (0: no limit)"),
     "DOWNLOAD_DELAY": _s(_SECONDS, "seconds between two requests to a site (the whole cluster)"),
     "CONCURRENT_REQUESTS": _s(_COUNT_POS, "downloads at once in one worker"),
     "CONCURRENT_REQUESTS_PER_DOMAIN": _s(_COUNT_POS, "downloads at once per site (the whole "

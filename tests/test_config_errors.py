@@ -248,6 +248,8 @@ BAD_SETTINGS = [
     ("DUPEFILTER_CLASS", "no.such.Filter", "DUPEFILTER_CLASS=no.such.Filter: must be an import"),
     ("REDIS_START_URLS_AS_SET", "True", "REDIS_START_URLS_AS_SET=True: must be False"),
     ("RETRY_HTTP_CODES", "500,abc", "RETRY_HTTP_CODES=500,abc: must be a list of HTTP status"),
+    ("REDIS_URL", "redis://127.0.0.1:6379/abc", "REDIS_URL=redis://127.0.0.1:6379/abc: "),
+    ("DOWNLOAD_TIMEOUT", "abc", "DOWNLOAD_TIMEOUT=abc: must be a number of seconds > 0"),
 ]
 
 
