@@ -31,15 +31,15 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 from redis.exceptions import RedisClusterException, RedisError
 
 from crawler import items as items_module
+from crawler.config import masked_url
 from crawler.control import RUNNING, read_state
-from crawler.frontier.connection import get_redis
+from crawler.frontier.connection import get_redis, redis_location
 from crawler.keys import CrawlKeys
 
 if TYPE_CHECKING:
@@ -54,60 +54,12 @@ __all__ = [
     "StatusReader",
     "WorkerStatus",
     "item_collections",
-    "masked_url",
     "mongo_location",
-    "redis_location",
     "site_queues_by_priority",
 ]
 
 #: Prefix of the per-collection item counters in ``{<spider>}:stats``.
 ITEMS_STAT_PREFIX = "item_scraped_count/"
-
-
-#: Query parameters of a server URL whose values are secrets.
-_SECRET_PARAMS = ("password", "secret", "token")
-
-
-def masked_url(url: str) -> str:
-    """``url`` with its password (and secret query values) replaced by ``***``.
-
-    ``redis://user:pw@host:6379/0`` -> ``redis://user:***@host:6379/0``;
-    ``redis://:pw@host`` -> ``redis://:***@host``; several hosts
-    (``mongodb://u:pw@h1,h2/``) are kept as they are. A URL that cannot be
-    parsed is returned with everything before its last ``@`` masked.
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        _, at, tail = url.rpartition("@")
-        return f"***@{tail}" if at else url
-    out = url
-    if password is not None:
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        user = userinfo.partition(":")[0]
-        out = out.replace(parts.netloc, f"{user}:***@{hosts}", 1)
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    if any(_secret(k) for k, _ in pairs):
-        query = urlencode([(k, "***" if _secret(k) else v) for k, v in pairs], safe="*")
-        out = out.replace("?" + parts.query, "?" + query, 1)
-    return out
-
-
-def _secret(param: str) -> bool:
-    return any(word in param.lower() for word in _SECRET_PARAMS)
-
-
-def redis_location(settings: BaseSettings) -> str:
-    """Where the project's Redis is, for messages: ``REDIS_URL`` masked
-    (:func:`masked_url`), or ``redis://REDIS_HOST:REDIS_PORT`` (scrapy-redis
-    reads them when ``REDIS_URL`` is not set; redis-py's defaults
-    ``localhost`` and 6379)."""
-    url = settings.get("REDIS_URL")
-    if url:
-        return masked_url(str(url))
-    host = settings.get("REDIS_HOST") or "localhost"
-    return f"redis://{host}:{settings.get('REDIS_PORT') or 6379}"
 
 
 def mongo_location(settings: BaseSettings) -> str | None:

@@ -61,7 +61,7 @@ def down_env(env: dict[str, str]) -> tuple[dict[str, str], str]:
     port = free_port()
     return (
         {**env, "REDIS_URL": f"redis://ops:s3cret@127.0.0.1:{port}/0"},
-        f"redis://ops:***@127.0.0.1:{port}/0",
+        f"redis://ops:****@127.0.0.1:{port}/0",
     )
 
 

@@ -20,11 +20,10 @@ from scrapy.exceptions import UsageError
 
 from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.connection import get_redis
+from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, whole_number
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, Push
-from crawler.status import redis_location
 
 if TYPE_CHECKING:
     import argparse

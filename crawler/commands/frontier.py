@@ -36,7 +36,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
-from crawler.frontier.connection import get_redis
+from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.overrides import (
     CONCURRENCY,
     DELAY,
@@ -49,7 +49,7 @@ from crawler.frontier.overrides import (
     stored_value_ok,
 )
 from crawler.frontier.store import frontier_prefix
-from crawler.status import ClusterStatus, SpiderStatus, StatusReader, redis_location
+from crawler.status import ClusterStatus, SpiderStatus, StatusReader
 
 if TYPE_CHECKING:
     import argparse

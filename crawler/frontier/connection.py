@@ -325,7 +325,10 @@ def redis_location(settings: BaseSettings) -> str:
     url = settings.get("REDIS_URL")
     if url:
         return masked_url(str(url))
-    return f"{settings.get('REDIS_HOST') or 'localhost'}:{settings.get('REDIS_PORT') or 6379}"
+    # scrapy-redis reads REDIS_HOST/REDIS_PORT when REDIS_URL is not set
+    # (redis-py's defaults: localhost, 6379).
+    host = settings.get("REDIS_HOST") or "localhost"
+    return f"redis://{host}:{settings.get('REDIS_PORT') or 6379}"
 
 
 def config_error_message(exc: BaseException, settings: BaseSettings) -> str | None:
