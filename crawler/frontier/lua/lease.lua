@@ -150,18 +150,20 @@ for i = #expired, 1, -1 do
   redis.call('ZREM', leases, id)
 end
 
--- 2. Due retries join the back of their queue.
-for _, entry in ipairs(due_retries) do
+-- 2. Due retries join the back of their queue. `entry` is
+-- "priority\tsite\trequest" read from `where`; `what` names it ("retry",
+-- "revisit") in the dead letter of an entry that cannot be queued.
+local function requeue(entry, what, where)
   local prio, site, data = split3(entry)
   local why = nil
   if not prio_ok(prio) then
-    why = 'malformed retry entry'
-    problem(retries .. ' holds a malformed entry: dead-lettered')
+    why = 'malformed ' .. what .. ' entry'
+    problem(where .. ' holds a malformed entry: dead-lettered')
   else
     local bad = enqueue(K.P, K.count, site, prio, data, false)
     if bad then
       why = 'could not be queued: ' .. bad
-      problem(bad .. ': request dead-lettered')
+      problem(bad .. ': ' .. what .. ' dead-lettered')
     else
       wake(site)
     end
@@ -170,6 +172,10 @@ for _, entry in ipairs(due_retries) do
     bury(dead, why, site, prio, data or entry, 0, now)
     buried = buried + 1
   end
+end
+
+for _, entry in ipairs(due_retries) do
+  requeue(entry, 'retry', retries)
   redis.call('ZREM', retries, entry)
 end
 
@@ -179,28 +185,11 @@ end
 -- dead-lettered with the reason.
 for _, fp in ipairs(due_revisits) do
   local entry = redis.call('HGET', KEYS[18], fp)
-  local why, prio, site, data = nil, nil, nil, nil
   if not entry then
     problem(KEYS[17] .. ' holds a fingerprint without an entry in ' .. KEYS[18] ..
             ': dropped')
   else
-    prio, site, data = split3(entry)
-    if not prio_ok(prio) then
-      why = 'malformed revisit entry'
-      problem(KEYS[18] .. ' holds a malformed entry: dead-lettered')
-    else
-      local bad = enqueue(K.P, K.count, site, prio, data, false)
-      if bad then
-        why = 'could not be queued: ' .. bad
-        problem(bad .. ': revisit dead-lettered')
-      else
-        wake(site)
-      end
-    end
-  end
-  if why then
-    bury(dead, why, site, prio, data or entry, 0, now)
-    buried = buried + 1
+    requeue(entry, 'revisit', KEYS[18])
   end
   redis.call('ZREM', KEYS[17], fp)
   redis.call('HDEL', KEYS[18], fp)
