@@ -52,6 +52,7 @@ from crawler.items import QuoteItem
 from crawler.pipelines import MongoPipeline, mongo_config_error
 from devtools.embedded import MongoServer, RedisServer
 from tests.cluster import free_cluster_port
+from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
@@ -688,10 +689,12 @@ def test_a_redis_password_changed_mid_crawl_stops_the_worker(
                         {"MAX_IDLE_TIME_BEFORE_CLOSE": 0})  # would wait for seeds for ever
     admin = password_redis.client()
     try:
-        deadline = time.monotonic() + 60
-        while not admin.hlen("{quotes}:workers"):  # its first heartbeat: it is crawling
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+
+        def crawling() -> bool:  # its first heartbeat
+            assert proc.poll() is None, log.read_text()[-3000:]
+            return bool(admin.hlen("{quotes}:workers"))
+
+        wait_for(crawling, 60, "the worker's first heartbeat", 0.05)
         admin.config_set("requirepass", "rotated-secret-6")
         admin.execute_command("CLIENT", "KILL", "TYPE", "normal")  # not this connection
         rotated = time.monotonic()

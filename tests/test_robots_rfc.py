@@ -26,6 +26,7 @@ from crawler.politeness import RobotsDown, parse_down
 from crawler.spiders.pages import PagesSpider
 from devtools.embedded import free_port
 from devtools.replay import Page, SiteServer
+from tests import waiting
 from tests.workers import crawl, start_worker, wait_workers
 
 if TYPE_CHECKING:
@@ -83,12 +84,12 @@ def assert_nothing_lost(rds: redis.Redis) -> None:
 
 
 def wait_for(condition: Any, timeout: float, what: str, rds: redis.Redis) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            state = {k.decode(): rds.type(k).decode() for k in rds.scan_iter("{pages}:robots*")}
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; keys: {state}")
-        time.sleep(0.05)
+    """:func:`tests.waiting.wait_for`, naming the robots.txt keys on failure."""
+    try:
+        waiting.wait_for(condition, timeout, what, 0.05)
+    except AssertionError as exc:
+        state = {k.decode(): rds.type(k).decode() for k in rds.scan_iter("{pages}:robots*")}
+        raise AssertionError(f"{exc}; keys: {state}") from None
 
 
 def down_attempts(rds: redis.Redis, site: str) -> int:
