@@ -16,12 +16,12 @@ import random
 import shutil
 import socket
 import subprocess
-import time
 from typing import TYPE_CHECKING, Self
 
 import redis
 
 from devtools.embedded import RedisServer
+from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -103,28 +103,23 @@ class RedisClusterServers:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + CLUSTER_READY_TIMEOUT
-        pending = list(self.nodes)
-        while pending:
-            node = pending[0]
-            client = redis.Redis(host=self.host, port=node.port, socket_timeout=2)
-            try:
-                info = client.cluster("info")
-            finally:
-                client.close()
-            if (
-                info.get("cluster_state") == "ok"
-                and int(info.get("cluster_known_nodes", 0)) == len(self.nodes)
-                and int(info.get("cluster_slots_ok", 0)) == 16384
-            ):
-                pending.pop(0)
-                continue
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"Redis Cluster node {self.host}:{node.port} not ready after "
-                    f"{CLUSTER_READY_TIMEOUT:g} s: {info}"
+        """Wait until every node sees the whole cluster, all slots served."""
+        for node in self.nodes:
+
+            def ready(port: int = node.port) -> bool:
+                client = redis.Redis(host=self.host, port=port, socket_timeout=2)
+                try:
+                    info = client.cluster("info")
+                finally:
+                    client.close()
+                return (
+                    info.get("cluster_state") == "ok"
+                    and int(info.get("cluster_known_nodes", 0)) == len(self.nodes)
+                    and int(info.get("cluster_slots_ok", 0)) == 16384
                 )
-            time.sleep(0.05)
+
+            wait_for(ready, CLUSTER_READY_TIMEOUT, f"Redis Cluster node {self.host}:{node.port}",
+                     0.05)
 
     def flushall(self) -> None:
         """Empty every master."""
