@@ -526,7 +526,7 @@ class FaultProxy:
                 if not port or time.monotonic() > deadline:
                     sock.close()
                     raise
-                time.sleep(0.05)
+                self._stopping.wait(0.05)  # the port is still in use: try again
         sock.listen(128)
         sock.setblocking(False)
         with self._lock:
@@ -536,8 +536,8 @@ class FaultProxy:
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
             listener = self._listener
-            if listener is None:
-                time.sleep(0.01)
+            if listener is None:  # an outage: no listener until it ends
+                self._stopping.wait(0.01)
                 continue
             try:
                 ready, _, _ = select.select([listener], [], [], 0.05)
