@@ -76,6 +76,10 @@ def test_second_run_revisits_every_page_conditionally_and_advances_last_seen(
     [(_, earliest)] = rds.zrange("{pages}:revisits", 0, 0, withscores=True)
     assert earliest > first_done
     assert not any(h.conditional for h in replay_server.hits())
+    # Stored as queued: none of the headers the downloader middlewares add
+    # for one download (User-Agent, Accept-Encoding, ...) rides along.
+    entries = rds.hvals("{pages}:rdata")
+    assert not [e for e in entries if b"User-Agent" in e or b"Accept-Encoding" in e]
 
     wait_until_due(rds, "{pages}:revisits")
     replay_server.clear_hits()

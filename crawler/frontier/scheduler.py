@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
 
 from crawler.config import close_at_open, stop_on_config_error
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.http.headers import Headers
     from twisted.python.failure import Failure
 
     from crawler.frontier.queue import LeasedPriorityQueue
@@ -292,6 +294,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _setup_state(self) -> None:
         self._leases: dict[Request, str] = {}
+        #: With revisits on: each leased request's entry as queued and its
+        #: site; a revisit is built from it, not from the request as the
+        #: downloader middlewares left it (their headers and meta are
+        #: this download's, e.g. USER_AGENT, cookies).
+        self._entries: dict[Request, tuple[bytes, str]] = {}
         self._lease_ids = itertools.count()
         self._outbox: list[_Op] = []
         self._flush_call: Any = None
@@ -421,6 +428,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if not self._resolve():
                 time.sleep(min(1.0, self._backoff or 0.5))
         self._ready.clear()
+        self._entries.clear()
         if self._leases:
             held = list(self._leases.values())
             self._leases.clear()
@@ -575,6 +583,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
                 continue
             self._leases[request] = lease.lease_id
+            if self.queue.frontier.revisit_after_ms:
+                self._entries[request] = (lease.data, lease.site)
             self._ready.append(request)
             if REVISIT_META in request.meta and not request.meta.get("retry_times"):
                 self.stats.inc_value("frontier/revisits/leased")
@@ -609,6 +619,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._write("slots", item=lease_id)
 
     def _finished(self, request: Request) -> None:
+        self._entries.pop(request, None)
         lease_id = self._leases.pop(request, None)
         if lease_id is not None:
             self._write("acks", item=lease_id)
@@ -666,17 +677,19 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Commit a revisit of ``request`` with its ack, if this worker leased
         it (a request fetched outside the frontier, robots.txt say, is not
         revisited)."""
-        if request not in self._leases or not self.queue.frontier.revisit_after_ms:
+        entry = self._entries.get(request)
+        if entry is None or not self.queue.frontier.revisit_after_ms:
             return
-        meta = {k: v for k, v in request.meta.items() if k not in _NOT_REVISITED}
-        meta[REVISIT_META] = dict(validators)
-        headers = request.headers.copy()
-        for name in _CONDITIONAL:
-            headers.pop(name, None)
-        again = request.replace(meta=meta, headers=headers)
         try:
-            data = self.queue.encode(again)
-        except ValueError as exc:  # cannot happen for a request that was decoded
+            # The request as it was queued: the headers and meta the
+            # downloader middlewares add are this download's, not the next.
+            queued = self.queue.decode(*entry)
+            meta = {k: v for k, v in queued.meta.items() if k not in _NOT_REVISITED}
+            meta[REVISIT_META] = dict(validators)
+            data = self.queue.encode(
+                queued.replace(meta=meta, headers=self._revisit_headers(queued))
+            )
+        except ValueError as exc:  # cannot happen for an entry that was decoded
             logger.error("Revisit not scheduled: %s", exc, extra={"spider": self.spider})
             return
         fingerprint = self.df.request_fingerprint(request)
@@ -684,6 +697,26 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             "revisits", item=Revisit(data, site_of(request), request.priority, fingerprint)
         )
         self.stats.inc_value("frontier/revisits/scheduled")
+
+    def _revisit_headers(self, queued: Request) -> Headers:
+        """``queued``'s headers less those the downloader middlewares add to
+        each download (a redirect target is queued with them): the last
+        conditional headers, ``Accept-Encoding`` and ``Cookie`` always,
+        ``User-Agent`` and ``DEFAULT_REQUEST_HEADERS`` when they are the
+        settings' values. So a revisit gets the settings of the worker that
+        fetches it, and its entry stays small."""
+        headers = queued.headers.copy()
+        for name in (*_CONDITIONAL, b"Accept-Encoding", b"Cookie"):
+            headers.pop(name, None)
+        settings = self.crawler.settings
+        defaults = {
+            "User-Agent": settings.get("USER_AGENT"),
+            **settings.getdict("DEFAULT_REQUEST_HEADERS"),
+        }
+        for name, value in defaults.items():
+            if value is not None and headers.get(name) == to_bytes(str(value)):
+                headers.pop(name, None)
+        return headers
 
     # -- dead letters --------------------------------------------------------------
 
