@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -93,6 +94,9 @@ OPEN_CHECK_WAIT = 3.0
 #: (``FRONTIER_REVISIT_AFTER`` > 0): a 304 to that request's revisit raises
 #: those documents' ``last_seen`` (:meth:`MongoPipeline.touch`).
 SOURCE_FIELD = "_src"
+#: Seconds :meth:`MongoPipeline.touch` keeps its list of the collections
+#: that have an index on :data:`SOURCE_FIELD`.
+SOURCE_COLLECTIONS_TTL = 60.0
 #: Fields of a stored document a 304 raises to its time as it raises
 #: ``last_seen``, when the document has them (an item's fetch time).
 FETCH_TIME_FIELDS = ("fetched_at",)
@@ -455,6 +459,7 @@ class MongoPipeline:
         self.spill_after = spill_after
         self.spill_dir = Path(spill_dir)
         self.dead_collection = dead_collection
+        self._source_cache: tuple[float, list[str]] | None = None
         self.client: MongoClient[dict[str, Any]] | None = None
         #: The open batch, by (collection, natural key or _id as JSON).
         self._open: dict[tuple[str, str], _Pending] = {}
@@ -488,8 +493,8 @@ class MongoPipeline:
     def touch(self, source: str, when: datetime) -> int:
         """Record that the response of request ``source`` is unchanged at
         ``when``: the documents it yielded (:data:`SOURCE_FIELD` equal to
-        ``source``, in every collection of ``MONGO_DATABASE`` but the dead
-        one) get ``last_seen`` and their :data:`FETCH_TIME_FIELDS` raised to
+        ``<spider>:source``, in the collections of ``MONGO_DATABASE`` that
+        have an index on it) get ``last_seen`` and their :data:`FETCH_TIME_FIELDS` raised to
         ``when`` (``$max``: never backwards). Blocking: call it in a thread.
 
         :param source: the request's fingerprint, hex.
@@ -502,10 +507,9 @@ class MongoPipeline:
         if self.client is None:
             raise RuntimeError("MongoPipeline.touch before the pipeline opened")
         db = self.client[self.database]
+        source = f"{self._spider_name}:{source}"
         changed = 0
-        for name in db.list_collection_names():
-            if name == self.dead_collection or name.startswith("system."):
-                continue
+        for name in self._source_collections(db):
             coll = db[name]
             changed += coll.update_many(
                 {SOURCE_FIELD: source}, {"$max": {"last_seen": when}}
@@ -516,6 +520,26 @@ class MongoPipeline:
                     {"$max": {fetched: when}},
                 )
         return changed
+
+    def _source_collections(self, db: Any) -> list[str]:
+        """The collections with an index on :data:`SOURCE_FIELD` (those items
+        were stored in with revisits on), listed again at most every
+        :data:`SOURCE_COLLECTIONS_TTL` seconds: a 304 never scans a
+        collection without that index."""
+        now = time.monotonic()
+        cached = self._source_cache
+        if cached is not None and now - cached[0] < SOURCE_COLLECTIONS_TTL:
+            return cached[1]
+        names = [
+            name for name in db.list_collection_names()
+            if name != self.dead_collection and not name.startswith("system.")
+            and any(
+                list(index.get("key", {})) == [SOURCE_FIELD]
+                for index in db[name].list_indexes()
+            )
+        ]
+        self._source_cache = (now, names)
+        return names
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -597,7 +621,7 @@ class MongoPipeline:
         source = self._sources.pop(item) if self._revisits else None
         doc = as_document(item)
         if source is not None:
-            doc[SOURCE_FIELD] = source
+            doc[SOURCE_FIELD] = f"{self._spider_name}:{source}"  # one spider's pages only
         key: tuple[str, ...] = tuple(getattr(item, "key", ()))
         collection = collection_of(item, self._spider_name)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
