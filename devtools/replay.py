@@ -219,7 +219,7 @@ def load_warc(path: str | Path) -> dict[str, Page]:
         query (``/``, ``/page/2/``, ``/author/Albert-Einstein``).  Bodies are
         decoded (chunked transfer and content encodings undone); hop-by-hop
         and encoding headers are dropped.  When a target was captured twice
-        the first record wins.
+        the first record of the best kind wins (see :func:`load_warcs`).
     :raises OSError: if the file cannot be read.
     :raises warcio.exceptions.ArchiveLoadFailed: if it is not a WARC file.
     """
@@ -247,10 +247,10 @@ def _add_page(pages: dict[str, Page], record: ArcWarcRecord) -> None:
         return
     target = _target_of(uri)
     body = record.content_stream().read()  # read first: a torn record raises here
-    if target in pages:
+    status = int(record.http_headers.get_statuscode())
+    if target in pages and _rank(status) >= _rank(pages[target].status):
         logger.debug("duplicate WARC record for %s ignored", target)
         return
-    status = int(record.http_headers.get_statuscode())
     headers = [
         (name, value)
         for name, value in record.http_headers.headers
@@ -259,20 +259,32 @@ def _add_page(pages: dict[str, Page], record: ArcWarcRecord) -> None:
     pages[target] = Page(status=status, headers=headers, body=body)
 
 
+def _rank(status: int) -> int:
+    """Which record of a URL replays it (lowest wins): a page (2xx, 3xx but
+    304), then a 4xx, then what a crawl meets on its way (5xx before a
+    retry, 304 to a revisit)."""
+    if 200 <= status < 400 and status != 304:
+        return 0
+    return 1 if 400 <= status < 500 else 2
+
+
 def load_warcs(paths: str | Path | Iterable[str | Path]) -> dict[str, Page]:
     """Parse the ``response`` records of several WARC files (:func:`warc_files`).
 
     :param paths: files and/or directories of them, e.g. the ``WARC_DIR``
         of a crawl.
-    :returns: ``{request target: Page}`` as :func:`load_warc`; the first
-        record of a target, in file order, wins.
+    :returns: ``{request target: Page}`` as :func:`load_warc`; of the
+        records of a target, the first in file order of the best kind wins
+        (a page, then a 4xx, then a 5xx or a 304: a crawl's retries and
+        revisits do not hide the page).
     :raises FileNotFoundError: as :func:`warc_files`.
     :raises OSError, warcio.exceptions.ArchiveLoadFailed: as :func:`load_warc`.
     """
     pages: dict[str, Page] = {}
     for file in warc_files(paths):
         for target, page in _load_warc_cached(file).items():
-            pages.setdefault(target, page)
+            if target not in pages or _rank(page.status) < _rank(pages[target].status):
+                pages[target] = page
     return pages
 
 
@@ -736,7 +748,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="PATH",
         help="a WARC file, or a directory of them (a crawl's WARC_DIR); repeat for "
-        f"several, the first record of a URL wins (default: {default_warc_path()})",
+        "several; a URL replays its page rather than a 5xx or 304 met on the way "
+        f"(default: {default_warc_path()})",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"

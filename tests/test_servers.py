@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import io
 import re
 import threading
 import urllib.error
@@ -321,3 +322,25 @@ def test_generated_site_served(site_factory: SiteFactory) -> None:
         urllib.request.urlopen(server.url_for("/p/3"), timeout=10)
     assert err.value.code == 404
     err.value.close()
+
+
+def test_the_replay_of_a_crawls_warc_serves_the_page_not_a_retried_5xx_or_a_304(
+    tmp_path: Path,
+) -> None:
+    # A crawl's WARC files hold a 500 (then retried) and a 304 (a revisit)
+    # before the page: the replay serves the page.
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    from devtools.replay import load_warcs
+
+    with (tmp_path / "a.warc.gz").open("wb") as fh:
+        writer = WARCWriter(fh, gzip=True)
+        for status, body in (("500 Internal Server Error", b"oops"), ("304 Not Modified", b""),
+                             ("200 OK", b"<html>page</html>")):
+            http = StatusAndHeaders(status, [("Content-Type", "text/html")], protocol="HTTP/1.1")
+            writer.write_record(writer.create_warc_record(
+                "http://example.com/b", "response", payload=io.BytesIO(body), http_headers=http
+            ))
+    page = load_warcs(tmp_path)["/b"]
+    assert (page.status, page.body) == (200, b"<html>page</html>")
