@@ -457,6 +457,12 @@ class Command(ScrapyCommand):
             redis.hset(key, site, str(value))
             shown = str(value) if kind == CONCURRENCY else f"{value} ms ({value / 1000:g} s)"
             sys.stdout.write(f"{key} {site} = {shown}\n")
+            if kind == REVISIT and not self.settings.getfloat("FRONTIER_REVISIT_AFTER"):
+                sys.stderr.write(
+                    "note: revisits are off in this project's settings "
+                    "(FRONTIER_REVISIT_AFTER=0): the override applies to workers started "
+                    "with FRONTIER_REVISIT_AFTER > 0\n"
+                )
         finally:
             sys.stdout.flush()
             redis.close()
