@@ -657,6 +657,8 @@ SETTINGS: dict[str, Setting] = {
                                 "collection of items MongoDB rejects"),
     "MONGO_ITEM_IDS_ENABLED": _s(FLAG, "derive the _id of items without a key"),
     # --- WARC archive (crawler.warc)
+    "DEFAULT_REQUEST_HEADERS": _s(dictionary(), "headers of every request (a revisit is "
+                                  "stored without those left at these values)"),
     "USER_AGENT": _s(text(empty=True), "User-Agent header (named in the warcinfo records)"),
     "WARC_DIR": _s(text(empty=True), "directory of the WARC files (empty: none written)"),
     "WARC_MAX_SIZE": _s(number(int, 1, unit="bytes"), "bytes after which a WARC file is "
