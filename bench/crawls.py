@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["crawl_throughput", "scaling_throughput", "seed_pickup"]
+__all__ = ["cpu_scaling", "crawl_throughput", "scaling_throughput", "seed_pickup"]
 
 #: Settings of the CPU-bound crawl, for both schedulers.
 CPU_SETTINGS: dict[str, object] = {
@@ -124,6 +124,35 @@ def crawl_throughput(
                 )
                 out.append(steady_rate(hits))
     return {"ours": ours, "baseline": base, "pages": pages}
+
+
+def cpu_scaling(
+    redis_url: str, log_dir: Path, *, pages: int, repeat: int
+) -> dict[str, object]:
+    """Figure g: two workers against one on the CPU-bound site of figure a.
+
+    The same tree of ``pages`` pages (:func:`devtools.replay.generated_site`
+    on :class:`~bench.sites.FastSite`, no delay) and the same settings as
+    figure a, with our frontier; ``FRONTIER_CONCURRENCY`` 32, so two workers'
+    fair shares (16 each) are what one worker runs alone. The site is one
+    host, so the frontier's per-site bookkeeping is shared by both workers:
+    what limits two workers is the workers' CPU, the site server's and
+    Redis's, all on the same cores. Runs alternate one and two workers.
+
+    :returns: ``{"rates": {1: [pages/s, ...], 2: [...]}, "pages": pages}``.
+    """
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    settings = {**CPU_SETTINGS, "FRONTIER_CONCURRENCY": 32}
+    with FastSite(generated_site(pages)) as site:
+        for r in range(repeat):
+            for workers, out in rates.items():
+                hits = _crawl_once(
+                    site, redis_url, log_dir=log_dir, tag=f"g-{workers}-{r}",
+                    workers=workers, settings=settings, expected=pages + 1,
+                    timeout=60 if pages < 1000 else 300,
+                )
+                out.append(steady_rate(hits))
+    return {"rates": rates, "pages": pages}
 
 
 def scaling_throughput(

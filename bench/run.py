@@ -158,6 +158,15 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         timings["e"] = time.monotonic() - t
 
         t = time.monotonic()
+        g = crawls.cpu_scaling(url, log_dir, pages=size["pages"], repeat=repeat)
+        raw["g"] = g
+        one, two = _median(g["rates"][1]), _median(g["rates"][2])
+        rows.append(_row(f"g. crawl pages/s, 2 workers vs 1, {size['pages']}-page CPU-bound "
+                         "site (2 cores)", (two, one), "pages/s", ">= 1.8",
+                         two / one >= 1.8 if one else None))
+        timings["g"] = time.monotonic() - t
+
+        t = time.monotonic()
         raw["f"] = {
             kind: crawls.seed_pickup(url, log_dir, tries=size["tries"], idle=size["idle"],
                                      stock=kind == "stock")
@@ -244,6 +253,11 @@ _NOTES = """\
   time (random 0.2-1.0 s pauses); latency from the push to the request's
   arrival at the site. Stock: a scrapy-redis `RedisSpider` with its own
   scheduler, queue and dupefilter (`bench/stock_settings.py`).
+- **g.** Two `bench_links` workers against one, with our frontier, on figure
+  a's CPU-bound site and settings (`FRONTIER_CONCURRENCY=32`, so each of
+  two workers' fair share is the 16 one worker runs); same steady-rate
+  measure. The workers, the site server and Redis share the machine's
+  cores.
 """
 
 
