@@ -40,7 +40,8 @@ key                                 type    what it holds
 **Shards.** With ``FRONTIER_SHARDS`` = N > 1 the frontier is split into N
 shards, each with its own hash tag, so that on a Redis Cluster they spread
 over the masters: shard ``i`` keeps under the prefix ``{<spider>:<i>}:``
-every key the frontier's scripts touch (queues, ``count``, ``wait``,
+or ``{<spider>:<i>.<salt>}:`` (:func:`shard_prefix`) every key the
+frontier's scripts touch (queues, ``count``, ``wait``,
 ``due``, ``leases``, ``retries``, ``dead``, the dupefilter set or Bloom
 bitmap, robots.txt and the other per-site hashes, ...: the table of
 :mod:`crawler.frontier.store`). A site belongs to shard
@@ -61,7 +62,10 @@ module functions for the defaults.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import zlib
+from binascii import crc_hqx
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,6 +91,9 @@ __all__ = [
     "stats_key",
     "workers_key",
 ]
+
+#: Hash slots of a Redis Cluster.
+SLOTS = 16384
 
 #: Default patterns (``%(spider)s``/``%(name)s`` is the spider's name).
 SEEDS = "%(name)s:start_urls"
@@ -163,12 +170,33 @@ def shard_of(site: str, shards: int) -> int:
     return zlib.crc32(site.encode("utf-8", "surrogatepass")) % shards
 
 
+@functools.lru_cache(maxsize=1024)
 def shard_prefix(spider: str, index: int, shards: int) -> str:
     """The key prefix of shard ``index`` of ``shards``: ``{<spider>}:`` with one
-    shard, else ``{<spider>:<index>}:``."""
+    shard, else ``{<spider>:<index>}:`` or ``{<spider>:<index>.<salt>}:``.
+
+    The tag is aimed at a hash slot: ``<salt>`` is the smallest whole number
+    (none for 0) that puts the tag's slot (CRC16 mod 16384, as Redis Cluster
+    computes it) in the middle half of the ``index``-th of ``shards`` equal
+    slices of the 16,384 slots. A cluster made by ``redis-cli --cluster create`` gives
+    each master an equal run of slots, so with ``shards`` a multiple of the
+    masters each master gets as many shards; plain ``{<spider>:<i>}`` tags
+    fall where CRC16 puts them (12 shards of ``pages`` would put 6 on one of
+    three masters). A pure function of its arguments: the same in every
+    process.
+    """
     if shards <= 1:
         return f"{{{spider}}}:"
-    return f"{{{spider}:{index}}}:"
+    # The middle half of the slice: a master's run may end a slot off a
+    # slice's edge.
+    low, high = SLOTS * (4 * index + 1) // (4 * shards), SLOTS * (4 * index + 3) // (4 * shards)
+    if high <= low:
+        low, high = SLOTS * index // shards, SLOTS * (index + 1) // shards
+    for salt in itertools.count():
+        tag = f"{spider}:{index}" if salt == 0 else f"{spider}:{index}.{salt}"
+        if low <= crc_hqx(tag.encode(), 0) % SLOTS < high:  # Redis Cluster's CRC16
+            return f"{{{tag}}}:"
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def shard_prefixes(spider: str, shards: int) -> list[str]:
