@@ -33,7 +33,24 @@ key                                 type    what it holds
 ``{<spider>}:control``              string  the crawl's state: ``paused`` or ``stopped``;
                                             absent: running (``scrapy frontier
                                             pause|resume|stop``, :mod:`crawler.control`)
+``{<spider>}:shards``               string  ``FRONTIER_SHARDS`` of the crawl, set by
+                                            its first worker
 ==================================  ======  ==========================================
+
+**Shards.** With ``FRONTIER_SHARDS`` = N > 1 the frontier is split into N
+shards, each with its own hash tag, so that on a Redis Cluster they spread
+over the masters: shard ``i`` keeps under the prefix ``{<spider>:<i>}:``
+or ``{<spider>:<i>.<salt>}:`` (:func:`shard_prefix`) every key the
+frontier's scripts touch (queues, ``count``, ``wait``,
+``due``, ``leases``, ``retries``, ``dead``, the dupefilter set or Bloom
+bitmap, robots.txt and the other per-site hashes, ...: the table of
+:mod:`crawler.frontier.store`). A site belongs to shard
+``crc32(site) % N`` (:func:`shard_of`), its requests, leases, retries,
+dead letters, fingerprints and per-site settings with it. With one shard
+(the default) the prefix is ``{<spider>}:`` as before. The crawl-wide keys
+(seeds, intake, ``stats``, ``workers``, ``control``, ``shards``) stay
+``{<spider>}:``. (A spider named ``<name>:<i>`` would share its keys with
+shard ``i`` of the spider ``<name>``; spider names hold no ``:``.)
 
 The frontier keeps more keys (per-site state, lease data, robots.txt); its
 full table is in :mod:`crawler.frontier.store` (``crawler/frontier/store.py``),
@@ -45,7 +62,11 @@ module functions for the defaults.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import functools
+import itertools
+import zlib
+from binascii import crc_hqx
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,6 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrawlKeys",
+    "ShardKeys",
     "bloom_key",
     "control_key",
     "count_key",
@@ -61,9 +83,17 @@ __all__ = [
     "leases_key",
     "retries_key",
     "seeds_key",
+    "shard_of",
+    "shard_prefix",
+    "shard_prefixes",
+    "shards_key",
+    "site_prefix",
     "stats_key",
     "workers_key",
 ]
+
+#: Hash slots of a Redis Cluster.
+SLOTS = 16384
 
 #: Default patterns (``%(spider)s``/``%(name)s`` is the spider's name).
 SEEDS = "%(name)s:start_urls"
@@ -121,13 +151,132 @@ def control_key(spider: str) -> str:
     return f"{{{spider}}}:control"
 
 
+def shards_key(spider: str) -> str:
+    """``{<spider>}:shards``: the crawl's ``FRONTIER_SHARDS``, set by its first worker."""
+    return f"{{{spider}}}:shards"
+
+
+def shard_of(site: str, shards: int) -> int:
+    """The shard (``0 <= i < shards``) that holds ``site``: ``crc32(site) % shards``.
+
+    CRC-32 of the site's UTF-8 bytes (:func:`zlib.crc32`): the same in every
+    process and Python version (``hash()`` is salted per process).
+
+    :param site: a site, ``host`` or ``host:port`` (:func:`crawler.frontier.sites.site_of`).
+    :param shards: the crawl's shard count, at least 1.
+    """
+    if shards <= 1:
+        return 0
+    return zlib.crc32(site.encode("utf-8", "surrogatepass")) % shards
+
+
+@functools.lru_cache(maxsize=1024)
+def shard_prefix(spider: str, index: int, shards: int) -> str:
+    """The key prefix of shard ``index`` of ``shards``: ``{<spider>}:`` with one
+    shard, else ``{<spider>:<index>}:`` or ``{<spider>:<index>.<salt>}:``.
+
+    The tag is aimed at a hash slot: ``<salt>`` is the smallest whole number
+    (none for 0) that puts the tag's slot (CRC16 mod 16384, as Redis Cluster
+    computes it) in the middle half of the ``index``-th of ``shards`` equal
+    slices of the 16,384 slots. A cluster made by ``redis-cli --cluster create`` gives
+    each master an equal run of slots, so with ``shards`` a multiple of the
+    masters each master gets as many shards; plain ``{<spider>:<i>}`` tags
+    fall where CRC16 puts them (12 shards of ``pages`` would put 6 on one of
+    three masters). A pure function of its arguments: the same in every
+    process.
+    """
+    if shards <= 1:
+        return f"{{{spider}}}:"
+    # The middle half of the slice: a master's run may end a slot off a
+    # slice's edge.
+    low, high = SLOTS * (4 * index + 1) // (4 * shards), SLOTS * (4 * index + 3) // (4 * shards)
+    if high <= low:
+        low, high = SLOTS * index // shards, SLOTS * (index + 1) // shards
+    for salt in itertools.count():
+        tag = f"{spider}:{index}" if salt == 0 else f"{spider}:{index}.{salt}"
+        if low <= crc_hqx(tag.encode(), 0) % SLOTS < high:  # Redis Cluster's CRC16
+            return f"{{{tag}}}:"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def shard_prefixes(spider: str, shards: int) -> list[str]:
+    """The key prefixes of every shard, in shard order (one: ``["{<spider>}:"]``)."""
+    return [shard_prefix(spider, i, shards) for i in range(max(1, shards))]
+
+
+def site_prefix(spider: str, site: str, shards: int) -> str:
+    """The key prefix of the shard that holds ``site`` (its per-site hashes:
+    ``delay``, ``conc``, ``revisit``, ``robots``, ``slow``, ... are
+    ``<prefix><name>``)."""
+    return shard_prefix(spider, shard_of(site, shards), shards)
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one frontier shard (see the table of
+    :mod:`crawler.frontier.store` for all of them; these are the ones
+    readers of a crawl's state need).
+
+    :ivar index: the shard's number, ``0 <= index < shards``.
+    :ivar prefix: ``{<spider>}:`` (one shard) or ``{<spider>:<index>}:``.
+    :ivar queues: prefix of the per-site queues, ``<prefix>q:``.
+    :ivar dupefilter: the exact dupefilter's set (``SCHEDULER_DUPEFILTER_KEY``
+        for one shard; ``<prefix>dupefilter`` when sharded).
+    :ivar bloom: the Bloom dupefilter's bitmap (``<prefix>bloom``).
+    """
+
+    index: int
+    prefix: str
+    count: str
+    wait: str
+    due: str
+    active: str
+    queues: str
+    leases: str
+    ldata: str
+    retries: str
+    dead: str
+    revisits: str
+    rdata: str
+    alive: str
+    dupefilter: str
+    bloom: str
+
+    @classmethod
+    def of(cls, prefix: str, index: int = 0, dupefilter: str | None = None) -> ShardKeys:
+        """The keys of the shard with key prefix ``prefix``."""
+        names = {
+            name: prefix + name
+            for name in ("count", "wait", "due", "active", "leases", "ldata", "retries",
+                         "dead", "revisits", "rdata", "alive", "bloom")
+        }
+        return cls(
+            index=index, prefix=prefix, queues=prefix + "q:",
+            dupefilter=dupefilter or prefix + "dupefilter", **names,
+        )
+
+    def key(self, name: str) -> str:
+        """Any key of the shard by its name in the frontier's table, e.g.
+        ``key("robots")``."""
+        return self.prefix + name
+
+
 @dataclass(frozen=True)
 class CrawlKeys:
     """The Redis keys of one spider's crawl (see the module table).
 
     ``queues`` is the prefix of the per-site queues, ``{<spider>}:q:``;
     ``bloom`` the Bloom dupefilter's bitmap, which exists only when that
-    dupefilter is used (``dupefilter`` is then absent).
+    dupefilter is used (``dupefilter`` is then absent). The frontier keys
+    among these (``count``, ``wait``, ``queues``, ``dupefilter``, ``bloom``,
+    ``dead``, ``leases``, ``retries``) are shard 0's; with
+    ``FRONTIER_SHARDS`` > 1, :attr:`shards` has every shard's, and totals
+    (requests queued, leased, dead letters) are sums over them.
+
+    :ivar shards: the keys of each shard, in shard order (one entry, the
+        keys above, unless sharded).
+    :ivar shard_count: ``FRONTIER_SHARDS`` (``len(shards)``).
+    :ivar shards_key: ``{<spider>}:shards``, the crawl's recorded shard count.
     """
 
     spider: str
@@ -143,6 +292,17 @@ class CrawlKeys:
     stats: str
     workers: str
     control: str
+    shards: tuple[ShardKeys, ...] = field(default=(), compare=False)
+    shards_key: str = ""
+
+    @property
+    def shard_count(self) -> int:
+        """How many shards the frontier has (``FRONTIER_SHARDS``)."""
+        return len(self.shards) or 1
+
+    def shard_for(self, site: str) -> ShardKeys:
+        """The keys of the shard that holds ``site``."""
+        return self.shards[shard_of(site, self.shard_count)]
 
     @classmethod
     def for_spider(cls, spider: str, settings: BaseSettings | None = None) -> CrawlKeys:
@@ -150,28 +310,41 @@ class CrawlKeys:
 
         :param spider: the spider's name, e.g. ``"quotes"``.
         :param settings: project settings; ``SCHEDULER_DUPEFILTER_KEY`` and
-            ``REDIS_START_URLS_KEY`` override the default patterns when set.
+            ``REDIS_START_URLS_KEY`` override the default patterns when set,
+            ``FRONTIER_SHARDS`` gives the shards (default 1).
         """
-        seeds, dupefilter = SEEDS, DUPEFILTER
+        seeds, dupefilter, count = SEEDS, DUPEFILTER, 1
         if settings is not None:
             seeds = settings.get("REDIS_START_URLS_KEY") or seeds
             dupefilter = settings.get("SCHEDULER_DUPEFILTER_KEY") or dupefilter
+            count = max(1, settings.getint("FRONTIER_SHARDS", 1))
+        dupefilter = dupefilter % {"spider": spider}
+        shards = tuple(
+            ShardKeys.of(prefix, i, dupefilter if count == 1 else None)
+            for i, prefix in enumerate(shard_prefixes(spider, count))
+        )
+        first = shards[0]
         return cls(
             spider=spider,
             seeds=seeds % {"name": spider},
-            count=count_key(spider),
-            wait=f"{{{spider}}}:wait",
-            queues=f"{{{spider}}}:q:",
-            dupefilter=dupefilter % {"spider": spider},
-            bloom=bloom_key(spider),
-            dead=dead_key(spider),
-            leases=leases_key(spider),
-            retries=retries_key(spider),
+            count=first.count,
+            wait=first.wait,
+            queues=first.queues,
+            dupefilter=first.dupefilter,
+            bloom=first.bloom,
+            dead=first.dead,
+            leases=first.leases,
+            retries=first.retries,
             stats=stats_key(spider),
             workers=workers_key(spider),
             control=control_key(spider),
+            shards=shards,
+            shards_key=shards_key(spider),
         )
 
     def as_dict(self) -> dict[str, str]:
-        """The key names by role, e.g. ``{"seeds": "quotes:start_urls", ...}``."""
-        return {k: v for k, v in asdict(self).items() if k != "spider"}
+        """The key names by role, e.g. ``{"seeds": "quotes:start_urls", ...}``
+        (shard 0's frontier keys; without :attr:`shards`)."""
+        return {
+            k: v for k, v in asdict(self).items() if k not in ("spider", "shards", "shards_key")
+        }

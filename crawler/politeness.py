@@ -38,7 +38,7 @@ from crawler.config import stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.scheduler import RETRY_DELAY_META
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import frontier_prefix
+from crawler.keys import site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
 #: Longest pause, in seconds, between attempts to read robots.txt from Redis.
@@ -229,9 +229,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             self._redis = get_redis(self.crawler.settings)
         return self._redis
 
-    def _prefix(self) -> str:
+    def _prefix(self, site: str) -> str:
+        """The key prefix of the frontier shard that holds ``site``."""
         assert self.crawler.spider is not None
-        return frontier_prefix(self.crawler.spider.name)
+        return site_prefix(
+            self.crawler.spider.name, site, self.crawler.settings.getint("FRONTIER_SHARDS", 1)
+        )
 
     async def process_request(self, request: Request) -> Request | None:  # type: ignore[override]
         """Let ``request`` through, drop it (robots.txt forbids it), or send
@@ -269,7 +272,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 rules, stored = self._from_redis(site)
                 if rules is not None:
                     return rules
-                if self.redis.set(self._prefix() + "robots:lock:" + site, "1",
+                if self.redis.set(self._prefix(site) + "robots:lock:" + site, "1",
                                   nx=True, ex=LOCK_SECONDS):
                     break
             except RedisError as exc:
@@ -303,7 +306,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
 
         :raises redis.exceptions.RedisError: Redis failed.
         """
-        prefix = self._prefix()
+        prefix = self._prefix(site)
         raw = self._hget(prefix + "robots", site)
         body, fetched = None, None
         if raw is not None:
@@ -468,7 +471,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
         """Store ``down`` for every worker and let go of the lock; with
         ``hold``, no request of ``site`` is leased before ``down.next_ms``."""
-        prefix = self._prefix()
+        prefix = self._prefix(site)
         try:
             with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(prefix + "robots:down", site, down.encode())
@@ -530,7 +533,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
-        prefix = self._prefix()
+        prefix = self._prefix(site)
         now_ms = self._now_ms()
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(prefix + "robots", site, f"{time.time()}\n".encode() + body)
@@ -591,7 +594,9 @@ class AdaptiveSlowdownMiddleware:
         """Adjust the site's extra delay from this response."""
         site = site_of(request)
         assert self.crawler.spider is not None
-        key = frontier_prefix(self.crawler.spider.name) + "slow"
+        key = site_prefix(
+            self.crawler.spider.name, site, self.crawler.settings.getint("FRONTIER_SHARDS", 1)
+        ) + "slow"
         slow = self._slow.get(site, 0.0)
         latency = float(request.meta.get("download_latency") or 0.0)
         try:

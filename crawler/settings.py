@@ -141,6 +141,15 @@ FRONTIER_LEASE_TIMEOUT = 60.0
 #: instead of handing it out again. Leases given back at a graceful stop do
 #: not count. 0: no limit. Default: 5.
 FRONTIER_MAX_DELIVERIES = 5
+#: Shards of the frontier (crawler/frontier/shards.py): shard i keeps its
+#: keys under {<spider>:i}: (one shard: {<spider>}:), so on a Redis Cluster
+#: one crawl spreads over the masters; a site belongs to shard
+#: crc32(site) % FRONTIER_SHARDS. Every worker of a crawl must use the same
+#: count (recorded in {<spider>}:shards; another one stops a worker with a
+#: configuration error). On one Redis server shards cost nothing and give
+#: nothing; on a cluster use about 4 per master (12 on three masters: with
+#: fewer, the hash slots of the shards' tags spread unevenly). Default: 1.
+FRONTIER_SHARDS = 1
 #: Most seeds a worker moves from <spider>:start_urls into the frontier at
 #: once, in one transaction (only while it has free download slots).
 #: Default: 1000.
@@ -281,7 +290,9 @@ if LOG_JSON_ENABLED:
 
 #: URLs the Bloom filter is sized for; past it the false-positive rate climbs
 #: above FRONTIER_BLOOM_ERROR_RATE. Changing it (or the rate) needs a new
-#: filter: delete {<spider>}:bloom. Default: 10,000,000 (about 18 MB).
+#: filter: delete {<spider>}:bloom. With FRONTIER_SHARDS = N each shard has
+#: a filter {<spider>:i}:bloom for CAPACITY / N URLs (the sites spread
+#: evenly over the shards). Default: 10,000,000 (about 18 MB).
 FRONTIER_BLOOM_CAPACITY = 10_000_000
 #: Chance that a URL never seen is taken for a duplicate (and not crawled)
 #: while the filter holds at most FRONTIER_BLOOM_CAPACITY URLs; 0.001 costs

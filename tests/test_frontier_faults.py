@@ -18,6 +18,7 @@ from scrapy import Request, Spider
 
 from crawler.commands.deadletters import purge, requeue
 from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push
+from crawler.keys import shard_prefixes
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import finish, lease_all
 from tests.waiting import wait_for
@@ -270,32 +271,44 @@ def _lose_replies(scheduler: FrontierScheduler, times: int = 1) -> list[int]:
     return lost
 
 
+def _total(rds: redis.Redis, shards: int, read: Any) -> int:
+    """``read(prefix)`` summed over the shards of the spider ``t``."""
+    return sum(int(read(prefix) or 0) for prefix in shard_prefixes("t", shards))
+
+
+@pytest.mark.parametrize("shards", [1, 3])
 def test_leases_whose_reply_was_lost_are_found_out_not_leased_again(
-    redis_url: str, rds: redis.Redis
+    redis_url: str, rds: redis.Redis, shards: int
 ) -> None:
-    scheduler, _ = harness.open_scheduler(redis_url, _Spider)
-    for i in range(5):
-        scheduler.enqueue_request(Request(f"https://a.example/{i}"))
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=shards)
+    sites = "abcdef" if shards > 1 else "a"
+    urls = sorted(f"https://{s}.example/{i}" for s in sites for i in range(5))
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
     assert scheduler.flush_outbox()
     _lose_replies(scheduler)
     assert scheduler.next_request() is None  # the reply was lost
-    assert rds.zcard("{t}:leases") == 5  # but the call ran
+    leased = _total(rds, shards, lambda p: rds.zcard(p + "leases"))
+    assert leased > 0  # but the call ran
     scheduler._down_until = 0.0  # Redis answers again
     got = lease_all(scheduler)
-    assert sorted(r.url for r in got) == [f"https://a.example/{i}" for i in range(5)]
-    assert rds.zcard("{t}:leases") == 5  # found out, not leased twice
+    assert sorted(r.url for r in got) == urls
+    # found out, not leased twice
+    assert _total(rds, shards, lambda p: rds.zcard(p + "leases")) == len(urls)
     for request in got:
         finish(scheduler, request)
-    assert scheduler.queue.frontier.audit() == {}
+    assert scheduler.queue.shards.audit() == {}
 
 
+@pytest.mark.parametrize("shards", [1, 3])
 def test_a_commit_whose_reply_was_lost_is_not_sent_again(
-    redis_url: str, rds: redis.Redis
+    redis_url: str, rds: redis.Redis, shards: int
 ) -> None:
-    scheduler, _ = harness.open_scheduler(redis_url, _Spider)
-    seed = Request("https://a.example/seed", dont_filter=True)
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=shards)
+    seeds = [Request(f"https://{s}.example/seed", dont_filter=True) for s in "abcdef"]
     done: list[int] = []
-    scheduler.enqueue_request(seed)
+    for seed in seeds:
+        scheduler.enqueue_request(seed)
     scheduler.after_commit(lambda: done.append(1))
     _lose_replies(scheduler)
     assert not scheduler.flush_outbox()
@@ -303,8 +316,9 @@ def test_a_commit_whose_reply_was_lost_is_not_sent_again(
     scheduler._down_until = 0.0
     assert scheduler.flush_outbox()  # found out: it ran
     assert done == [1]
-    assert int(rds.get("{t}:count") or 0) == 1  # queued once, not twice
-    assert scheduler.queue.frontier.audit() == {}
+    # queued once, not twice
+    assert _total(rds, shards, lambda p: rds.get(p + "count")) == len(seeds)
+    assert scheduler.queue.shards.audit() == {}
 
 
 def test_a_commit_lost_before_it_reached_redis_is_sent_once_found_out(

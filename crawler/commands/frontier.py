@@ -49,6 +49,7 @@ from crawler.frontier.overrides import (
     stored_value_ok,
 )
 from crawler.frontier.store import frontier_prefix
+from crawler.keys import shard_prefixes, site_prefix
 from crawler.status import ClusterStatus, SpiderStatus, StatusReader
 
 if TYPE_CHECKING:
@@ -132,19 +133,28 @@ class Override:
         }
 
 
-def override_key(spider: str, kind: OverrideKind) -> str:
-    """``{<spider>}:delay`` or ``{<spider>}:conc``."""
-    return frontier_prefix(spider) + kind
+def override_key(
+    spider: str, kind: OverrideKind, site: str | None = None, shards: int = 1
+) -> str:
+    """``{<spider>}:delay``, ``{<spider>}:conc`` or ``{<spider>}:revisit``;
+    with ``FRONTIER_SHARDS`` = ``shards`` > 1, the hash of the shard that
+    holds ``site`` (:func:`crawler.keys.site_prefix`)."""
+    if site is None or shards <= 1:
+        return frontier_prefix(spider) + kind
+    return site_prefix(spider, site, shards) + kind
 
 
-def read_overrides(redis: Redis, spider: str) -> list[Override]:
-    """Every delay and concurrency override of ``spider``, by kind then site.
+def read_overrides(redis: Redis, spider: str, shards: int = 1) -> list[Override]:
+    """Every delay and concurrency override of ``spider``, by kind then site
+    (of every shard).
 
     :raises redis.exceptions.RedisError: Redis is unreachable.
     """
     found: list[Override] = []
     for kind in (DELAY, CONCURRENCY, REVISIT):
-        stored: dict[bytes | str, bytes | str] = redis.hgetall(override_key(spider, kind))
+        stored: dict[bytes | str, bytes | str] = {}
+        for prefix in shard_prefixes(spider, shards):
+            stored.update(redis.hgetall(prefix + kind))
         for field, value in stored.items():
             # Bytes, unless REDIS_PARAMS asks the client to decode responses.
             site = field if isinstance(field, str) else field.decode("utf-8", "backslashreplace")
@@ -443,7 +453,7 @@ class Command(ScrapyCommand):
                 value = parse(args[2])
             except ValueError as exc:
                 raise UsageError(f"refused: {exc}", print_help=False) from None
-        key = override_key(spider, kind)
+        key = override_key(spider, kind, site, self.settings.getint("FRONTIER_SHARDS", 1))
         redis = get_redis(self.settings)
         try:
             if unset:
@@ -509,7 +519,8 @@ class Command(ScrapyCommand):
         names = [self._spider(name) for name in spiders] or self._spiders()
         redis = get_redis(self.settings)
         try:
-            found = [o for name in names for o in read_overrides(redis, name)]
+            shards = self.settings.getint("FRONTIER_SHARDS", 1)
+            found = [o for name in names for o in read_overrides(redis, name, shards)]
         finally:
             redis.close()
         bad = [o for o in found if not o.ok]
@@ -521,7 +532,9 @@ class Command(ScrapyCommand):
             # One line per override (grep-able): key, site, value.
             width = max((len(o.site) for o in found), default=0)
             for o in found:
-                key = override_key(o.spider, o.kind)
+                key = override_key(
+                    o.spider, o.kind, o.site, self.settings.getint("FRONTIER_SHARDS", 1)
+                )
                 sys.stdout.write(f"{key:<{len(o.spider) + 8}} {o.site:<{width}}  {o.describe()}\n")
             if not found:
                 sys.stdout.write(f"no overrides for {', '.join(names)}\n")

@@ -12,6 +12,7 @@ from scrapy.utils.request import request_from_dict
 from scrapy_redis.queue import Base
 
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Frontier, Lease, NotDue
 
@@ -70,9 +71,11 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         settings = spider.crawler.settings
-        self.frontier = Frontier(
+        #: The frontier's shards (``FRONTIER_SHARDS``, default 1).
+        self.shards = FrontierShards.build(
             server,
             spider.name,
+            max(1, settings.getint("FRONTIER_SHARDS", 1)),
             default_delay=settings.getfloat("FRONTIER_DELAY"),
             default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
             lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
@@ -85,9 +88,15 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
         self._method_names: dict[Callable[..., Any], str] = {}
 
+    @property
+    def frontier(self) -> Frontier:
+        """Shard 0: the whole frontier unless ``FRONTIER_SHARDS`` > 1 (then
+        use :attr:`shards`)."""
+        return self.shards[0]
+
     def __len__(self) -> int:
-        """Requests queued, waiting for a retry, or leased."""
-        return self.frontier.pending()
+        """Requests queued, waiting for a retry, or leased, in every shard."""
+        return self.shards.pending()
 
     def encode(self, request: Request, *, compact: bool = True) -> bytes:
         """Encode ``request`` for the queue.
@@ -163,27 +172,29 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
 
         :returns: False when filtered as a duplicate.
         """
-        return self.frontier.push(
+        site = site_of(request)
+        return self.shards.for_site(site).push(
             self.encode(request),
-            site=site_of(request),
+            site=site,
             priority=request.priority,
             fingerprint=fingerprint,
             dont_filter=request.dont_filter,
         )
 
     def lease(self, lease_id: str) -> Lease | NotDue:
-        """Lease the best due request under ``lease_id``."""
-        return self.frontier.lease(lease_id)
+        """Lease the best due request of the first shard that has one under
+        ``lease_id``."""
+        return self.shards.lease(lease_id)
 
     def pop(self, timeout: int = 0) -> Request | None:
         """scrapy-redis's interface: lease and acknowledge at once (no lease kept)."""
         lease_id = f"pop#{os.urandom(4).hex()}:0"
-        result = self.frontier.lease(lease_id)
+        result = self.shards.lease(lease_id)
         if isinstance(result, NotDue):
             return None
-        self.frontier.ack([lease_id])
+        self.shards.for_site(result.site).ack([lease_id])
         return self.decode(result.data, result.site)
 
     def clear(self) -> None:
-        """Delete the frontier (not the dupefilter)."""
-        self.frontier.clear()
+        """Delete the frontier, every shard (not the dupefilters)."""
+        self.shards.clear()

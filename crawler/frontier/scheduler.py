@@ -33,6 +33,7 @@ from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.overrides import parse_site_settings
+from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import (
@@ -143,20 +144,25 @@ class _Op:
     #: answered: the reply says, per push, whether the shared dupefilter
     #: filtered it, and a filtered request is logged as Scrapy logs one.
     request: Request | None = None
+    #: The frontier shard the write goes to (its request's site's).
+    shard: int = 0
 
 
 @dataclass
 class _InDoubt:
-    """A call whose reply was lost: it may or may not have run.
+    """A round trip whose reply was lost: each of its calls may or may not
+    have run.
 
-    :ivar seq: the sequence number its commit carried (None: no commit).
-    :ivar ops: how many outbox ops (from the front) it carried.
+    :ivar seq: the sequence number its commits carried (None: no commit).
+    :ivar commits: the outbox ops of each shard's commit, by shard.
     :ivar lease_ids: the lease ids it asked for.
+    :ivar lease_shard: the shard the lease call went to.
     """
 
     seq: int | None
-    ops: int
+    commits: dict[int, list[_Op]]
     lease_ids: list[str]
+    lease_shard: int = 0
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -312,6 +318,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._unreachable = False
         self._in_doubt: _InDoubt | None = None
         self._problems: set[str] = set()
+        #: Lease id -> the shard it was taken from.
+        self._lease_shards: dict[str, int] = {}
+        #: The shard the next lease call goes to first (round robin).
+        self._turn = 0
+        #: Per shard, ``time.monotonic()`` before which it said nothing is
+        #: due (0: ask it; None: nothing queued when last asked).
+        self._shard_due: list[float | None] = []
 
     # -- life cycle --------------------------------------------------------------
 
@@ -346,15 +359,25 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # over our timeouts, no retries; on a cluster, one that follows
             # its slots).
             spider.server = get_redis(self.crawler.settings)
+        shards = self.queue.shards
+        self._shard_due = [0.0] * len(shards)
         overrides = self._site_settings()
         self._hook_engine()
         try:
+            shards.check_count()
             for key, mapping in overrides.items():
-                self.server.hset(self.queue.frontier.key(key), mapping=mapping)
-            self.queue.frontier.load_scripts()
-            self.queue.frontier.alive(self.holder)
-        except RedisError as exc:
-            message = config_error_message(exc, self.crawler.settings)
+                by_shard: dict[int, dict[str, int]] = {}
+                for site, value in mapping.items():
+                    by_shard.setdefault(shards.index_of(site), {})[site] = value
+                for i, part in by_shard.items():
+                    self.server.hset(shards[i].key(key), mapping=part)
+            shards.load_scripts()
+            shards.alive(self.holder)
+        except (RedisError, ShardCountError) as exc:
+            message = (
+                str(exc) if isinstance(exc, ShardCountError)
+                else config_error_message(exc, self.crawler.settings)
+            )
             if message is not None:
                 # Raised now, CloseSpider would skip the rest of Scrapy's
                 # start-up (the item pipelines), whose close then fails:
@@ -433,7 +456,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             held = list(self._leases.values())
             self._leases.clear()
             for lease_id in held:
-                self._write("givebacks", item=lease_id)
+                self._write("givebacks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
             self.stats.inc_value("frontier/leases/released", len(held))
             logger.info("Gave back %d unfinished leases", len(held))
         while self._outbox and time.monotonic() < deadline:
@@ -447,8 +470,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 len(self._outbox),
             )
         try:
-            self.queue.frontier.leave(self.holder)
-        except RedisError:
+            self.queue.shards.leave(self.holder)
+        except UNREACHABLE:
             pass  # it stops counting a lease's length after its last heartbeat
         if not self.persist:
             self.flush()
@@ -491,14 +514,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self.stats.inc_value("scheduler/unencodable")
             return False
         site, priority = site_of(request), request.priority
+        shard = self.queue.shards.index_of(site)
         if delay is not None:
-            self._write("retries", item=Retry(data, site, priority, float(delay)))
+            self._write("retries", item=Retry(data, site, priority, float(delay)), shard=shard)
             self.stats.inc_value("frontier/retries/scheduled")
             return True
         if fingerprint is None:
             fingerprint = self.df.request_fingerprint(request)
         push = Push(data, site, priority, fingerprint, request.dont_filter)
-        self._write("pushes", item=push, request=request)
+        self._write("pushes", item=push, request=request, shard=shard)
         self._remember(fingerprint)
         return True
 
@@ -537,24 +561,60 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """
         if self._ready:
             return self._hand_out()
+        asked: set[int] = set()
         while True:
+            shard = self._next_shard(asked)
+            if shard is None:  # every shard said: nothing due now
+                self._due_at = self._earliest_due()
+                return None
             ids = [f"{self.holder}:{next(self._lease_ids)}" for _ in range(self._want())]
-            result = self._exchange(ids)
+            result = self._exchange(ids, shard)
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
-                self._housekeeping(result[0])
+                self._housekeeping(result[0], shard)
                 self._take(result)
+                self._turn = (shard + 1) % len(self._shard_due)
             elif isinstance(result, NotDue):
-                self._housekeeping(result)
-                self._due_at = None if result.wait is None else time.monotonic() + result.wait
+                self._housekeeping(result, shard)
+                now = time.monotonic()
+                self._shard_due[shard] = None if result.wait is None else now + result.wait
+                asked.add(shard)
+                if len(self._shard_due) == 1:
+                    self._due_at = None if result.wait is None else now + result.wait
             # (leases found out after a lost reply are in the buffer too)
             if self._ready:
                 return self._hand_out()
-            if not isinstance(result, list):  # nothing due, Redis down, or refused
+            if result is None:  # Redis down, or refused
+                return None
+            if len(self._shard_due) == 1 and not isinstance(result, list):
                 return None
 
-    def _housekeeping(self, result: Lease | NotDue) -> None:
-        """Count what a lease call did besides leasing; log what it met."""
+    def _next_shard(self, asked: set[int]) -> int | None:
+        """The shard the next lease call goes to: the next in turn not
+        asked in this :meth:`next_request` that may have work due (never
+        asked, asked when nothing was queued, or past the wait it gave); the
+        first call of a :meth:`next_request` asks the earliest due shard when
+        none is, as a single frontier is always asked. None: every shard was
+        asked and none has work due."""
+        n = len(self._shard_due)
+        now = time.monotonic()
+        for j in range(n):
+            i = (self._turn + j) % n
+            due = self._shard_due[i]
+            if i not in asked and (due is None or due <= now):
+                return i
+        if asked:
+            return None
+        return min(range(n), key=lambda i: self._shard_due[i] or 0.0)
+
+    def _earliest_due(self) -> float | None:
+        """``time.monotonic()`` when the first shard that has work becomes
+        due (None: no shard had any queued when asked)."""
+        dues = [due for due in self._shard_due if due is not None]
+        return min(dues) if dues else None
+
+    def _housekeeping(self, result: Lease | NotDue, shard: int) -> None:
+        """Count what a lease call to ``shard`` did besides leasing; log what it met."""
         if result.expired:
             self.stats.inc_value("frontier/leases/returned", result.expired)
         if result.dead:
@@ -562,7 +622,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             logger.warning(
                 "%d requests moved to the dead-letter list %s by the frontier "
                 "(past FRONTIER_MAX_DELIVERIES, or unreadable)",
-                result.dead, self.queue.frontier.key("dead"), extra={"spider": self.spider},
+                result.dead, self.queue.shards[shard].key("dead"), extra={"spider": self.spider},
             )
         self._log_problems(result.problems)
 
@@ -583,6 +643,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
                 continue
             self._leases[request] = lease.lease_id
+            self._lease_shards[lease.lease_id] = self.queue.shards.index_of(lease.site)
             if self.queue.frontier.revisit_after_ms:
                 self._entries[request] = (lease.data, lease.site)
             self._ready.append(request)
@@ -616,13 +677,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
         lease_id = self._leases.get(request)
         if lease_id is not None:
-            self._write("slots", item=lease_id)
+            self._write("slots", item=lease_id, shard=self._lease_shards.get(lease_id, 0))
 
     def _finished(self, request: Request) -> None:
         self._entries.pop(request, None)
         lease_id = self._leases.pop(request, None)
         if lease_id is not None:
-            self._write("acks", item=lease_id)
+            self._write("acks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
 
     def _beat(self) -> None:
         self.flush_outbox()
@@ -630,11 +691,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if not self._unreachable or time.monotonic() >= self._down_until:
             # Leases stay extended until their ack is in Redis (an ack
             # refused or in doubt waits in the outbox).
-            held = [*self._leases.values(), *(op.item for op in self._outbox if op.kind == "acks")]
+            held: dict[int, list[str]] = {}
+            for lease_id in self._leases.values():
+                held.setdefault(self._lease_shards.get(lease_id, 0), []).append(lease_id)
+            for op in self._outbox:
+                if op.kind == "acks":
+                    held.setdefault(op.shard, []).append(op.item)
             try:
-                self.queue.frontier.alive(self.holder)
+                self.queue.shards.alive(self.holder)
                 if held:
-                    self.queue.frontier.extend(held)
+                    self.queue.shards.extend(held)
             except UNREACHABLE as exc:
                 self._failed(exc)
 
@@ -652,7 +718,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self._ready or not self.flush_outbox():
             return True
         try:
-            pending = self.queue.frontier.pending() > 0
+            pending = self.queue.shards.pending() > 0
         except UNREACHABLE as exc:
             self._failed(exc)
             return True
@@ -693,8 +759,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             logger.error("Revisit not scheduled: %s", exc, extra={"spider": self.spider})
             return
         fingerprint = self.df.request_fingerprint(request)
+        site = site_of(request)
         self._write(
-            "revisits", item=Revisit(data, site_of(request), request.priority, fingerprint)
+            "revisits", item=Revisit(data, site, request.priority, fingerprint),
+            shard=self.queue.shards.index_of(site),
         )
         self.stats.inc_value("frontier/revisits/scheduled")
 
@@ -752,7 +820,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.crawler.settings.getint("RETRY_PRIORITY_ADJUST", -1),
             ),
         }
-        self._dead(record)
+        self._dead(record, site_of(request))
         logger.warning("Dead letter for %s: %s", request.url, reason)
 
     def _dead_entry(
@@ -767,11 +835,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                   "time": time.time(), "request": None, "entry": data.decode("latin-1")}
         if site is not None:
             record["site"] = site
-        self._dead(record)
-        self._write("acks", item=lease_id)
+        shard = self._lease_shards.pop(lease_id, 0)
+        self._dead(record, site, shard)
+        self._write("acks", item=lease_id, shard=shard)
 
-    def _dead(self, record: dict[str, Any]) -> None:
-        self._write("dead", item=json.dumps(record, default=str).encode())
+    def _dead(self, record: dict[str, Any], site: str | None, shard: int | None = None) -> None:
+        """Queue a dead letter for the shard of ``site`` (or ``shard``)."""
+        if shard is None:
+            shard = 0 if site is None else self.queue.shards.index_of(site)
+        self._write("dead", item=json.dumps(record, default=str).encode(), shard=shard)
         self.stats.inc_value("frontier/dead")
 
     # -- outbox and outages --------------------------------------------------------
@@ -783,8 +855,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         item: Any = None,
         done: Callable[[], object] | None = None,
         request: Request | None = None,
+        shard: int = 0,
     ) -> None:
-        self._outbox.append(_Op(kind, item, done, request))
+        self._outbox.append(_Op(kind, item, done, request, shard))
         if self._flush_call is None:
             self._flush_call = call_later(self.outbox_delay, self._flush_soon)
 
@@ -806,7 +879,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._flush_call = call_later(wait, self._flush_soon)
 
     def flush_outbox(self) -> bool:
-        """Send queued writes in one transaction.
+        """Send queued writes: one commit per shard they go to, in one round
+        trip (one per Redis Cluster master).
 
         :returns: False when Redis could not be reached (the writes stay
             queued and are tried again after a backoff).
@@ -814,14 +888,19 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return not self._outbox or self._exchange(None) is not None
 
     @overload
-    def _exchange(self, lease_ids: None) -> bool | None: ...
+    def _exchange(self, lease_ids: None, shard: int = 0) -> bool | None: ...
 
     @overload
-    def _exchange(self, lease_ids: list[str]) -> list[Lease] | NotDue | None: ...
+    def _exchange(
+        self, lease_ids: list[str], shard: int = 0
+    ) -> list[Lease] | NotDue | None: ...
 
-    def _exchange(self, lease_ids: list[str] | None) -> list[Lease] | NotDue | bool | None:
-        """Send the outbox (one ``commit.lua`` call) and, with ``lease_ids``,
-        lease after it: one round trip.
+    def _exchange(
+        self, lease_ids: list[str] | None, shard: int = 0
+    ) -> list[Lease] | NotDue | bool | None:
+        """Send the outbox (one ``commit.lua`` call per shard it has writes
+        for) and, with ``lease_ids``, lease from ``shard`` after it: one
+        round trip.
 
         A call whose reply was lost is found out first (:meth:`_resolve`);
         scripts Redis forgot (a restart, a failover) are loaded and the calls
@@ -837,7 +916,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return None
         asked, result = lease_ids is not None, None
         for attempt in (1, 2):
-            step = self._round_trip(lease_ids)
+            step = self._round_trip(lease_ids, shard)
             if step is None:  # unreachable, in doubt, or refused
                 return None
             not_run, leased = step
@@ -854,7 +933,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
                 if refresh is not None:
                     refresh()  # a cluster's slot map
-                self.queue.frontier.load_scripts()
+                self.queue.shards.load_scripts()
             except UNREACHABLE as exc:
                 self._outage(exc)
                 break
@@ -863,40 +942,65 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return None if any(op.kind != "after_commit" for op in self._outbox) else True
 
     def _round_trip(
-        self, lease_ids: list[str] | None
+        self, lease_ids: list[str] | None, shard: int = 0
     ) -> tuple[bool, list[Lease] | NotDue | None] | None:
-        """One pipeline: the outbox's commit, then the lease call.
+        """One round trip: each shard's commit of the outbox, then the lease
+        call on ``shard``.
 
-        :returns: None when Redis could not be reached (the call is then in
-            doubt) or refused it; else whether a call did not run and may be
-            sent again (``NOSCRIPT``, ``MOVED``, ...) and the lease's result
-            (None when not asked or not run).
+        :returns: None when Redis could not be reached (the calls are then
+            in doubt) or refused one; else whether a call did not run and may
+            be sent again (``NOSCRIPT``, ``MOVED``, ...) and the lease's
+            result (None when not asked or not run).
         """
-        ops = list(self._outbox)
-        batch = self._commit_of(ops)
-        if batch:
+        groups, batches = self._batches()
+        if batches:
             self._seq += 1
-            batch.marker = (self.holder, self._seq)
+            for batch in batches.values():
+                batch.marker = (self.holder, self._seq)
+        lease = None if lease_ids is None else (shard, lease_ids)
         try:
-            committed, leased = self._send(batch, lease_ids)
+            committed, leased = self._send(batches, lease)
         except UNREACHABLE as exc:  # sent or not, its reply is lost
-            if batch or lease_ids is not None:
+            if batches or lease_ids is not None:
                 self._in_doubt = _InDoubt(
-                    self._seq if batch else None, len(ops), list(lease_ids or [])
+                    self._seq if batches else None,
+                    {i: groups[i] for i in batches},
+                    list(lease_ids or []),
+                    shard,
                 )
                 self.stats.inc_value("frontier/redis/in_doubt")
             self._outage(exc)
             return None
-        if isinstance(committed, Committed) or not batch:
-            self._committed(ops, committed if isinstance(committed, Committed) else None)
+        for i, reply in committed.items():
+            if isinstance(reply, Committed):
+                self._done(groups[i], reply)
+                self._shard_due[i] = 0.0  # new work or free slots there: ask it
+        self._settle()
         result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
-        replies = (committed, leased)
-        errors = [r for r in replies if isinstance(r, ResponseError)]
+        errors = [r for r in (*committed.values(), leased) if isinstance(r, ResponseError)]
         refused = next((r for r in errors if not isinstance(r, NOT_RUN)), None)
         if refused is not None:
             self._refused(refused)
             return None if result is None else (False, result)
+        if not errors or any(isinstance(r, Committed) for r in committed.values()):
+            self._recovered()
         return bool(errors), result
+
+    def _batches(self) -> tuple[dict[int, list[_Op]], dict[int, Commit]]:
+        """The outbox's writes by shard, and the commit of each shard that
+        has anything to send."""
+        groups: dict[int, list[_Op]] = {}
+        for op in self._outbox:
+            if op.kind != "after_commit":
+                groups.setdefault(op.shard, []).append(op)
+        batches: dict[int, Commit] = {}
+        for i, ops in groups.items():
+            batch = self._commit_of(ops)
+            if batch:
+                batches[i] = batch
+            else:  # only slots of leases acked in the same outbox: nothing to send
+                self._done(ops, None)
+        return groups, batches
 
     @staticmethod
     def _commit_of(ops: list[_Op]) -> Commit:
@@ -911,53 +1015,74 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return batch
 
     def _send(
-        self, batch: Commit, lease_ids: list[str] | None
-    ) -> tuple[Committed | ResponseError | None, list[Any] | ResponseError | None]:
-        """Send ``batch`` (when it has anything) and the lease call (with
-        ``lease_ids``) in one pipeline, never twice.
+        self, batches: dict[int, Commit], lease: tuple[int, list[str]] | None
+    ) -> tuple[dict[int, Committed | ResponseError], list[Any] | ResponseError | None]:
+        """Send the commits ``batches`` (by shard) and the lease call
+        (``(shard, lease ids)``), never twice: one pipeline on one Redis, one
+        per master on a cluster (the lease's last).
 
-        :returns: the commit's and the lease's replies, each None when not
-            sent, or the :class:`ResponseError` that script answered.
-        :raises redis.exceptions.RedisError: the connection failed: whether
+        :returns: each commit's reply by shard and the lease's reply (None
+            when not sent), a :class:`ResponseError` where a script answered
+            one.
+        :raises redis.exceptions.RedisError: a connection failed: whether
             the calls ran is unknown.
         """
-        if not batch and lease_ids is None:
-            return None, None
-        frontier = self.queue.frontier
+        if not batches and lease is None:
+            return {}, None
+        shards = self.queue.shards
+        wanted = [i for i in batches if lease is None or i != lease[0]]
+        if lease is not None:
+            wanted.append(lease[0])  # last: it sees the slots freed before it
+        committed: dict[int, Committed | ResponseError] = {}
+        leased: list[Any] | ResponseError | None = None
+        groups = shards.groups(wanted)
+        if lease is not None:  # the lease's pipeline last
+            groups.sort(key=lambda group: lease[0] in group[1])
+        for pipe, indices in groups:
+            calls: list[tuple[str, int]] = []
+            with pipe:
+                for i in indices:
+                    if i in batches:
+                        shards[i].commit(batches[i], client=pipe)
+                        calls.append(("commit", i))
+                    if lease is not None and i == lease[0]:
+                        shards[i].lease_many(lease[1], client=pipe)
+                        calls.append(("lease", i))
+                replies = self._execute(pipe)
+            for (call, i), reply in zip(calls, replies, strict=True):
+                if call == "lease":
+                    leased = reply
+                else:
+                    committed[i] = (
+                        reply if isinstance(reply, ResponseError) else Committed.of(reply)
+                    )
+        return committed, leased
+
+    @staticmethod
+    def _execute(pipe: Any) -> list[Any]:
+        """``pipe.execute``, each script's error in its place.
+
+        :raises redis.exceptions.RedisError: a connection failed (whether
+            the calls ran is unknown).
+        """
         try:
-            with frontier.pipeline() as pipe:
-                if batch:
-                    frontier.commit(batch, client=pipe)
-                if lease_ids is not None:
-                    frontier.lease_many(lease_ids, client=pipe)
-                replies: list[Any] = pipe.execute(raise_on_error=False)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
         except RedisClusterException as exc:  # no RedisError, but unreachable
             raise RedisConnectionError(str(exc)) from exc
         for reply in replies:
             if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
                 raise reply  # a connection error in the replies: lost
-        committed: Committed | ResponseError | None = None
-        if batch:
-            first = replies[0]
-            committed = first if isinstance(first, ResponseError) else Committed.of(first)
-        leased = replies[-1] if lease_ids is not None else None
-        return committed, leased
+        return replies
 
-    def _committed(self, ops: list[_Op], committed: Committed | None) -> None:
-        """The first ``len(ops)`` writes of the outbox are in Redis.
+    def _done(self, ops: list[_Op], committed: Committed | None) -> None:
+        """The writes ``ops`` (one shard's commit) are in Redis.
 
         ``committed`` is the commit's reply; None when there was no commit,
         or when its reply was lost and Redis only told that it ran (then
         which pushes were duplicates is not known, and the log says so).
         """
-        del self._outbox[: len(ops)]
-        self._recovered()
-        for op in ops:
-            if op.done is not None:
-                try:
-                    op.done()
-                except Exception:  # a callback's failure is its own
-                    logger.exception("after_commit callback failed")
+        sent = {id(op) for op in ops}
+        self._outbox[:] = [op for op in self._outbox if id(op) not in sent]
         pushes = [op for op in ops if op.kind == "pushes"]
         if committed is None:
             if pushes:
@@ -988,27 +1113,56 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.stats.inc_value(key, n)
         self._log_problems(committed.problems)
 
+    def _settle(self) -> None:
+        """Run the ``after_commit`` callbacks that no unsent write precedes
+        any more (every write queued before them is in Redis)."""
+        while self._outbox and self._outbox[0].kind == "after_commit":
+            op = self._outbox.pop(0)
+            if op.done is not None:
+                try:
+                    op.done()
+                except Exception:  # a callback's failure is its own
+                    logger.exception("after_commit callback failed")
+
     def _resolve(self) -> bool:
-        """Find out what the call whose reply was lost did, and go on from
-        there: its writes leave the outbox if they ran (else they are sent
-        again), and the leases it took are handed out.
+        """Find out what the round trip whose reply was lost did, shard by
+        shard, and go on from there: the writes of each commit that ran
+        leave the outbox (the others are sent again), and the leases it
+        took are handed out.
 
         :returns: False while Redis cannot tell (still unreachable).
         """
         doubt = self._in_doubt
         assert doubt is not None
+        shards = self.queue.shards
+        asked = sorted({*doubt.commits, *([doubt.lease_shard] if doubt.lease_ids else [])})
+        found: dict[int, tuple[bool, list[Lease]]] = {}
         try:
-            ran, leases = self.queue.frontier.recover(self.holder, doubt.seq, doubt.lease_ids)
+            for i in asked:
+                found[i] = shards[i].recover(
+                    self.holder,
+                    doubt.seq if i in doubt.commits else None,
+                    doubt.lease_ids if doubt.lease_ids and i == doubt.lease_shard else [],
+                )
         except UNREACHABLE as exc:
             self._failed(exc)
             return False
         self._in_doubt = None
-        if doubt.seq is not None and ran:
-            self._committed(self._outbox[: doubt.ops], None)
+        ran = [i for i in doubt.commits if found[i][0]]
+        for i in ran:
+            self._done(doubt.commits[i], None)
+        if ran:
+            self._recovered()
+        self._settle()
+        leases = [lease for _, taken in found.values() for lease in taken]
         self._take(leases)
         logger.info(
             "A frontier call's reply was lost; found out: %s, %d leases taken",
-            "no commit" if doubt.seq is None else ("committed" if ran else "not committed"),
+            "no commit" if doubt.seq is None else (
+                "committed" if len(ran) == len(doubt.commits)
+                else f"{len(ran)} of {len(doubt.commits)} shard commits ran"
+                if ran else "not committed"
+            ),
             len(leases), extra={"spider": self.spider},
         )
         return True

@@ -322,11 +322,12 @@ class Frontier:
         delay_margin: float = 0.1,
         robots_gate: bool = False,
         revisit_after: float = 0.0,
+        prefix: str | None = None,
     ) -> None:
         self.redis = redis
         self.revisit_after_ms = max(0, round(revisit_after * 1000))
         self.bloom = bloom
-        self.prefix = frontier_prefix(spider_name)
+        self.prefix = prefix or frontier_prefix(spider_name)
         self.default_delay_ms = round(default_delay * 1000)
         self.default_concurrency = default_concurrency
         self.lease_timeout_ms = int(lease_timeout * 1000)
@@ -620,11 +621,13 @@ class Frontier:
                 leases.append(Lease(data, site, lease_id, deliveries))
         return committed, leases
 
-    def alive(self, worker: str) -> None:
+    def alive(self, worker: str, client: Any = None) -> None:
         """Count ``worker`` (a holder) as live in fair shares now (at open
         and on each heartbeat; lease calls do it too). A worker silent for a
-        lease's length stops counting."""
-        self._alive(keys=[self.key("alive")], args=[worker])
+        lease's length stops counting.
+
+        :param client: a redis-py pipeline to queue the call on."""
+        self._alive(keys=[self.key("alive")], args=[worker], client=client)
 
     def leave(self, worker: str) -> None:
         """Stop counting ``worker`` as live (it closes): the others' fair

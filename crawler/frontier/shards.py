@@ -1,0 +1,246 @@
+"""A crawl's frontier split into shards (``FRONTIER_SHARDS``).
+
+Each shard is a :class:`~crawler.frontier.store.Frontier` with a key prefix
+of its own, ``{<spider>:<i>}:`` (``{<spider>}:`` when there is one shard:
+the keys of an unsharded crawl), so that on a Redis Cluster the shards
+spread over the masters while every script call still touches one hash
+slot. A site belongs to shard ``crc32(site) % N``
+(:func:`crawler.keys.shard_of`); its queues, leases, retries, dead letters,
+fingerprints, robots.txt and per-site settings live there.
+
+On one Redis server the shards cost nothing per round trip: the scheduler
+sends the commits of every shard it has writes for and one lease call in
+one pipeline, as with one shard. On a cluster it sends one pipeline per
+master that holds one of those shards (:meth:`FrontierShards.groups`),
+never redis-py's cluster pipeline, which sends a command again when its
+reply is lost.
+
+The shard count of a crawl is recorded in ``{<spider>}:shards`` by its
+first worker (:meth:`FrontierShards.check_count`): a worker started with
+another ``FRONTIER_SHARDS`` would read and write other keys, so it stops
+with a configuration error instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from redis import StrictRedis
+
+from crawler.frontier.store import Frontier, Lease, NotDue
+from crawler.keys import shard_of, shard_prefixes, shards_key
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from redis import Redis
+
+    from crawler.frontier.bloom import BloomFilter
+
+__all__ = ["FrontierShards", "ShardCountError", "shard_bloom"]
+
+
+class ShardCountError(ValueError):
+    """A worker's ``FRONTIER_SHARDS`` differs from the crawl's recorded count."""
+
+
+def shard_bloom(bloom: BloomFilter, prefix: str, shards: int) -> BloomFilter:
+    """The Bloom filter of one shard: ``<prefix>bloom``, sized for
+    ``capacity / shards`` URLs (rounded up) at the same error rate, so the
+    shards together hold ``FRONTIER_BLOOM_CAPACITY`` URLs in about the bytes
+    one filter would (the sites, and so the URLs, spread evenly over the
+    shards). With one shard, ``bloom`` itself."""
+    if shards <= 1:
+        return bloom
+    return type(bloom).for_capacity(
+        prefix + "bloom", math.ceil(bloom.capacity / shards), bloom.error_rate
+    )
+
+
+class FrontierShards:
+    """The frontier shards of one crawl, in shard order.
+
+    :param frontiers: one :class:`Frontier` per shard (shard ``i`` has the
+        prefix ``crawler.keys.shard_prefix(spider, i, len(frontiers))``).
+    :param spider: the spider's name.
+    """
+
+    def __init__(self, frontiers: Sequence[Frontier], spider: str) -> None:
+        if not frontiers:
+            raise ValueError("a frontier has at least one shard")
+        self.frontiers = list(frontiers)
+        self.spider = spider
+        self.redis = self.frontiers[0].redis
+
+    @classmethod
+    def build(
+        cls,
+        redis: Redis,
+        spider: str,
+        shards: int = 1,
+        *,
+        bloom: BloomFilter | None = None,
+        **options: Any,
+    ) -> FrontierShards:
+        """``shards`` frontiers of ``spider`` with the same ``options``
+        (:class:`Frontier`'s keywords); each its own share of ``bloom``
+        (:func:`shard_bloom`)."""
+        prefixes = shard_prefixes(spider, shards)
+        return cls(
+            [
+                Frontier(
+                    redis, spider, prefix=prefix,
+                    bloom=None if bloom is None else shard_bloom(bloom, prefix, len(prefixes)),
+                    **options,
+                )
+                for prefix in prefixes
+            ],
+            spider,
+        )
+
+    def __len__(self) -> int:
+        return len(self.frontiers)
+
+    def __getitem__(self, index: int) -> Frontier:
+        return self.frontiers[index]
+
+    def __iter__(self) -> Iterator[Frontier]:
+        return iter(self.frontiers)
+
+    def index_of(self, site: str) -> int:
+        """The shard of ``site``."""
+        return shard_of(site, len(self.frontiers))
+
+    def for_site(self, site: str) -> Frontier:
+        """The frontier shard that holds ``site``."""
+        return self.frontiers[shard_of(site, len(self.frontiers))]
+
+    # -- round trips ---------------------------------------------------------------
+
+    def groups(self, indices: Sequence[int]) -> list[tuple[Any, list[int]]]:
+        """The pipelines that reach the shards ``indices``, each with the
+        shards it reaches (in the order given): one pipeline on one Redis
+        server; on a cluster one per master (:meth:`Frontier.pipeline`,
+        which never sends a command twice)."""
+        if isinstance(self.redis, StrictRedis):
+            return [(self.redis.pipeline(transaction=False), list(indices))]
+        cluster: Any = self.redis
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i in indices:
+            node = cluster.get_node_from_key(self.frontiers[i].key("wait"))
+            group = by_node.get(node.name)
+            if group is None:
+                group = by_node[node.name] = (
+                    cluster.get_redis_connection(node).pipeline(transaction=False), []
+                )
+            group[1].append(i)
+        return list(by_node.values())
+
+    def _each(self, call: Any) -> list[Any]:
+        """Run ``call(frontier, pipe)`` on every shard, one pipeline per node;
+        the replies in shard order. For idempotent calls only (reads,
+        ``alive``, ``extend``)."""
+        replies: dict[int, Any] = {}
+        for pipe, indices in self.groups(range(len(self.frontiers))):
+            with pipe:
+                for i in indices:
+                    call(self.frontiers[i], pipe)
+                for i, reply in zip(indices, pipe.execute(), strict=True):
+                    replies[i] = reply
+        return [replies[i] for i in range(len(self.frontiers))]
+
+    # -- every shard ---------------------------------------------------------------
+
+    def check_count(self) -> None:
+        """Record the shard count in ``{<spider>}:shards``, or check it
+        against the one recorded (one round trip).
+
+        :raises ShardCountError: the crawl was started with another count,
+            or (no count recorded) it has an unsharded frontier and this
+            worker would shard it; the message names both values.
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        n = len(self.frontiers)
+        key = shards_key(self.spider)
+        old = self.redis.set(key, n, nx=True, get=True)
+        if old is None and n > 1:
+            # Recorded now: a crawl of the time before shards has its frontier
+            # under {<spider>}: (same slot as the count).
+            plain = f"{{{self.spider}}}:"
+            if self.redis.exists(plain + "count", plain + "leases", plain + "retries"):
+                self.redis.delete(key)
+                old = b"1"
+        if old is not None and int(old) != n:
+            raise ShardCountError(
+                f"FRONTIER_SHARDS is {n} but the crawl of spider {self.spider!r} was started "
+                f"with {int(old)} shards ({key} = {int(old)}): set FRONTIER_SHARDS = "
+                f"{int(old)}, or clear the crawl (scrapy frontier clear) to change it"
+            )
+
+    def load_scripts(self) -> None:
+        """Load the Lua scripts (``SCRIPT LOAD``; on a cluster, every master)."""
+        self.frontiers[0].load_scripts()
+
+    def alive(self, holder: str) -> None:
+        """:meth:`Frontier.alive` on every shard."""
+        self._each(lambda f, pipe: f.alive(holder, client=pipe))
+
+    def leave(self, holder: str) -> None:
+        """:meth:`Frontier.leave` on every shard."""
+        self._each(lambda f, pipe: pipe.zrem(f.key("alive"), holder))
+
+    def pending(self) -> int:
+        """Requests queued, waiting to be retried, or leased, in every shard
+        (one round trip on one Redis; see :meth:`Frontier.pending`)."""
+
+        def read(f: Frontier, pipe: Any) -> None:
+            pipe.get(f.key("count"))
+            pipe.zcard(f.key("retries"))
+            pipe.zcard(f.key("leases"))
+
+        total = 0
+        for pipe, indices in self.groups(range(len(self.frontiers))):
+            with pipe:
+                for i in indices:
+                    read(self.frontiers[i], pipe)
+                total += sum(int(v or 0) for v in pipe.execute())
+        return total
+
+    def revisits(self) -> int:
+        """Revisits scheduled and not yet due, every shard."""
+        return sum(int(n) for n in self._each(lambda f, pipe: pipe.zcard(f.key("revisits"))))
+
+    def extend(self, lease_ids: dict[int, list[str]]) -> int:
+        """:meth:`Frontier.extend` of the leases of each shard (shard -> ids)."""
+        return sum(self.frontiers[i].extend(ids) for i, ids in lease_ids.items() if ids)
+
+    def lease(self, lease_id: str) -> Lease | NotDue:
+        """Lease one request from the first shard that has one due (one call
+        per shard at most); :class:`NotDue` with the earliest wait else."""
+        waits: list[float] = []
+        last: NotDue | None = None
+        for frontier in self.frontiers:
+            result = frontier.lease(lease_id)
+            if isinstance(result, Lease):
+                return result
+            last = result
+            if result.wait is not None:
+                waits.append(result.wait)
+        assert last is not None
+        return dataclasses.replace(last, wait=min(waits) if waits else None)
+
+    def audit(self) -> dict[str, Any]:
+        """:meth:`Frontier.audit` of every shard; problems of shard ``i`` > 0
+        are under ``"<i>:<name>"``."""
+        problems: dict[str, Any] = {}
+        for i, frontier in enumerate(self.frontiers):
+            for name, value in frontier.audit().items():
+                problems[name if i == 0 else f"{i}:{name}"] = value
+        return problems
+
+    def clear(self) -> None:
+        """:meth:`Frontier.clear` on every shard (the dupefilters stay)."""
+        for frontier in self.frontiers:
+            frontier.clear()

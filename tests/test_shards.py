@@ -1,0 +1,213 @@
+"""The sharded frontier (``FRONTIER_SHARDS``): keys, one Redis, a Redis Cluster."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from scrapy import Request, Spider
+from scrapy.settings import Settings
+
+from crawler.config import config_error_of
+from crawler.keys import CrawlKeys, shard_of, shard_prefixes
+from tests import scheduler_harness as harness
+from tests.scheduler_harness import finish, lease_all
+from tests.workers import crawl, worker_env
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    import redis
+
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+
+PAGES_PER_SITE = 6
+
+
+class _Spider(Spider):
+    name = "t"
+
+
+# -- keys ----------------------------------------------------------------------------
+
+
+def test_shard_of_is_crc32_of_the_site_and_spreads_sites_evenly() -> None:
+    assert shard_of("a.example", 1) == 0
+    assert shard_of("a.example", 7) == zlib.crc32(b"a.example") % 7 == 1
+    sites = [f"127.0.{1 + i // 100}.{1 + i % 100}:8080" for i in range(120)]
+    for n in (3, 6):
+        counts = Counter(shard_of(site, n) for site in sites)
+        assert sorted(counts) == list(range(n))
+        assert max(counts.values()) <= 2 * 120 / n, counts
+
+
+def test_one_shard_keeps_the_keys_of_today_and_shards_have_a_tag_each() -> None:
+    one = CrawlKeys.for_spider("s", Settings({"FRONTIER_SHARDS": 1}))
+    assert [k.prefix for k in one.shards] == ["{s}:"]
+    assert (one.count, one.wait, one.dead) == ("{s}:count", "{s}:wait", "{s}:dead")
+    assert one.shards[0].dupefilter == "{s}:dupefilter"
+    four = CrawlKeys.for_spider("s", Settings({"FRONTIER_SHARDS": 4}))
+    prefixes = [k.prefix for k in four.shards]
+    assert prefixes == shard_prefixes("s", 4)
+    assert all(p.startswith("{s:") for p in prefixes)
+    # Each shard in its own quarter of the slots: one per master of four.
+    slots = [key_slot(p.encode() + b"wait") for p in prefixes]
+    assert [slot * 4 // 16384 for slot in slots] == [0, 1, 2, 3]
+    assert four.shards[2].dupefilter == prefixes[2] + "dupefilter"
+    assert four.shard_for("a.example").index == shard_of("a.example", 4)
+    # Crawl-wide keys stay.
+    assert (four.stats, four.control, four.shards_key) == ("{s}:stats", "{s}:control", "{s}:shards")
+
+
+# -- one Redis ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_requests_of_every_site_are_leased_once_across_shards(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=shards)
+    urls = [f"https://s{i}.example/{j}" for i in range(12) for j in range(3)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    prefixes = shard_prefixes("t", shards)
+    assert sum(int(rds.get(p + "count") or 0) for p in prefixes) == len(urls)
+    got = lease_all(scheduler)
+    assert sorted(r.url for r in got) == sorted(urls)
+    for request in got:
+        finish(scheduler, request)
+    assert not scheduler.has_pending_requests()
+    assert scheduler.queue.shards.audit() == {}
+    assert sum(rds.scard(p + "dupefilter") for p in prefixes) == len(urls)
+    assert int(rds.get("{t}:shards") or 0) == shards
+
+
+def test_a_worker_with_another_shard_count_stops_with_a_configuration_error(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    rds.set("{t}:shards", 4)
+    scheduler, crawler = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=2)
+    message = config_error_of(crawler)
+    assert message is not None
+    assert "FRONTIER_SHARDS is 2" in message and "4 shards" in message
+    assert scheduler.next_request() is None  # no frontier call
+    assert rds.get("{t}:shards") == b"4"
+
+
+def test_sharding_an_unsharded_crawl_is_refused(redis_url: str, rds: redis.Redis) -> None:
+    rds.set("{t}:count", 3)
+    _, crawler = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=3)
+    message = config_error_of(crawler)
+    assert message is not None and "1 shards" in message
+    assert not rds.exists("{t}:shards")
+
+
+# -- whole crawls: many sites on loopback addresses -------------------------------------
+
+
+class _Sites(ThreadingHTTPServer):
+    """One HTTP server for many sites: ``http://127.0.x.y:<port>/`` links to
+    ``/p1`` ... ``/p5``, which link back; robots.txt is 404. Counts hits by
+    (host, path)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("0.0.0.0", 0), _Handler)  # all of 127.0.0.0/8
+        self.hits: Counter[tuple[str, str]] = Counter()
+        self.lock = threading.Lock()
+
+    def urls(self, n: int) -> list[str]:
+        """The seeds of ``n`` sites."""
+        port = self.server_address[1]
+        return [f"http://127.0.{1 + i // 200}.{1 + i % 200}:{port}/" for i in range(n)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Sites
+
+    def do_GET(self) -> None:
+        host = self.headers.get("Host", "")
+        with self.server.lock:
+            self.server.hits[(host, self.path)] += 1
+        if self.path == "/robots.txt":
+            self.send_error(404)
+            return
+        links = "".join(f'<a href="/p{i}">p{i}</a>' for i in range(1, PAGES_PER_SITE))
+        body = f"<html><head><title>{host}{self.path}</title></head><body>{links}</body></html>"
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def sites() -> Iterator[_Sites]:
+    server = _Sites()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _assert_stored_once(db: Any, sites: _Sites, n: int, workers: list[Any]) -> None:
+    assert [w.returncode for w in workers] == [0] * len(workers), [w.log[-3000:] for w in workers]
+    assert db.pages.count_documents({}) == n * PAGES_PER_SITE
+    assert len(db.pages.distinct("url")) == n * PAGES_PER_SITE
+    pages = {k: v for k, v in sites.hits.items() if k[1] != "/robots.txt"}
+    assert len(pages) == n * PAGES_PER_SITE
+    assert [k for k, v in pages.items() if v > 1] == []
+
+
+def test_a_crawl_on_one_redis_with_four_shards_stores_every_page_once(
+    redis_url: str, rds: redis.Redis, mongo_uri: str, mongo_db: str, db: Any,
+    sites: _Sites, tmp_path: Path,
+) -> None:
+    n = 20
+    rds.lpush("pages:start_urls", *sites.urls(n))
+    workers = crawl(
+        "pages", worker_env(redis_url, mongo_uri, mongo_db), tmp_path,
+        settings={"FRONTIER_SHARDS": 4},
+    )
+    _assert_stored_once(db, sites, n, workers)
+    prefixes = shard_prefixes("pages", 4)
+    assert all(rds.scard(p + "dupefilter") > 0 for p in prefixes)
+    assert not rds.exists("{pages}:dupefilter")
+
+
+def test_a_crawl_of_120_sites_spreads_over_the_masters_of_a_cluster(
+    redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any,
+    sites: _Sites, tmp_path: Path,
+) -> None:
+    n = 120
+    rc = RedisCluster.from_url(redis_cluster_url)
+    try:
+        rc.lpush("pages:start_urls", *sites.urls(n))
+        env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+        workers = crawl("pages", env, tmp_path, workers=2, settings={"FRONTIER_SHARDS": 6})
+        _assert_stored_once(db, sites, n, workers)
+        assert all("MOVED" not in w.log and "CROSSSLOT" not in w.log for w in workers)
+        per_master = []
+        for node in rc.get_primaries():
+            client = rc.get_redis_connection(node)
+            per_master.append(sum(
+                int(client.memory_usage(key) or 0)
+                for key in client.scan_iter(match="*pages*", count=1000)
+            ))
+        assert max(per_master) <= 0.6 * sum(per_master), per_master
+    finally:
+        rc.close()
