@@ -147,3 +147,27 @@ def test_not_idle_for_long_enough_is_kept(rds: redis.Redis) -> None:
     keeper = Housekeeper(rds, "s", site_forget_after=3600)
     assert keeper.forget_sites() == (0, [])
     assert rds.hexists("{s}:due", "a.example")
+
+
+def test_the_extension_reads_its_settings_and_can_be_switched_off(redis_url: str) -> None:
+    from scrapy import Spider
+    from scrapy.exceptions import NotConfigured
+    from scrapy.utils.test import get_crawler
+
+    from crawler.frontier.housekeeping import FrontierHousekeeping
+
+    class S(Spider):
+        name = "s"
+
+    crawler = get_crawler(S, {
+        "REDIS_URL": redis_url, "FRONTIER_DEAD_LETTERS_MAX": 7,
+        "FRONTIER_SITE_FORGET_AFTER": 2.5, "FRONTIER_WORKER_FORGET_AFTER": 90,
+        "FRONTIER_HOUSEKEEPING_BATCH": 3,
+    })
+    ext = FrontierHousekeeping.from_crawler(crawler)
+    keeper = ext.housekeeper
+    assert (keeper.dead_max, keeper.site_forget_after_ms, keeper.worker_forget_after,
+            keeper.batch, keeper.prefix) == (7, 2500, 90.0, 3, "{s}:")
+    off = get_crawler(S, {"REDIS_URL": redis_url, "FRONTIER_HOUSEKEEPING_INTERVAL": 0})
+    with pytest.raises(NotConfigured):
+        FrontierHousekeeping.from_crawler(off)
