@@ -5,8 +5,9 @@ through the same :class:`crawler.status.StatusReader`) reads counters and
 known keys only. The same crawl is written into databases 0 and 1 of a
 private redis-server, and database 1 also gets 1,000,000 keys of "another
 application"; the status is read from each, alternately, and the medians
-must be within 150 ms of each other. ``INFO commandstats`` shows that no
-``SCAN`` or ``KEYS`` was sent.
+must be within 150 ms of each other (for the command run as a process,
+whose time is mostly Python starting, the fastest runs). ``INFO
+commandstats`` shows that no ``SCAN`` or ``KEYS`` was sent.
 """
 
 from __future__ import annotations
@@ -156,11 +157,14 @@ def test_status_command_is_as_fast_beside_a_million_foreign_keys(
 
     try:
         times: list[list[float]] = [[], []]
-        for _ in range(3):
+        for _ in range(4):
             for i, url in enumerate((alone_url, crowded_url)):
                 times[i].append(timed(lambda url=url: status(url)))
-        alone, crowded = (statistics.median(t) for t in times)
-        assert crowded - alone < TOLERANCE, (alone, crowded)
+        # A run is mostly Python starting Scrapy (1-2 s), and other jobs on
+        # the machine add up to seconds to any run: the fastest of each side
+        # is what the command costs (the reader's medians are compared above).
+        alone, crowded = (min(t) for t in times)
+        assert crowded - alone < TOLERANCE, times
         assert status(crowded_url)["spiders"]["quotes"]["queued"] == 199
         assert commands(client, "scan") + commands(client, "keys") == scans_before
     finally:
