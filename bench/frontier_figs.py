@@ -22,16 +22,18 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 from scrapy_redis.queue import PriorityQueue
 
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.queue import LeasedPriorityQueue
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import Commit, NotDue, Push
+from crawler.frontier.store import Commit, Frontier, NotDue, Push
+from crawler.politeness import compact_robots
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from scrapy.crawler import Crawler
 
-__all__ = ["frontier_ops", "redis_memory", "typical_requests"]
+__all__ = ["bytes_per_site", "frontier_ops", "redis_memory", "typical_requests"]
 
 #: Requests pushed and leased per cycle in figure d: a worker's
 #: CONCURRENT_REQUESTS, i.e. what one reactor turn's outbox carries at most.
@@ -313,3 +315,94 @@ def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> flo
     server.flushall()
     server.close()
     return sum(ops for ops, _ in got) / max(elapsed for _, elapsed in got)
+
+
+# -- Redis bytes per site ------------------------------------------------------
+
+#: A robots.txt as large sites serve them: groups for several crawlers, a
+#: wildcard group, sitemaps (about 3 KiB).
+TYPICAL_ROBOTS = (
+    "# robots.txt of a large site\nSitemap: https://www.example.com/sitemap.xml\n\n"
+    + "".join(
+        f"User-agent: {bot}\n" + "".join(f"Disallow: /{bot.lower()}/{d}/\n" for d in range(12))
+        + "Crawl-delay: 1\n\n"
+        for bot in ("Googlebot", "Bingbot", "Slurp", "DuckDuckBot", "Baiduspider", "YandexBot")
+    )
+    + "User-agent: *\nDisallow: /cart/\nDisallow: /account/\nDisallow: /search\n"
+    "Allow: /search/help\nDisallow: /*?sessionid=\n"
+).encode()
+#: The user agent the robots.txt is compacted for (the project's).
+BENCH_AGENT = "crawler (+https://docs.scrapy.org/en/latest/topics/practices.html)"
+
+
+def bytes_per_site(redis_url: str, sites: int = 10_000, *, compact: bool = True) -> dict[str, Any]:
+    """Redis bytes per site with work, and per finished site before and after
+    the housekeeping forgets it (:mod:`crawler.frontier.housekeeping`).
+
+    ``sites`` sites (``s<i>.example``) each get one queued request (no
+    dupefilter) and their robots.txt (:data:`TYPICAL_ROBOTS`, compact for
+    the project's agent, or the full body with ``compact=False``) as the
+    robots middleware stores it; then each request is leased and
+    acknowledged; then the housekeeping runs (forget-after 0) until every
+    site is forgotten. ``used_memory`` is read after each phase (the
+    database flushed and the scripts loaded first).
+
+    :returns: ``{"sites", "with_work", "finished", "forgotten"}`` in bytes
+        per site, plus ``"robots_stored"`` (bytes of one site's robots.txt
+        as stored) and ``"robots_full"`` (its full body).
+    """
+    server = redis.Redis.from_url(redis_url)
+    server.flushall()
+    frontier = Frontier(server, "bench", default_concurrency=1)
+    keeper = Housekeeper(server, "bench", site_forget_after=0, batch=1000)
+    frontier.load_scripts()
+    keeper.forget([])  # loads its script
+    server.delete(keeper.key("forget"))
+    stored = compact_robots(TYPICAL_ROBOTS, BENCH_AGENT) if compact else TYPICAL_ROBOTS
+    names = [f"s{i}.example" for i in range(sites)]
+
+    def used() -> int:
+        return int(server.info("memory")["used_memory"])
+
+    before = used()
+    for i in range(0, sites, 1000):
+        pushes = [
+            Push(f'{{"u":"/page-{j}.html"}}'.encode(), site, 0, None, True)
+            for j, site in enumerate(names[i : i + 1000])
+        ]
+        frontier.commit(Commit(pushes=pushes))
+        with server.pipeline(transaction=False) as pipe:
+            for site in names[i : i + 1000]:
+                pipe.hset(frontier.key("robots"), site, f"{time.time()}\n".encode() + stored)
+            pipe.execute()
+    with_work = used()
+    n = 0
+    while True:
+        ids = [f"bench#0:{n + k}" for k in range(64)]
+        n += 64
+        result = frontier.lease_many(ids)
+        if isinstance(result, NotDue):
+            if result.wait is None:
+                break
+            time.sleep(result.wait)
+            continue
+        done = [lease.lease_id for lease in result]
+        frontier.commit(Commit(slots=done, acks=done))
+    finished = used()
+    left = sites
+    deadline = time.monotonic() + 120
+    while left and time.monotonic() < deadline:
+        forgotten, _ = keeper.forget_sites()
+        left -= forgotten
+    forgotten_at = used()
+    server.flushall()
+    server.close()
+    return {
+        "sites": sites,
+        "with_work": (with_work - before) / sites,
+        "finished": (finished - before) / sites,
+        "forgotten": (forgotten_at - before) / sites,
+        "not_forgotten": left,
+        "robots_stored": len(stored),
+        "robots_full": len(TYPICAL_ROBOTS),
+    }

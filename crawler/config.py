@@ -648,6 +648,14 @@ SETTINGS: dict[str, Setting] = {
                                   "for the status"),
     "FRONTIER_WORKER_ID": _s(text(empty=True), "this worker's id (empty: host:pid)"),
     "FRONTIER_STATUS_MAX_PRIORITIES": _s(_COUNT_POS, "priorities the status reports per spider"),
+    "FRONTIER_HOUSEKEEPING_INTERVAL": _s(_SECONDS, "seconds between two housekeeping runs "
+                                         "of a worker (0: none)"),
+    "FRONTIER_HOUSEKEEPING_BATCH": _s(_COUNT_POS, "sites looked at per housekeeping run"),
+    "FRONTIER_WORKER_FORGET_AFTER": _s(_SECONDS, "seconds after its last heartbeat that a "
+                                       "worker's record is removed"),
+    "FRONTIER_DEAD_LETTERS_MAX": _s(_COUNT, "newest dead letters kept (0: no cap)"),
+    "FRONTIER_SITE_FORGET_AFTER": _s(_SECONDS, "seconds without work after which a site's "
+                                     "state is deleted"),
     "METRICS_HOST": _s(text(), "address the Prometheus exporter binds"),
     "METRICS_PORT": _s(number(int, 1, 65535), "port of the Prometheus exporter"),
     "LOG_JSON_ENABLED": _s(FLAG, "log JSON lines"),
@@ -734,6 +742,7 @@ ORDERED: tuple[tuple[str, str, float, float], ...] = (
     ("FRONTIER_RETRY_BACKOFF_BASE", "FRONTIER_RETRY_BACKOFF_MAX", 1.0, 60.0),
     ("FRONTIER_ADAPTIVE_START", "FRONTIER_ADAPTIVE_MAX", 1.0, 60.0),
     ("FRONTIER_HEARTBEAT_INTERVAL", "FRONTIER_WORKER_TIMEOUT", 5.0, 30.0),
+    ("FRONTIER_WORKER_TIMEOUT", "FRONTIER_WORKER_FORGET_AFTER", 30.0, 86400.0),
 )
 
 

@@ -6,7 +6,9 @@ Run it next to Redis and MongoDB, once for the whole cluster::
     python -m crawler.metrics --host 0.0.0.0 --port 9410
 
 Each scrape reads the figures afresh through :class:`crawler.status.StatusReader`
-(the same code as ``scrapy frontier status``), so the two always agree.
+(the same code as ``scrapy frontier status``), so the two always agree; it
+reads counters and known keys only (no ``SCAN``), so other applications'
+keys in the same Redis do not slow it down.
 Metrics (all gauges unless said; ``spider``, ``worker``, ``collection``,
 ``priority``, ``key``, ``stat`` are labels):
 
@@ -21,11 +23,16 @@ metric                                                what
 ``crawler_requests_queued{spider}``                   requests queued (``{<spider>}:count``)
 ``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority (the
                                                       ``FRONTIER_STATUS_MAX_PRIORITIES``
-                                                      highest priorities)
+                                                      highest priorities; no sample when
+                                                      unknown: a frontier without
+                                                      ``{<spider>}:prio``)
 ``crawler_requests_leased{spider}``                   requests leased by workers
 ``crawler_requests_leased_by_worker{spider,worker}``  the same, per worker
 ``crawler_retries_waiting{spider}``                   requests waiting for a retry
+``crawler_spider_started{spider}``                    1 if any key of the spider is in Redis
 ``crawler_dead_letters{spider,key}``                  dead letters; ``key`` is ``{<spider>}:dead``
+``crawler_dead_letters_trimmed_total{spider,key}``    counter: dead letters trimmed off the
+                                                      list past ``FRONTIER_DEAD_LETTERS_MAX``
 ``crawler_urls_seen{spider}``                         fingerprints in the dupefilter set; no
                                                       sample with the Bloom dupefilter
 ``crawler_items_stored{collection}``                  documents per MongoDB collection
@@ -62,6 +69,8 @@ from crawler.status import StatusReader
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from crawler.status import ClusterStatus
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +156,7 @@ class StatusCollector(Collector):
                 state.add_metric([name, each], 1.0 if spider.state == each else 0.0)
             seeds.add_metric([name], spider.seeds)
             queued.add_metric([name], spider.queued)
-            for priority, count in spider.queued_by_priority.items():
+            for priority, count in (spider.queued_by_priority or {}).items():
                 by_priority.add_metric([name, str(priority)], count)
             leased.add_metric([name], spider.leases)
             for worker, count in spider.leases_by_worker.items():
@@ -170,10 +179,28 @@ class StatusCollector(Collector):
         for collection, count in status.items.items():
             stored.add_metric([collection], count)
         yield from (state, seeds, queued, by_priority, leased, leased_by, retries, dead, seen)
+        yield from _bounds(status)
         yield from (stored, live, rate, pages, items, beat, crawled, scraped, stats)
         yield GaugeMetricFamily(
             "crawler_status_read_seconds", "Seconds the last status reading took", value=took
         )
+
+
+def _bounds(status: ClusterStatus) -> Iterator[Metric]:
+    """Whether each spider has keys in Redis, and its dead letters trimmed."""
+    started = GaugeMetricFamily(
+        "crawler_spider_started", "1 if any key of the spider is in Redis", labels=["spider"]
+    )
+    trimmed = CounterMetricFamily(
+        "crawler_dead_letters_trimmed",
+        "Dead letters trimmed off {<spider>}:dead past FRONTIER_DEAD_LETTERS_MAX",
+        labels=["spider", "key"],
+    )
+    for name, spider in status.spiders.items():
+        started.add_metric([name], 1.0 if spider.started else 0.0)
+        trimmed.add_metric([name, spider.keys["dead"]], spider.dead_trimmed)
+    yield started
+    yield trimmed
 
 
 def serve(reader: StatusReader, host: str, port: int) -> tuple[Any, threading.Thread]:

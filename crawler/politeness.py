@@ -10,7 +10,8 @@ A site's delay between two requests, across all workers, is then
 ``max(FRONTIER_DELAY or its {s}:delay override, its Crawl-delay) + its slow
 delay``, times ``1 + FRONTIER_DELAY_MARGIN``.
 
-robots.txt itself is kept in ``{<spider>}:robots`` (site -> ``fetched\\nbody``)
+robots.txt itself is kept in ``{<spider>}:robots`` (site -> ``fetched\\nbody``,
+the body compacted to the rules for the crawl's user agent: :func:`compact_robots`)
 and, while a site's robots.txt cannot be reached, ``{<spider>}:robots:down``
 (site -> ``"<next attempt ms> <failed attempts> <first failure ms>"``, times
 of the Redis server's clock): see :class:`SharedRobotsTxtMiddleware`.
@@ -25,13 +26,16 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from protego import _protego
 from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
+from scrapy.robotstxt import ProtegoRobotParser, decode_robotstxt
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
 
 from crawler.config import stop_on_config_error
@@ -66,7 +70,80 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AdaptiveSlowdownMiddleware", "RobotsDown", "SharedRobotsTxtMiddleware", "parse_down"]
+__all__ = [
+    "AdaptiveSlowdownMiddleware", "RobotsDown", "SharedRobotsTxtMiddleware", "compact_robots",
+    "parse_down",
+]
+
+#: Directives of a robots.txt group as protego reads them (its spellings
+#: included), by the name :func:`compact_robots` writes them with.
+_GROUP_DIRECTIVES: dict[str, str] = {
+    **dict.fromkeys(_protego._ALLOW_DIRECTIVE, "Allow"),
+    **dict.fromkeys(_protego._DISALLOW_DIRECTIVE, "Disallow"),
+    **dict.fromkeys(_protego._CRAWL_DELAY_DIRECTIVE, "Crawl-delay"),
+    **dict.fromkeys(_protego._REQUEST_RATE_DIRECTIVE, "Request-rate"),
+    **dict.fromkeys(_protego._VISIT_TIME_DIRECTIVE, "Visit-time"),
+}
+
+
+def compact_robots(body: bytes, agent: str) -> bytes:
+    """The part of robots.txt ``body`` that applies to ``agent``, as a
+    minimal robots.txt that protego parses to the same decisions for it.
+
+    protego picks one group for a user agent (the longest matching
+    ``User-agent`` token, else ``*``); this keeps that group's rules, in
+    their order, under one ``User-agent`` line: ``Allow``, ``Disallow``,
+    ``Crawl-delay``, ``Request-rate`` and ``Visit-time``, every spelling
+    protego accepts written in its usual one. Other groups, comments,
+    ``Sitemap`` and ``Host`` lines go. The result is at most
+    :data:`ROBOTS_MAX_BYTES` (cut at a line): a group that large is read no
+    further, as the fetch reads no further (RFC 9309 section 2.5).
+
+    :param body: the robots.txt as fetched (any encoding Scrapy decodes).
+    :param agent: the user agent the crawl's requests are checked with
+        (``ROBOTSTXT_USER_AGENT``, else the ``User-Agent`` header).
+    :returns: UTF-8 text; empty when no group applies (everything allowed).
+    """
+    text = decode_robotstxt(body, None)
+    matched = _protego.Protego.parse(text)._get_matching_rule_set(agent)
+    if matched is None or matched.user_agent is None:
+        return b""
+    ours = matched.user_agent
+    out = [f"User-agent: {ours}"]
+    # Group the lines as protego does (_protego.Protego._parse_robotstxt):
+    # a User-agent line after a rule starts a new group; a group applies to
+    # ``ours`` when one of its User-agent lines names it.
+    group: set[str] = set()
+    previous: str | None = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parsed = _protego._extract_directive(line)
+        if parsed is None:
+            continue
+        name, value = parsed
+        if (
+            name in _protego._USER_AGENT_DIRECTIVE
+            and previous is not None
+            and previous not in _protego._USER_AGENT_DIRECTIVE
+        ):
+            group = set()
+        if name not in _protego._SITE_WIDE_DIRECTIVES:
+            previous = name
+        if not value:
+            continue
+        if name in _protego._USER_AGENT_DIRECTIVE:
+            named = value.strip().lower()
+            group.add(named)
+            if named != "*" and "*" in named:
+                group.add(named.replace("*", ""))
+        elif name in _GROUP_DIRECTIVES and ours in group:
+            out.append(f"{_GROUP_DIRECTIVES[name]}: {value}")
+    compact = ("\n".join(out) + "\n").encode()
+    if len(compact) > ROBOTS_MAX_BYTES:
+        compact = compact[: compact.rfind(b"\n", 0, ROBOTS_MAX_BYTES) + 1]
+    return compact
 
 _MS = re.compile(rb"\d{1,15}")
 _COUNT = re.compile(rb"[1-9]\d{0,8}")
@@ -154,7 +231,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     * **2xx**: the body goes to ``{s}:robots`` (site -> ``fetched\\nbody``)
       and its ``Crawl-delay`` for our user agent to ``{s}:rdelay`` (ms),
       which the frontier holds every worker to. Each worker parses the body
-      itself (``ROBOTSTXT_PARSER``, protego by default).
+      itself (``ROBOTSTXT_PARSER``, protego by default). With protego the
+      body stored is compact (:func:`compact_robots`): only the group that
+      applies to the crawl's user agent (``ROBOTSTXT_USER_AGENT``, else the
+      ``User-Agent`` header of the request that needed it), a few hundred
+      bytes instead of up to 500 KiB; requests sent with another
+      ``User-Agent`` are judged by that group too. A full body stored by an
+      older version is read as before.
     * **4xx, or more than 5 redirects** ("unavailable"): no rules, stored as
       an empty body: everything is allowed.
     * **5xx or a network error** (DNS, refused, timeout; "unreachable"): the
@@ -423,14 +506,21 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             # else 4xx (or a redirect not followed): unavailable, no rules
         if failure is not None:
             return self._unreachable(site, stored, failure)
+        agent = to_unicode(
+            self._robotstxt_useragent
+            or request.headers.get(b"User-Agent", self._default_useragent)
+            or ""
+        )
+        parserimpl: Any = self._parserimpl  # the ROBOTSTXT_PARSER class
+        if body and issubclass(parserimpl, ProtegoRobotParser):
+            # Only our group is kept; this worker obeys what the others
+            # will read, so every worker decides alike.
+            body = compact_robots(body, agent)
         parser = self._keep(site, body, self.ttl)
         await self.crawler.signals.send_catch_log_async(
             signal=signals.robots_parsed, robotparser=parser, request=request
         )
-        agent = self._robotstxt_useragent or request.headers.get(
-            b"User-Agent", self._default_useragent
-        )
-        self._store(site, body, parser.crawl_delay(agent or ""))
+        self._store(site, body, parser.crawl_delay(agent))
         if stored.down is not None:
             logger.info(
                 "robots.txt of %s answered (%s) after %d failed attempts; its requests go on",

@@ -244,6 +244,9 @@ EXTENSIONS = {
     # Pause, resume and stop every worker of a crawl ({<spider>}:control,
     # scrapy frontier pause|resume|stop; crawler/control.py).
     "crawler.control.CrawlControl": 510,
+    # Bounded state: forget dead workers, trim dead letters, forget idle
+    # sites (crawler/frontier/housekeeping.py).
+    "crawler.frontier.housekeeping.FrontierHousekeeping": 520,
 }
 
 #: Keep cluster-wide stats and the worker registry in Redis. Default: True.
@@ -263,6 +266,21 @@ FRONTIER_CONTROL_INTERVAL = 1.0
 #: Most distinct priorities ``scrapy frontier status`` and the metrics report
 #: per spider. Default: 100.
 FRONTIER_STATUS_MAX_PRIORITIES = 100
+#: Seconds between two housekeeping runs of a worker (dead workers, dead
+#: letters, idle sites; 0: none). Default: 30.0.
+FRONTIER_HOUSEKEEPING_INTERVAL = 30.0
+#: Sites of {<spider>}:due looked at per housekeeping run. Default: 200.
+FRONTIER_HOUSEKEEPING_BATCH = 200
+#: Seconds after its last heartbeat that a worker's record is removed from
+#: {<spider>}:workers (it died without closing). Default: 86400.0 (a day).
+FRONTIER_WORKER_FORGET_AFTER = 86400.0
+#: Newest dead letters kept in {<spider>}:dead; older ones are trimmed and
+#: counted in the stat dead/trimmed (0: no cap). Default: 100,000.
+FRONTIER_DEAD_LETTERS_MAX = 100_000
+#: Seconds without work (nothing queued, leased or due) after which a site's
+#: state is deleted: due time, slow and Crawl-delay marks, robots.txt; its
+#: overrides stay. Default: 3600.0 (an hour).
+FRONTIER_SITE_FORGET_AFTER = 3600.0
 
 #: Address the Prometheus exporter (``python -m crawler.metrics``) binds.
 #: Default: "127.0.0.1" (loopback only).

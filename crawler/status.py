@@ -18,6 +18,18 @@ which a worker is no longer live, default 30.0),
 ``queued_by_priority`` reports per spider, default 100), ``MONGO_URI``,
 ``MONGO_DATABASE``, ``REDIS_URL``.
 
+It reads counters and known keys only, never ``SCAN`` or ``KEYS``: a Redis
+shared with other applications (a million keys of theirs) answers as fast
+as one holding the crawl alone. The spiders are the project's (its spider
+loader) or those named; each one's keys (:class:`crawler.keys.CrawlKeys`)
+are read in one pipeline. A spider none of whose keys exists is reported
+with ``started`` False (``not started`` in the table), not left out: a
+name typed on the command line that was never crawled shows as such.
+Requests queued per priority come from the hash ``{<spider>}:prio``
+(priority -> requests queued at it), which the frontier's scripts keep; a
+frontier written by a version without it reports them as unknown (None),
+never as zeros.
+
 A server that cannot be read is named in :attr:`ClusterStatus.errors` with
 its address (credentials masked, :func:`masked_url`) and the cause; the
 figures it holds are then left out, never reported as zeros.
@@ -55,11 +67,20 @@ __all__ = [
     "WorkerStatus",
     "item_collections",
     "mongo_location",
-    "site_queues_by_priority",
+    "prio_key",
 ]
 
 #: Prefix of the per-collection item counters in ``{<spider>}:stats``.
 ITEMS_STAT_PREFIX = "item_scraped_count/"
+#: Stat in ``{<spider>}:stats``: dead letters trimmed off ``{<spider>}:dead``
+#: past ``FRONTIER_DEAD_LETTERS_MAX`` (:mod:`crawler.frontier.housekeeping`).
+DEAD_TRIMMED_STAT = "dead/trimmed"
+
+
+def prio_key(spider: str) -> str:
+    """``{<spider>}:prio``: hash priority -> requests queued at that priority
+    (all sites), kept by the frontier's scripts."""
+    return f"{{{spider}}}:prio"
 
 
 def mongo_location(settings: BaseSettings) -> str | None:
@@ -114,15 +135,19 @@ class SpiderStatus:
 
     Figures of keys that do not exist are 0.
 
-    :ivar keys: the spider's key names by role (:meth:`CrawlKeys.as_dict`).
+    :ivar keys: the spider's key names by role (:meth:`CrawlKeys.as_dict`,
+        and ``prio``: :func:`prio_key`).
     :ivar seeds: seeds waiting in ``<spider>:start_urls``.
     :ivar queued: requests queued in the frontier, all sites: the counter
         ``{<spider>}:count``.
-    :ivar queued_by_priority: request priority -> requests queued, summed
-        over the per-site lists ``{<spider>}:q:<site>:<priority>``, highest
-        priority first; only the ``FRONTIER_STATUS_MAX_PRIORITIES`` highest
-        priorities (``queued_by_priority_truncated`` tells when there were
-        more). Empty when ``queued`` is 0.
+    :ivar started: False when none of the spider's keys exists in Redis
+        (never crawled, or its keys were deleted); its figures are then 0.
+    :ivar queued_by_priority: request priority -> requests queued, from the
+        hash ``{<spider>}:prio`` (:func:`prio_key`), highest priority first;
+        only the ``FRONTIER_STATUS_MAX_PRIORITIES`` highest priorities
+        (``queued_by_priority_truncated`` tells when there were more). Empty
+        when ``queued`` is 0; None (unknown) when requests are queued and the
+        hash is absent: a frontier written by a version that did not keep it.
     :ivar leases: requests leased by workers (``ZCARD {<spider>}:leases``).
     :ivar leases_by_worker: worker id -> leases it holds (a lease id is
         ``<worker id>:<n>``).
@@ -145,14 +170,16 @@ class SpiderStatus:
 
     spider: str
     keys: dict[str, str]
+    started: bool = True
     seeds: int = 0
     queued: int = 0
-    queued_by_priority: dict[int, int] = field(default_factory=dict)
+    queued_by_priority: dict[int, int] | None = field(default_factory=dict)
     queued_by_priority_truncated: bool = False
     leases: int = 0
     leases_by_worker: dict[str, int] = field(default_factory=dict)
     retries: int = 0
     dead_letters: int = 0
+    dead_trimmed: int = 0
     seen: int | None = 0
     items: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
@@ -190,11 +217,15 @@ class ClusterStatus:
     servers: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (priorities become string keys)."""
+        """A JSON-ready dict (priorities become string keys;
+        ``queued_by_priority`` is null when unknown)."""
         spiders: dict[str, Any] = {}
         for name, spider in self.spiders.items():
             data = asdict(spider)
-            data["queued_by_priority"] = {str(p): n for p, n in spider.queued_by_priority.items()}
+            by_priority = spider.queued_by_priority
+            data["queued_by_priority"] = (
+                None if by_priority is None else {str(p): n for p, n in by_priority.items()}
+            )
             data["workers_live"] = len(spider.live_workers)
             spiders[name] = data
         return {
@@ -206,46 +237,24 @@ class ClusterStatus:
         }
 
 
-def site_queues_by_priority(client: Redis, prefix: str, chunk: int = 1000) -> dict[int, int]:
-    """Count the requests of the leased frontier per priority.
-
-    The frontier keeps one list per site and priority, ``<prefix><site>:<priority>``
-    (see :mod:`crawler.frontier.store`); they are found with ``SCAN`` and
-    measured with pipelined ``LLEN``, ``chunk`` at a time.
-
-    :param prefix: e.g. ``{quotes}:q:``.
-    :returns: ``{priority: count}``.
-    :raises redis.exceptions.RedisError: Redis failed.
-    """
-    counts: dict[int, int] = {}
-    pattern = prefix.replace("{", "\\{").replace("}", "\\}") + "*"
-    batch: list[tuple[int, bytes]] = []
-
-    def measure() -> None:
-        pipe = client.pipeline(transaction=False)
-        for _, key in batch:
-            pipe.llen(key)
-        for (priority, _), size in zip(batch, pipe.execute(), strict=True):
-            counts[priority] = counts.get(priority, 0) + int(size)
-        batch.clear()
-
-    for key in client.scan_iter(match=pattern, count=chunk):
-        try:
-            priority = int(_decode(key).rpartition(":")[2])
-        except ValueError:
-            continue
-        batch.append((priority, key))
-        if len(batch) >= chunk:
-            measure()
-    if batch:
-        measure()
-    return counts
-
-
 def _short(exc: Exception) -> str:
     """``Type: message``, cut to its first 200 characters (pymongo's are long)."""
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _priorities(fields: dict[bytes, bytes]) -> list[tuple[int, int]]:
+    """``(priority, requests)`` of the fields of ``{<spider>}:prio`` that
+    hold a whole priority and a positive count; others are left out."""
+    out = []
+    for raw_priority, raw_count in fields.items():
+        try:
+            priority, count = int(raw_priority), int(raw_count)
+        except ValueError:
+            continue
+        if count > 0:
+            out.append((priority, count))
+    return out
 
 
 def _decode(value: bytes | str) -> str:
@@ -347,7 +356,7 @@ class StatusReader:
             status.servers["mongodb"] = self.mongo_at
         for name in spiders if spiders is not None else self.spiders:
             keys = CrawlKeys.for_spider(name, self.settings)
-            spider = SpiderStatus(spider=name, keys=keys.as_dict())
+            spider = SpiderStatus(spider=name, keys={**keys.as_dict(), "prio": prio_key(name)})
             try:
                 self._read_redis(spider, keys, now)
             except (RedisError, RedisClusterException) as exc:
@@ -377,35 +386,48 @@ class StatusReader:
         return status
 
     def _read_redis(self, spider: SpiderStatus, keys: CrawlKeys, now: float) -> None:
-        client = self.redis
-        pipe = client.pipeline(transaction=False)
+        """Read the spider's known keys in one pipeline (no ``SCAN``)."""
+        pipe = self.redis.pipeline(transaction=False)
         pipe.llen(keys.seeds)
         pipe.get(keys.count)
         pipe.zcard(keys.leases)
         pipe.zcard(keys.retries)
         pipe.llen(keys.dead)
         pipe.scard(keys.dupefilter)
-        pipe.exists(keys.bloom, f"{keys.bloom}:0")  # one bitmap, or the first shard
+        pipe.exists(keys.bloom)
+        pipe.exists(f"{keys.bloom}:0")  # the first shard; one key per call (cluster)
         pipe.hgetall(keys.stats)
         pipe.hgetall(keys.workers)
-        seeds, count, leases, retries, dead, seen, bloom, stats, workers = pipe.execute()
+        pipe.hgetall(prio_key(spider.spider))
+        pipe.exists(keys.wait)
+        (seeds, count, leases, retries, dead, seen, bloom, bloom0, stats, workers, prio,
+         waiting) = pipe.execute()
         self._read_state(spider)
+        bloom = int(bloom) + int(bloom0)
         spider.seeds = int(seeds)
         spider.queued = int(count or 0)
         spider.leases, spider.retries, spider.dead_letters = int(leases), int(retries), int(dead)
-        spider.seen = None if int(bloom) and not int(seen) else int(seen)
+        spider.seen = None if bloom and not int(seen) else int(seen)
         spider.stats = {}
         for name, value in stats.items():
             try:
                 spider.stats[_decode(name)] = int(value)
             except ValueError:
                 continue
+        spider.dead_trimmed = spider.stats.get(DEAD_TRIMMED_STAT, 0)
         spider.workers = self._workers(workers, now)
+        spider.started = bool(
+            spider.seeds or count is not None or spider.leases or spider.retries
+            or spider.dead_letters or int(seen) or bloom or stats or workers or prio
+            or int(waiting) or spider.state != RUNNING or spider.state_bad_value is not None
+        )
         if spider.queued:
-            by_priority = site_queues_by_priority(client, keys.queues)
-            counts = sorted(((p, n) for p, n in by_priority.items() if n), reverse=True)
-            spider.queued_by_priority = dict(counts[: self.max_priorities])
-            spider.queued_by_priority_truncated = len(counts) > self.max_priorities
+            if prio:
+                counts = sorted(_priorities(prio), reverse=True)
+                spider.queued_by_priority = dict(counts[: self.max_priorities])
+                spider.queued_by_priority_truncated = len(counts) > self.max_priorities
+            else:
+                spider.queued_by_priority = None  # an older frontier: unknown
         if spider.leases:
             spider.leases_by_worker = self._leases_by_worker(keys.leases)
 

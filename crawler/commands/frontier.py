@@ -195,7 +195,10 @@ def _when(timestamp: float | None) -> str:
 
 
 def _spider_table(spider: SpiderStatus) -> Table:
-    table = Table(title=f"spider {spider.spider}", title_justify="left", show_header=False)
+    title = f"spider {spider.spider}"
+    if not spider.started:
+        title += " (not started: none of its keys is in Redis)"
+    table = Table(title=title, title_justify="left", show_header=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     table.add_column("detail")
@@ -204,16 +207,23 @@ def _spider_table(spider: SpiderStatus) -> Table:
         state = f"running (BAD value {spider.state_bad_value!r})"
     table.add_row("state", state, spider.keys["control"])
     table.add_row("seeds waiting", str(spider.seeds), spider.keys["seeds"])
-    by_priority = ", ".join(f"{p}: {n}" for p, n in spider.queued_by_priority.items())
-    if spider.queued_by_priority_truncated:
-        by_priority += ", ..."
-    table.add_row(
-        "requests queued", str(spider.queued), by_priority and f"by priority {by_priority}"
-    )
+    if spider.queued_by_priority is None:
+        by_priority = (
+            f"by priority unknown (no {spider.keys['prio']}: a frontier of an older version)"
+        )
+    else:
+        by_priority = ", ".join(f"{p}: {n}" for p, n in spider.queued_by_priority.items())
+        if spider.queued_by_priority_truncated:
+            by_priority += ", ..."
+        by_priority = by_priority and f"by priority {by_priority}"
+    table.add_row("requests queued", str(spider.queued), by_priority)
     per_worker = ", ".join(f"{w}: {n}" for w, n in sorted(spider.leases_by_worker.items()))
     table.add_row("requests leased", str(spider.leases), per_worker)
     table.add_row("retries waiting", str(spider.retries), "")
-    table.add_row("dead letters", str(spider.dead_letters), spider.keys["dead"])
+    dead = spider.keys["dead"]
+    if spider.dead_trimmed:
+        dead += f" ({spider.dead_trimmed} older ones trimmed)"
+    table.add_row("dead letters", str(spider.dead_letters), dead)
     if spider.seen is None:
         table.add_row("URLs seen", "unknown", f"Bloom filter {spider.keys['bloom']}")
     else:

@@ -1,0 +1,318 @@
+"""Bounded state: the workers' periodic housekeeping of a crawl's Redis keys.
+
+Three keys of a crawl would otherwise grow for as long as it runs:
+
+* the worker registry ``{s}:workers`` keeps one record per worker that ever
+  ran and died without closing; a record whose heartbeat is older than
+  ``FRONTIER_WORKER_FORGET_AFTER`` seconds (default 86400, a day) is removed
+  (``lua/forget_workers.lua``, which reads the record again inside the call,
+  so a worker that came back is kept);
+* the dead-letter list ``{s}:dead`` is trimmed to its newest
+  ``FRONTIER_DEAD_LETTERS_MAX`` entries (default 100,000; 0: no cap); what
+  is trimmed is counted in the stat ``dead/trimmed`` of ``{s}:stats``
+  (``lua/trim_dead.lua``: LLEN, LTRIM and HINCRBY in one atomic call that
+  counts exactly what it removed, so a call sent twice counts nothing twice);
+* the per-site state of sites that had no work for
+  ``FRONTIER_SITE_FORGET_AFTER`` seconds (default 3600) is deleted: their
+  fields in ``{s}:due``, ``{s}:slow``, ``{s}:rdelay``, ``{s}:robots``,
+  ``{s}:robots:down`` and zero counters in ``{s}:active``
+  (``lua/forget_sites.lua``). A site is idle when it is in neither
+  ``{s}:wait`` nor ``{s}:ready``, has no queued request (no ``{s}:lv:<site>``),
+  no download slot taken, and its due time is older than the bound; the
+  check and the deletes are one atomic call, so a site that gets work in
+  between is never touched. The sites are visited with ``HSCAN`` of
+  ``{s}:due``, ``FRONTIER_HOUSEKEEPING_BATCH`` (default 200) per run, the
+  cursor kept in ``{s}:forget`` so that the workers share one pass. The
+  operator's overrides (``{s}:delay``, ``{s}:conc``, ``{s}:revisit``) stay.
+  ``{s}:wactive`` needs no pass: the scripts delete its counters when they
+  fall to 0. A forgotten site that gets work again starts afresh: no
+  delay since its last request (it was long ago), its robots.txt fetched
+  again.
+
+Each worker runs all three every ``FRONTIER_HOUSEKEEPING_INTERVAL`` seconds
+(default 30.0) in a thread (:class:`FrontierHousekeeping`, an extension); a
+failed run is logged and tried again at the next one. Every script declares
+its keys in KEYS (no key is built inside a script).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple, Self, cast
+
+from redis.exceptions import RedisError
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.asyncio import create_looping_call
+from twisted.internet.threads import deferToThread
+
+from crawler.config import stop_on_config_error
+from crawler.frontier.connection import config_error_message, get_redis
+from crawler.frontier.store import _Lua, frontier_prefix
+from crawler.keys import dead_key, stats_key, workers_key
+from crawler.status import DEAD_TRIMMED_STAT
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from scrapy.crawler import Crawler
+    from scrapy.utils.asyncio import AsyncioLoopingCall
+    from twisted.internet.defer import Deferred
+    from twisted.internet.task import LoopingCall
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FrontierHousekeeping", "Housekeeper", "Swept"]
+
+
+class Swept(NamedTuple):
+    """What one housekeeping run did.
+
+    :ivar workers: worker records removed from ``{s}:workers``.
+    :ivar dead_trimmed: dead letters trimmed off ``{s}:dead``.
+    :ivar sites: sites whose per-site state was deleted.
+    :ivar problems: bad values met (one line each); the entry was left alone.
+    """
+
+    workers: int = 0
+    dead_trimmed: int = 0
+    sites: int = 0
+    problems: tuple[str, ...] = ()
+
+
+class Housekeeper:
+    """The housekeeping of one crawl's keys; each method is one bounded step.
+
+    :param redis: a redis-py client returning bytes.
+    :param spider: the spider's name (keys ``{<spider>}:...``).
+    :param worker_forget_after: seconds after its last heartbeat a worker's
+        record is removed.
+    :param dead_max: most dead letters kept (0: no cap).
+    :param site_forget_after: seconds without work after which a site's
+        state is deleted.
+    :param batch: sites looked at, and worker records read, per run.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        spider: str,
+        *,
+        worker_forget_after: float = 86400.0,
+        dead_max: int = 100_000,
+        site_forget_after: float = 3600.0,
+        batch: int = 200,
+    ) -> None:
+        self.redis = redis
+        self.spider = spider
+        self.prefix = frontier_prefix(spider)
+        self.worker_forget_after = worker_forget_after
+        self.dead_max = dead_max
+        self.site_forget_after_ms = max(0, round(site_forget_after * 1000))
+        self.batch = batch
+        self._workers_cursor = 0
+        self._forget_workers = _Lua(redis, "forget_workers.lua")
+        self._trim_dead = _Lua(redis, "trim_dead.lua")
+        self._forget_sites = _Lua(redis, "forget_sites.lua")
+
+    def key(self, name: str) -> str:
+        """``{<spider>}:<name>``."""
+        return self.prefix + name
+
+    def run(self) -> Swept:
+        """All three steps, one after the other.
+
+        :raises redis.exceptions.RedisError: Redis failed or refused a call
+            (a key of the wrong type: nothing was written by that call).
+        """
+        workers, worker_problems = self.forget_workers()
+        trimmed = self.trim_dead()
+        sites, site_problems = self.forget_sites()
+        return Swept(workers, trimmed, sites, tuple(worker_problems + site_problems))
+
+    def forget_workers(self) -> tuple[int, list[str]]:
+        """Remove stale records among the next ``batch`` of ``{s}:workers``.
+
+        The records are read with ``HSCAN`` (this object keeps the cursor);
+        those older than the bound by this worker's clock are sent to
+        ``forget_workers.lua``, which judges each one again by the Redis
+        server's clock. Safe to send again.
+
+        :returns: records removed, and the problems the script reported.
+        """
+        key = workers_key(self.spider)
+        cursor, records = cast(
+            "tuple[int, dict[bytes, bytes]]",
+            self.redis.hscan(key, self._workers_cursor, count=self.batch),
+        )
+        self._workers_cursor = int(cursor)
+        bound = time.time() - self.worker_forget_after
+        stale = []
+        for worker, raw in records.items():
+            try:
+                beat = float(json.loads(raw).get("last_heartbeat") or 0.0)
+            except (ValueError, TypeError, AttributeError):
+                continue
+            if beat < bound:
+                stale.append(worker)
+        if not stale:
+            return 0, []
+        removed, problems = self._forget_workers(
+            keys=[key], args=[self.worker_forget_after, *stale]
+        )
+        return int(removed), [_text(p) for p in problems]
+
+    def trim_dead(self) -> int:
+        """Trim ``{s}:dead`` to its newest ``dead_max`` entries, counting the
+        trimmed ones in the stat ``dead/trimmed``. Safe to send again.
+
+        :returns: entries trimmed by this call (0 with no cap).
+        """
+        if self.dead_max <= 0:
+            return 0
+        trimmed = self._trim_dead(
+            keys=[dead_key(self.spider), stats_key(self.spider)],
+            args=[self.dead_max, DEAD_TRIMMED_STAT],
+        )
+        return int(trimmed)
+
+    def forget_sites(self) -> tuple[int, list[str]]:
+        """Look at the next ``batch`` sites of ``{s}:due`` and delete the
+        state of the idle ones (see the module's docstring). Safe to send
+        again.
+
+        :returns: sites forgotten, and the problems the script reported.
+        """
+        cursor_key = self.key("forget")
+        raw = cast("bytes | None", self.redis.get(cursor_key))
+        cursor = int(raw) if raw is not None and raw.isdigit() else 0
+        nxt, fields = cast(
+            "tuple[int, dict[bytes, bytes]]",
+            self.redis.hscan(self.key("due"), cursor, count=self.batch),
+        )
+        return self.forget([_text(site) for site in fields], int(nxt))
+
+    def forget(self, sites: list[str], cursor: int = 0) -> tuple[int, list[str]]:
+        """Delete the state of those of ``sites`` that are idle, and store
+        ``cursor`` in ``{s}:forget`` (one ``forget_sites.lua`` call).
+
+        :param sites: site names (``host`` or ``host:port``).
+        :param cursor: the ``HSCAN`` cursor of the next run (0: start over).
+        :returns: sites forgotten, and the problems the script reported.
+        """
+        keys = [
+            self.key(name)
+            for name in (
+                "due", "wait", "ready", "active", "slow", "rdelay", "robots", "robots:down",
+                "forget",
+            )
+        ]
+        keys += [self.key("lv:" + site) for site in sites]
+        forgotten, problems = self._forget_sites(
+            keys=keys, args=[cursor, self.site_forget_after_ms, *sites]
+        )
+        return int(forgotten), [_text(p) for p in problems]
+
+
+class FrontierHousekeeping:
+    """Run :class:`Housekeeper` every ``FRONTIER_HOUSEKEEPING_INTERVAL``
+    seconds in each worker, in a thread (the crawl never waits on it).
+
+    Settings: ``FRONTIER_HOUSEKEEPING_INTERVAL`` (seconds, default 30.0; 0
+    switches it off: NotConfigured), ``FRONTIER_HOUSEKEEPING_BATCH`` (sites
+    per run, default 200), ``FRONTIER_WORKER_FORGET_AFTER`` (seconds, default
+    86400), ``FRONTIER_DEAD_LETTERS_MAX`` (default 100,000; 0: no cap),
+    ``FRONTIER_SITE_FORGET_AFTER`` (seconds, default 3600).
+
+    Stats: ``frontier/housekeeping/workers_forgotten``,
+    ``frontier/housekeeping/sites_forgotten`` (this worker's runs); dead
+    letters trimmed count cluster-wide in ``dead/trimmed`` of
+    ``{<spider>}:stats``.
+    """
+
+    def __init__(self, crawler: Crawler, housekeeper: Housekeeper, interval: float) -> None:
+        self.crawler = crawler
+        self.housekeeper = housekeeper
+        self.interval = interval
+        self._task: AsyncioLoopingCall | LoopingCall | None = None
+        self._inflight: Deferred[Swept] | None = None
+        self._problems: set[str] = set()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build the extension; no Redis I/O here.
+
+        :raises NotConfigured: ``FRONTIER_HOUSEKEEPING_INTERVAL`` is 0.
+        """
+        settings = crawler.settings
+        interval = settings.getfloat("FRONTIER_HOUSEKEEPING_INTERVAL", 30.0)
+        if interval <= 0:
+            raise NotConfigured("FRONTIER_HOUSEKEEPING_INTERVAL is 0")
+        housekeeper = Housekeeper(
+            get_redis(settings),
+            crawler.spidercls.name,
+            worker_forget_after=settings.getfloat("FRONTIER_WORKER_FORGET_AFTER", 86400.0),
+            dead_max=settings.getint("FRONTIER_DEAD_LETTERS_MAX", 100_000),
+            site_forget_after=settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0),
+            batch=settings.getint("FRONTIER_HOUSEKEEPING_BATCH", 200),
+        )
+        ext = cls(crawler, housekeeper, interval)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def spider_opened(self) -> None:
+        """Start the periodic runs (the first one interval seconds from now)."""
+        self._task = create_looping_call(self.tick)
+        self._task.start(self.interval, now=False)
+
+    def spider_closed(self) -> None:
+        """Stop the runs (one in flight finishes on its own)."""
+        if self._task is not None and self._task.running:
+            self._task.stop()
+
+    def tick(self) -> None:
+        """Start one run in a thread, unless the last one is still running."""
+        if self._inflight is not None:
+            return
+        d: Deferred[Swept] = deferToThread(self.housekeeper.run)
+        d.addCallbacks(self._done, self._failed)
+        self._inflight = d
+
+    def _done(self, swept: Swept) -> None:
+        self._inflight = None
+        stats = self.crawler.stats
+        assert stats is not None
+        if swept.workers:
+            stats.inc_value("frontier/housekeeping/workers_forgotten", swept.workers)
+        if swept.sites:
+            stats.inc_value("frontier/housekeeping/sites_forgotten", swept.sites)
+        for text in swept.problems:
+            if text not in self._problems:
+                self._problems.add(text)
+                logger.warning("Bad value in Redis: %s", text)
+        if swept.workers or swept.dead_trimmed or swept.sites:
+            logger.debug(
+                "Housekeeping: %d worker records, %d dead letters, %d sites forgotten",
+                swept.workers, swept.dead_trimmed, swept.sites,
+            )
+
+    def _failed(self, failure: Any) -> None:
+        self._inflight = None
+        message = config_error_message(failure.value, self.crawler.settings)
+        if message is not None:
+            stop_on_config_error(self.crawler, message)
+            return
+        if failure.check(RedisError):
+            logger.warning("Frontier housekeeping failed (will retry): %s", failure.value)
+            return
+        logger.error(
+            "Frontier housekeeping failed: %s",
+            failure.getErrorMessage(),
+            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

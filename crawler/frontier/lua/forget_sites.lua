@@ -1,0 +1,88 @@
+-- forget_sites.lua: delete the per-site state of sites that have had no
+-- work for a while, and advance the housekeeping cursor over {s}:due, in
+-- one atomic call: the check and the deletes see the same state, so a site
+-- that got work in between is never touched.
+--
+-- A site is idle when it is in neither KEYS[2] nor KEYS[3], has no queued
+-- request (KEYS[10 + i] absent), no download slot taken (KEYS[4]: no field,
+-- or one of 0 or less), and its due time (KEYS[1]) is more than ARGV[2] ms
+-- ago. Its fields in KEYS[1], [4], [5], [6], [7] and [8] are then deleted.
+-- The operator's overrides ({s}:delay, {s}:conc, {s}:revisit) are kept.
+--
+-- KEYS[1]  {s}:due          hash site -> ms before which it is not served
+-- KEYS[2]  {s}:wait         zset sites with work and a free slot
+-- KEYS[3]  {s}:ready        zset due sites (absent on frontiers without it)
+-- KEYS[4]  {s}:active       hash site -> download slots taken now
+-- KEYS[5]  {s}:slow         hash site -> adaptive extra delay, ms
+-- KEYS[6]  {s}:rdelay       hash site -> robots.txt Crawl-delay, ms
+-- KEYS[7]  {s}:robots       hash site -> robots.txt
+-- KEYS[8]  {s}:robots:down  hash site -> robots.txt unreachable state
+-- KEYS[9]  {s}:forget       string: the HSCAN cursor over KEYS[1]
+-- KEYS[10..] {s}:lv:<site>  zset: the site's non-empty priorities, one per
+--                           site of ARGV[3..], in the same order
+-- ARGV[1]  the cursor to store for the next run ("0": start over)
+-- ARGV[2]  ms without work after which a site is forgotten
+-- ARGV[3..] the sites to look at (from HSCAN of KEYS[1])
+-- Returns {forgotten, problems}: how many sites were forgotten, and one line
+-- per bad value met (the site is then left alone).
+-- Checks that may refuse the call come first: nothing is written then.
+local spec = {
+  {KEYS[1], 'hash'}, {KEYS[2], 'zset'}, {KEYS[3], 'zset'}, {KEYS[4], 'hash'},
+  {KEYS[9], 'string'},
+}
+for _, kt in ipairs(spec) do
+  local t = redis.call('TYPE', kt[1])['ok']
+  if t ~= 'none' and t ~= kt[2] then
+    return redis.error_reply('ERR frontier key ' .. kt[1] .. ' holds a ' .. t ..
+      ', not a ' .. kt[2] .. ': nothing was written')
+  end
+end
+if #KEYS ~= 9 + #ARGV - 2 then
+  return redis.error_reply('ERR one {s}:lv:<site> key per site expected: nothing was written')
+end
+local after = tonumber(ARGV[2])
+if not after or after < 0 then
+  return redis.error_reply('ERR forget-after must be ms >= 0, not ' .. tostring(ARGV[2]))
+end
+-- The per-site hashes of workers' figures are read leniently: one of
+-- another type is skipped (and reported), as lease.lua reads it.
+local lenient, problems = {}, {}
+for i = 5, 8 do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t == 'none' or t == 'hash' then
+    lenient[#lenient + 1] = KEYS[i]
+  else
+    problems[#problems + 1] = KEYS[i] .. ' holds a ' .. t .. ', not a hash: left alone'
+  end
+end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local INT = '^%-?%d+$'
+local forgotten = 0
+for i = 3, #ARGV do
+  local site = ARGV[i]
+  local due = redis.call('HGET', KEYS[1], site)
+  local active = redis.call('HGET', KEYS[4], site)
+  local idle = due ~= false
+    and redis.call('ZSCORE', KEYS[2], site) == false
+    and redis.call('ZSCORE', KEYS[3], site) == false
+    and redis.call('EXISTS', KEYS[10 + i - 3]) == 0
+  if idle and not (#due <= 15 and string.match(due, INT)) then
+    problems[#problems + 1] = KEYS[1] .. ' ' .. site .. ' = ' .. string.format('%q', due) ..
+      ' is not whole ms: counted as 0'
+    due = '0'
+  end
+  if idle and active and not (#active <= 15 and string.match(active, INT)) then
+    problems[#problems + 1] = KEYS[4] .. ' ' .. site .. ' = ' ..
+      string.format('%q', active) .. ' is not an integer: site left alone'
+    idle = false
+  end
+  if idle and (not active or tonumber(active) <= 0) and tonumber(due) < now - after then
+    redis.call('HDEL', KEYS[1], site)
+    redis.call('HDEL', KEYS[4], site)
+    for _, key in ipairs(lenient) do redis.call('HDEL', key, site) end
+    forgotten = forgotten + 1
+  end
+end
+redis.call('SET', KEYS[9], ARGV[1])
+return {forgotten, problems}

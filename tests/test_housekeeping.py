@@ -1,0 +1,173 @@
+"""Bounded state: dead workers forgotten, dead letters capped, idle sites forgotten.
+
+Real Redis; the frontier is written through :class:`crawler.frontier.store.Frontier`
+and the housekeeping runs its Lua scripts (:mod:`crawler.frontier.housekeeping`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from crawler.frontier.housekeeping import Housekeeper
+from crawler.frontier.store import Frontier, Lease
+from crawler.status import StatusReader
+from tests.waiting import wait_for
+
+SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down")
+
+
+def record(beat: float) -> str:
+    return json.dumps({"pid": 1, "host": "h", "last_heartbeat": beat, "pages": 0})
+
+
+def redis_ms(client: redis.Redis) -> int:
+    """The Redis server's clock, ms (the scripts' clock)."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def push(frontier: Frontier, site: str, n: int = 1) -> None:
+    for i in range(n):
+        assert frontier.push(
+            f'{{"u":"https://{site}/{i}"}}'.encode(), site=site, priority=0,
+            fingerprint=None, dont_filter=True,
+        )
+
+
+def test_dead_workers_are_forgotten_and_a_worker_that_came_back_is_kept(
+    rds: redis.Redis,
+) -> None:
+    now = time.time()
+    rds.hset(
+        "{s}:workers",
+        mapping={
+            "dead": record(now - 2 * 86400),
+            "live": record(now - 5),
+            "bad": "not json",
+        },
+    )
+    keeper = Housekeeper(rds, "s", worker_forget_after=86400)
+    removed, problems = keeper.forget_workers()
+    assert (removed, problems) == (1, [])
+    assert set(rds.hkeys("{s}:workers")) == {b"live", b"bad"}
+    # A worker the caller found stale but that beat since: the script reads
+    # its record again and keeps it.
+    rds.hset("{s}:workers", "back", record(now))
+    reply = keeper._forget_workers(keys=["{s}:workers"], args=[86400, "back", "bad"])
+    assert reply[0] == 0
+    assert [p.decode() for p in reply[1]] == [
+        "{s}:workers bad has no readable last_heartbeat: kept"
+    ]
+    assert rds.hexists("{s}:workers", "back")
+
+
+def test_dead_letters_are_capped_and_counted_once(rds: redis.Redis) -> None:
+    frontier = Frontier(rds, "s")
+    for i in range(25):
+        frontier.dead_letter({"url": f"https://d.example/{i}", "reason": "r", "attempts": 3})
+    keeper = Housekeeper(rds, "s", dead_max=10)
+    assert keeper.trim_dead() == 15
+    assert keeper.trim_dead() == 0  # a second run (or a resent call) counts nothing
+    kept = [json.loads(x)["url"] for x in rds.lrange("{s}:dead", 0, -1)]
+    assert kept == [f"https://d.example/{i}" for i in range(15, 25)]  # the newest
+    assert rds.hget("{s}:stats", "dead/trimmed") == b"15"
+    spider = StatusReader(rds, None, "unused", ["s"]).read().spiders["s"]
+    assert (spider.dead_letters, spider.dead_trimmed) == (10, 15)
+    assert Housekeeper(rds, "s", dead_max=0).trim_dead() == 0  # no cap
+
+
+def test_trim_refuses_a_bad_counter_before_writing(rds: redis.Redis) -> None:
+    rds.rpush("{s}:dead", *[b"{}"] * 5)
+    rds.hset("{s}:stats", "dead/trimmed", "x")
+    with pytest.raises(redis.ResponseError, match="nothing was written"):
+        Housekeeper(rds, "s", dead_max=2).trim_dead()
+    assert rds.llen("{s}:dead") == 5
+
+
+def test_idle_sites_are_forgotten_busy_ones_kept(rds: redis.Redis) -> None:
+    frontier = Frontier(rds, "s", default_concurrency=1)
+    for site in ("done.example", "queued.example", "leased.example"):
+        push(frontier, site, 2 if site == "queued.example" else 1)
+    leases = frontier.lease_many(["w#n:1", "w#n:2", "w#n:3"])
+    assert isinstance(leases, list)
+    by_site = {lease.site: lease for lease in leases}
+    assert set(by_site) == {"done.example", "queued.example", "leased.example"}
+    frontier.ack([by_site["done.example"].lease_id, by_site["queued.example"].lease_id])
+    frontier.release_slots([by_site["done.example"].lease_id,
+                            by_site["queued.example"].lease_id])
+    sites = ("done.example", "queued.example", "leased.example")
+    for site in sites:
+        rds.hset("{s}:slow", site, 100)
+        rds.hset("{s}:rdelay", site, 100)
+        rds.hset("{s}:robots", site, b"1.0\nUser-agent: *\nDisallow: /x")
+        rds.hset("{s}:robots:down", site, b"1 1 1")
+    rds.hset("{s}:delay", "done.example", 500)  # an operator's override stays
+    keeper = Housekeeper(rds, "s", site_forget_after=0, batch=10)
+    # due was set when the site was leased: forgotten once a ms has passed
+    wait_for(lambda: keeper.forget_sites()[0] == 1 or None, 5, "the idle site forgotten")
+    for key in SITE_KEYS:
+        assert not rds.hexists("{s}:" + key, "done.example"), key
+        for busy in ("queued.example", "leased.example"):
+            assert rds.hexists("{s}:" + key, busy), (key, busy)
+    assert rds.hget("{s}:delay", "done.example") == b"500"
+    assert rds.exists("{s}:forget")
+    # The forgotten site is crawled again as any new site.
+    push(frontier, "done.example")
+    lease = frontier.lease("w#n:4")
+    assert isinstance(lease, Lease) and lease.site in ("done.example", "queued.example")
+
+
+def test_a_site_that_got_work_after_the_scan_is_not_touched(rds: redis.Redis) -> None:
+    frontier = Frontier(rds, "s")
+    push(frontier, "a.example")
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    rds.hset("{s}:rdelay", "a.example", 100)
+    keeper = Housekeeper(rds, "s", site_forget_after=0)
+    due = int(rds.hget("{s}:due", "a.example") or 0)
+    wait_for(lambda: redis_ms(rds) > due, 5, "a ms past the site's due time")
+    push(frontier, "a.example")  # work arrives between the HSCAN and the script
+    assert keeper.forget(["a.example"]) == (0, [])
+    assert rds.hexists("{s}:due", "a.example") and rds.hexists("{s}:rdelay", "a.example")
+
+
+def test_not_idle_for_long_enough_is_kept(rds: redis.Redis) -> None:
+    frontier = Frontier(rds, "s")
+    push(frontier, "a.example")
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    keeper = Housekeeper(rds, "s", site_forget_after=3600)
+    assert keeper.forget_sites() == (0, [])
+    assert rds.hexists("{s}:due", "a.example")
+
+
+def test_the_extension_reads_its_settings_and_can_be_switched_off(redis_url: str) -> None:
+    from scrapy import Spider
+    from scrapy.exceptions import NotConfigured
+    from scrapy.utils.test import get_crawler
+
+    from crawler.frontier.housekeeping import FrontierHousekeeping
+
+    class S(Spider):
+        name = "s"
+
+    crawler = get_crawler(S, {
+        "REDIS_URL": redis_url, "FRONTIER_DEAD_LETTERS_MAX": 7,
+        "FRONTIER_SITE_FORGET_AFTER": 2.5, "FRONTIER_WORKER_FORGET_AFTER": 90,
+        "FRONTIER_HOUSEKEEPING_BATCH": 3,
+    })
+    ext = FrontierHousekeeping.from_crawler(crawler)
+    keeper = ext.housekeeper
+    assert (keeper.dead_max, keeper.site_forget_after_ms, keeper.worker_forget_after,
+            keeper.batch, keeper.prefix) == (7, 2500, 90.0, 3, "{s}:")
+    off = get_crawler(S, {"REDIS_URL": redis_url, "FRONTIER_HOUSEKEEPING_INTERVAL": 0})
+    with pytest.raises(NotConfigured):
+        FrontierHousekeeping.from_crawler(off)
