@@ -1,10 +1,11 @@
 """Figures measured against Redis directly: c (memory) and d (operations/s).
 
 Both drive the real code paths: ours encodes with
-:class:`~crawler.frontier.queue.LeasedPriorityQueue` (JSON serializer,
-defaults left out) and calls :class:`~crawler.frontier.store.Frontier`'s Lua
-scripts; stock encodes with :class:`scrapy_redis.queue.PriorityQueue`
-(pickle) and fingerprints with :class:`scrapy_redis.dupefilter.RFPDupeFilter`.
+:class:`~crawler.frontier.queue.LeasedPriorityQueue` (our serializer:
+``path<TAB>callback<TAB>depth``, then JSON of what else is not a default)
+and calls :class:`~crawler.frontier.store.Frontier`'s Lua scripts; stock
+encodes with :class:`scrapy_redis.queue.PriorityQueue` (pickle) and
+fingerprints with :class:`scrapy_redis.dupefilter.RFPDupeFilter`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 from scrapy import Request, Spider
 
 from crawler.commands.deadletters import purge, requeue
+from crawler.frontier import serializer
 from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push
 from crawler.keys import shard_prefixes
 from tests import scheduler_harness as harness
@@ -202,6 +203,44 @@ def test_a_queue_key_of_the_wrong_type_dead_letters_the_push_instead_of_losing_i
     assert rds.zcard("{t}:lv:a.example") == 0
 
 
+@pytest.mark.parametrize(
+    ("entry", "url"),
+    [
+        (b"/x?y=1\tparse\t2", "https://a.example/x?y=1"),
+        (b'!/x\t\t\t{"p":1}', "http://a.example/x"),
+        (b"!/x", "http://a.example/x"),
+        (b"https://b.example/y\tparse", "https://b.example/y"),
+        (b'{"u":"/x","w":1,"c":"parse"}', "http://a.example/x"),  # written before the upgrade
+        (b'{"u":"https://b.example/y"}', "https://b.example/y"),
+        (b"!x", None),
+        (b"#1#/x", None),
+        (b"no scheme\t\t1", None),
+        (b"{not json", None),
+    ],
+)
+def test_a_dead_letter_names_the_url_of_its_entry(
+    rds: redis.Redis, entry: bytes, url: str | None
+) -> None:
+    frontier = _frontier(rds)
+    rds.set("{t}:q:a.example:0", "not a list")  # so the push is dead-lettered at once
+    assert frontier.push_many([Push(entry, "a.example", 0, b"1", False)]) == [True]
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert dead.get("url") == url  # none when it cannot be read
+    assert dead["entry"] == entry.decode()
+
+
+def test_a_dead_letter_of_an_encoded_request_names_its_url(rds: redis.Redis) -> None:
+    spider = _Spider()
+    request = Request("http://a.example:8080/p?q=1", callback=spider.parse, meta={"depth": 1})
+    entry = serializer.dumps(request.to_dict(spider=spider), "a.example:8080")
+    assert entry == b"!/p?q=1\tparse\t1"
+    frontier = _frontier(rds)
+    rds.set("{t}:q:a.example:8080:0", "not a list")
+    assert frontier.push_many([Push(entry, "a.example:8080", 0, b"1", False)]) == [True]
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert dead["url"] == request.url
+
+
 def test_malformed_lease_data_is_dead_lettered_when_it_expires(rds: redis.Redis) -> None:
     frontier = _frontier(rds, lease_timeout=0.05)
     _push(frontier, "https://a.example/0")
@@ -373,7 +412,7 @@ def test_a_poison_dead_letter_can_be_requeued(rds: redis.Redis) -> None:
     assert dead["url"] == "http://a.example/p"
     assert requeue(frontier) == (1, 0)
     [lease] = _leased(frontier.lease_many(["v#2:0"]))
-    assert json.loads(lease.data)["u"] == "/p"
+    assert lease.data == b'!/p\t\t\t{"p":3}'  # requeued in the current form
     assert lease.deliveries == 1
 
 

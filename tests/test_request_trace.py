@@ -289,9 +289,9 @@ def test_the_queue_round_trips_request_subclasses_whole(redis_url: str) -> None:
 
 def test_a_plain_request_is_stored_as_compactly_as_before() -> None:
     data = serializer.dumps(Request("https://a.example/page/2/").to_dict(), "a.example")
-    assert data == b'{"u":"/page/2/"}'
+    assert data == b"/page/2/"
     data = serializer.dumps(TaggedRequest("https://a.example/", tag="t").to_dict(), "a.example")
-    assert data == b'{"u":"/","t":"tests.test_request_trace.TaggedRequest","X":{"tag":"t"}}'
+    assert data == b'/\t\t\t{"t":"tests.test_request_trace.TaggedRequest","X":{"tag":"t"}}'
 
 
 @pytest.mark.parametrize(
@@ -336,11 +336,14 @@ FORM = {"u": "https://a.example/", "t": "scrapy.http.request.form.FormRequest"}
         ({**FORM, "X": {"dumps_kwargs": {}}}, "'dumps_kwargs' is not an attribute that FormRe"),
     ],
 )
+@pytest.mark.parametrize("framed", [False, True], ids=["json-form", "framed"])
 def test_a_malformed_extra_attributes_field_read_from_redis_is_refused(
-    entry: dict[str, Any], reason: str
+    entry: dict[str, Any], reason: str, framed: bool
 ) -> None:
+    data = serializer.pack_fields(entry) if framed else json.dumps(entry).encode()
+    assert data.startswith(b"https://" if framed else b"{")
     with pytest.raises(DecodeError, match=reason):
-        serializer.loads(json.dumps(entry).encode())
+        serializer.loads(data)
 
 
 class PositionalRequest(Request):

@@ -19,6 +19,7 @@ from scrapy.utils.test import get_crawler
 
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.scheduler import REVISIT_META
+from crawler.frontier.serializer import entry_fields
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, NotDue, Revisit
@@ -246,9 +247,9 @@ def test_a_changed_page_is_parsed_again_and_a_sites_override_sets_its_interval(
     assert db.pages.find_one({"final_url": site.url_for("/b")})["title"] == "b two"
     assert db.pages.count_documents({}) == 2
     # The new validators replace the old: the next revisit of /b sends them.
-    entries = [v for v in rds.hvals("{pages}:rdata") if b'"/b"' in v]
-    [entry] = entries
-    etag = json.loads(entry.split(b"\t", 2)[2])["m"][REVISIT_META]["etag"]
+    entries = [entry_fields(v.split(b"\t", 2)[2]) for v in rds.hvals("{pages}:rdata")]
+    [entry] = [e for e in entries if e["u"] == "/b"]
+    etag = entry["m"][REVISIT_META]["etag"]
     assert etag == '"' + hashlib.sha1(b"<html><title>b two</title></html>").hexdigest()[:20] + '"'
 
 
@@ -293,7 +294,7 @@ def test_a_commit_carrying_revisits_whose_reply_was_lost_runs_once(
         assert rds.zrange("{t}:revisits", 0, -1, withscores=True) == [(fp, due)]
         entry = rds.hget("{t}:rdata", fp)
         assert entry is not None
-        revisit = json.loads(entry.split(b"\t", 2)[2])
+        revisit = entry_fields(entry.split(b"\t", 2)[2])
         assert revisit["u"] == "/x"
         assert revisit["m"][REVISIT_META] == {"etag": '"v1"'}
         assert rds.zcard("{t}:leases") == 0  # the ack went with it

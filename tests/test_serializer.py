@@ -56,7 +56,88 @@ def test_a_full_request_survives_the_roundtrip() -> None:
 
 def test_defaults_are_not_stored() -> None:
     data = serializer.dumps(Request("https://a.example/page/2/").to_dict())
-    assert data == b'{"u":"https://a.example/page/2/"}'
+    assert data == b"https://a.example/page/2/"
+
+
+def test_a_typical_request_is_its_path_callback_and_depth() -> None:
+    spider = _Spider()
+    request = Request(
+        "https://a.example/catalog/item-1.html?ref=list",
+        callback=spider.parse_item, meta={"depth": 2},
+    )
+    data = serializer.dumps(request.to_dict(spider=spider), "a.example")
+    assert data == b"/catalog/item-1.html?ref=list\tparse_item\t2"
+    back = request_from_dict(serializer.loads(data, "a.example"), spider=spider)
+    assert (back.url, back.callback, back.meta) == (request.url, spider.parse_item, {"depth": 2})
+
+
+@pytest.mark.parametrize(
+    ("meta", "stored"),
+    [
+        ({"depth": 3}, "\t\t3"),
+        ({"a": [1], "depth": 0}, '\t\t0\t{"m":{"a":[1]}}'),
+        ({"depth": -1}, "\t\t-1"),
+        # Only an int that is meta's last key leaves meta: key order is kept.
+        ({"depth": 1, "a": 1}, '\t\t\t{"m":{"depth":1,"a":1}}'),
+        ({"depth": True}, '\t\t\t{"m":{"depth":true}}'),
+        ({"depth": 2.0}, '\t\t\t{"m":{"depth":2.0}}'),
+        ({"depth": "2"}, '\t\t\t{"m":{"depth":"2"}}'),
+    ],
+)
+def test_meta_comes_back_equal_and_in_order(meta: dict[str, object], stored: str) -> None:
+    request = Request("https://a.example/x", meta=meta)
+    data = serializer.dumps(request.to_dict(), "a.example")
+    assert data.decode() == "/x" + stored
+    back = request_from_dict(serializer.loads(data, "a.example"))
+    assert list(back.meta.items()) == list(meta.items())
+    assert [type(v) for v in back.meta.values()] == [type(v) for v in meta.values()]
+    assert request.meta == meta  # the request's own meta is not changed
+
+
+def test_entries_in_the_json_form_of_earlier_versions_still_decode() -> None:
+    spider = _Spider()
+    data = b'{"u":"/catalog/x?y=1","w":1,"c":"parse_item","m":{"depth":2},"p":3}'
+    back = request_from_dict(serializer.loads(data, "a.example:8080"), spider=spider)
+    assert back.url == "http://a.example:8080/catalog/x?y=1"
+    assert (back.callback, back.meta, back.priority) == (spider.parse_item, {"depth": 2}, 3)
+    back = request_from_dict(serializer.loads(b'{"u":"https://b.example/"}'))
+    assert back.url == "https://b.example/"
+
+
+def test_a_url_that_cannot_be_a_field_is_stored_in_the_json_form() -> None:
+    spider = _Spider()
+    obj = Request("https://a.example/x", callback=spider.parse_item).to_dict(spider=spider)
+    for url in ("https://a.example/x\ty", "1https://a.example/"):
+        data = serializer.dumps({**obj, "url": url})
+        assert data.startswith(b'{"u":')
+        back = serializer.loads(data)
+        assert (back["url"], back["callback"]) == (url, "parse_item")
+
+
+def test_a_callback_with_a_tab_stays_in_the_json_field() -> None:
+    obj = Request("https://a.example/x").to_dict()
+    data = serializer.dumps({**obj, "callback": "a\tb", "meta": {"depth": 1}}, "a.example")
+    assert data == b'/x\t\t1\t{"c":"a\\tb"}'
+    assert serializer.loads(data, "a.example")["callback"] == "a\tb"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'/catalog/x\tparse_item\t2\t{"p":1}',
+        b"!/x",
+        b'https://b.example/x\t\t\t{"e":"errback"}',
+        b'{"u":"/x","w":1,"c":"parse_item","m":{"a":1,"depth":2}}',
+        b'{"u":"https://b.example/x\\ty"}',
+    ],
+)
+def test_entry_fields_and_pack_fields_keep_an_entry(data: bytes) -> None:
+    fields = serializer.entry_fields(data)
+    assert serializer.entry_fields(serializer.pack_fields(fields)) == fields
+    packed = serializer.pack_fields(fields)
+    assert serializer.loads(packed, "a.example") == serializer.loads(data, "a.example")
+    if not data.startswith(b'{"u":"https'):
+        assert not packed.startswith(b"{")  # an old entry is framed anew
 
 
 def test_unencodable_meta_names_the_url_and_key() -> None:
@@ -74,7 +155,9 @@ def test_a_pickled_payload_is_refused_not_unpickled() -> None:
         serializer.loads(payload)
 
 
-@pytest.mark.parametrize("data", [b"not json", b"[1]", b'{"url": "x"}', b"\xfe\xff"])
+@pytest.mark.parametrize(
+    "data", [b"not json", b"[1]", b'{"url": "x"}', b"\xfe\xff", b"", b" /x", b"{"],
+)
 def test_foreign_entries_are_refused(data: bytes) -> None:
     with pytest.raises(DecodeError):
         serializer.loads(data)
@@ -83,35 +166,53 @@ def test_foreign_entries_are_refused(data: bytes) -> None:
 @pytest.mark.parametrize(
     ("url", "stored"),
     [
-        ("https://a.example/page/2/?q=1", '"u":"/page/2/?q=1"'),
-        ("http://a.example:8080/x", '"u":"/x","w":1'),
-        ("https://a.example?q=1", '"u":"/?q=1"'),
-        ("https://other.example/x", '"u":"https://other.example/x"'),
+        ("https://a.example/page/2/?q=1", "/page/2/?q=1"),
+        ("http://a.example:8080/x", "!/x"),
+        ("https://a.example?q=1", "/?q=1"),
+        ("https://other.example/x", "https://other.example/x"),
     ],
 )
 def test_urls_are_stored_relative_to_the_site_of_their_queue(url: str, stored: str) -> None:
     site = "a.example:8080" if ":8080" in url else "a.example"
     data = serializer.dumps(Request(url).to_dict(), site)
-    assert stored in data.decode()
+    assert data.decode() == stored
     back = request_from_dict(serializer.loads(data, site))
     assert back.url == Request(url).url
 
 
-def test_a_relative_entry_needs_its_site() -> None:
+@pytest.mark.parametrize("data", [b'{"u":"/x"}', b"/x", b"!/x\tparse"])
+def test_a_relative_entry_needs_its_site(data: bytes) -> None:
     with pytest.raises(DecodeError, match="relative URL"):
-        serializer.loads(b'{"u":"/x"}')
+        serializer.loads(data)
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        (b"[" * 100_000, "not JSON"),
+        (b'{"m":' + b"[" * 100_000, "not JSON"),
+        (b'/x\t\t\t{"m":' + b"[" * 100_000, "not JSON"),
         (b'{"u":"https://a.example/","h":5}', "bad field 'h'"),
         (b'{"u":"https://a.example/","b":5}', "bad field 'b'"),
         (b'{"u":"https://a.example/","zz":1}', "bad field 'zz'"),
         (b'{"u":"https://a.example/","h":{"a":[1]}}', "bad headers"),
         (b'{"u":"https://a.example/","t":"os.system"}', "not a loaded Request class"),
         (b'{"u":"https://a.example/","t":"nosuchmodule.X"}', "not a loaded Request class"),
+        (b'https://a.example/\t\t\t{"t":"nosuchmodule.X"}', "not a loaded Request class"),
+        (b"https://a.example/\t\tx", "bad depth field"),
+        (b"https://a.example/\t\t\xd9\xa3", "bad depth field"),  # an Arabic-Indic 3
+        (b"https://a.example/\t\t--1", "bad depth field"),
+        (b"https://a.example/\t\t" + b"9" * 5000, "bad depth field"),
+        (b'/x\t\t\t{"p":' + b"9" * 5000 + b"}", "not JSON"),
+        (b'https://a.example/\t\t1\t{"m":{"depth":1}}', "bad depth field"),
+        (b'https://a.example/\t\t1\t{"m":[]}', "bad depth field"),
+        (b'https://a.example/\tparse\t\t{"c":"parse"}', "bad JSON field"),
+        (b'/x\t\t\t{"u":"/y"}', "bad JSON field"),
+        (b'/x\t\t\t{"w":1}', "bad JSON field"),
+        (b"/x\t\t\t[1]", "bad JSON field"),
+        (b"/x\t\t\t", "not JSON"),
+        (b"!x", "no URL"),
+        (b"#1#/x", "no URL"),
+        (b"/x\t\xff", "not UTF-8"),
     ],
 )
 def test_poison_entries_are_refused_without_importing_anything(data: bytes, reason: str) -> None:

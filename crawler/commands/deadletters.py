@@ -75,13 +75,13 @@ def requeue_push(
     """
     try:
         if isinstance(record.get("request"), str):
-            entry = json.loads(record["request"])
+            entry = json_serializer.entry_fields(record["request"])
             site = site_of(Request(entry["u"]))
         elif isinstance(record.get("entry"), str) and isinstance(record.get("site"), str):
-            entry, site = json.loads(record["entry"]), record["site"]
+            entry, site = json_serializer.entry_fields(record["entry"]), record["site"]
         else:
             return None
-        json_serializer.loads(json.dumps(entry), site)  # raises if not a request
+        json_serializer.loads(json_serializer.pack_fields(entry), site)  # raises if not a request
     except (ValueError, KeyError, TypeError):
         return None
     meta = entry.get("m", {})
@@ -101,8 +101,7 @@ def requeue_push(
         entry["p"] = priority
     else:
         entry.pop("p", None)
-    data = json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode()
-    return Push(data, site, priority, None, True)
+    return Push(json_serializer.pack_fields(entry), site, priority, None, True)
 
 
 def requeue_each(

@@ -136,14 +136,26 @@ local function with_deliveries(d, data)
   return data
 end
 
--- The full URL of a queued request, when its JSON can be read.
+-- The full URL of a queued request (serializer.py), nil when it cannot be
+-- read: "/path\t..." (https on `site`), "!/path\t..." (http on `site`),
+-- "scheme:...\t...", or the JSON form {"u": ..., "w": 1} of older entries.
 local function url_of(site, data)
-  local ok, req = pcall(cjson.decode, data)
-  if not ok or type(req) ~= 'table' or type(req['u']) ~= 'string' then return nil end
-  local u = req['u']
+  local u, scheme = nil, 'https'
+  if string.sub(data, 1, 1) == '{' then
+    local ok, req = pcall(cjson.decode, data)
+    if not ok or type(req) ~= 'table' or type(req['u']) ~= 'string' then return nil end
+    u = req['u']
+    if req['w'] == 1 then scheme = 'http' end
+  else
+    u = string.match(data, '^!(/[^\t]*)')
+    if u then
+      scheme = 'http'
+    else
+      u = string.match(data, '^/[^\t]*') or string.match(data, '^%a[%w+.%-]*:[^\t]*')
+      if not u then return nil end
+    end
+  end
   if string.sub(u, 1, 1) ~= '/' then return u end
-  local scheme = 'https'
-  if req['w'] == 1 then scheme = 'http' end
   return scheme .. '://' .. site .. u
 end
 
