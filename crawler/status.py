@@ -480,9 +480,8 @@ class StatusReader:
             with_keys or stats or workers or spider.seeds or recorded is not None
             or spider.state != RUNNING or spider.state_bad_value is not None
         )
-        for key in leased:
-            for worker, n in self._leases_by_worker(key).items():
-                spider.leases_by_worker[worker] = spider.leases_by_worker.get(worker, 0) + n
+        if leased:
+            spider.leases_by_worker = self._leases_by_worker(leased)
 
     def _add_shards(
         self, spider: SpiderStatus, keys: CrawlKeys, replies: list[Any]
@@ -560,15 +559,28 @@ class StatusReader:
         spider.state = state or RUNNING
         spider.state_bad_value = None if state is not None else _decode(raw or b"")
 
-    def _leases_by_worker(self, key: str) -> dict[str, int]:
-        """Count leases per worker: a lease id is ``<worker id>#<nonce>:<n>``
-        (the nonce tells the processes of one worker id apart)."""
+    def _leases_by_worker(self, keys: list[str]) -> dict[str, int]:
+        """Count leases per worker in the lease sets ``keys`` (one per shard
+        with leases): a lease id is ``<worker id>#<nonce>:<n>`` (the nonce
+        tells the processes of one worker id apart). ``ZSCAN`` of every set
+        at once, one pipeline per 1,000 leases of the largest."""
         counts: dict[str, int] = {}
-        for member, _ in self.redis.zscan_iter(key, count=1000):
-            holder = _decode(member).rpartition(":")[0]
-            worker = holder.rpartition("#")[0] or holder
-            if worker:
-                counts[worker] = counts.get(worker, 0) + 1
+        cursors = dict.fromkeys(keys, 0)
+        while cursors:
+            pipe = self.redis.pipeline(transaction=False)
+            for key, cursor in cursors.items():
+                pipe.zscan(key, cursor, count=1000)
+            replies = pipe.execute()
+            for key, (cursor, members) in zip(list(cursors), replies, strict=True):
+                for member, _ in members:
+                    holder = _decode(member).rpartition(":")[0]
+                    worker = holder.rpartition("#")[0] or holder
+                    if worker:
+                        counts[worker] = counts.get(worker, 0) + 1
+                if int(cursor):
+                    cursors[key] = int(cursor)
+                else:
+                    del cursors[key]
         return counts
 
     def _workers(self, records: dict[bytes, bytes], now: float) -> list[WorkerStatus]:

@@ -230,3 +230,20 @@ def test_status_of_a_sharded_crawl_on_a_cluster(cluster: RedisCluster) -> None:
         )
     finally:
         reader.close()
+
+
+def test_leases_by_worker_counts_every_shard_past_one_scan_page(rds: redis.Redis) -> None:
+    """2,500 leases over three shards: the sets are scanned together, page
+    after page (``ZSCAN`` of 1,000), none counted twice or left out."""
+    frontier = FrontierShards.build(rds, "t", 3)
+    frontier.check_count()
+    for index, shard in enumerate(frontier):
+        n = 1500 if index == 0 else 500
+        rds.zadd(shard.key("leases"), {f"w{i % 3}#x:{index}.{i}": 1 for i in range(n)})
+    reader = StatusReader(rds, None, "unused", ["t"])
+    try:
+        spider = reader.read().spiders["t"]
+        assert spider.leases == 2500
+        assert spider.leases_by_worker == {"w0": 834, "w1": 834, "w2": 832}
+    finally:
+        reader.close()

@@ -355,8 +355,9 @@ class Command(ScrapyCommand):
 
     def long_desc(self) -> str:
         return (
-            "status: print per spider: seeds waiting, requests queued by priority, leased, "
-            "retries waiting, dead letters, URLs seen, items stored per collection, and "
+            "status: print per spider: frontier shards, seeds waiting, requests queued by "
+            "priority, leased, retries waiting, revisits scheduled, dead letters, URLs seen "
+            "(all shards summed), items stored per collection, and "
             "live workers with their pages per minute and last heartbeat. Without SPIDER, "
             "every spider of the project. --json prints one JSON object; --watch refreshes. "
             "delay / concurrency: set a site's delay (seconds, e.g. 2 or 0.25; stored in "
