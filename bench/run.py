@@ -27,9 +27,9 @@ __all__ = ["main"]
 #: Sizes of the full run and of ``--quick``.
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"pages": 5000, "per_worker": 160, "delay": 1.0, "memory_n": 100_000,
-             "ops_seconds": 2.0, "items": 2000, "tries": 20, "idle": 10.0},
+             "ops_seconds": 2.0, "items": 2000, "tries": 20, "idle": 10.0, "sites": 10_000},
     "quick": {"pages": 200, "per_worker": 30, "delay": 0.15, "memory_n": 2000,
-              "ops_seconds": 0.5, "items": 100, "tries": 2, "idle": 1.0},
+              "ops_seconds": 0.5, "items": 100, "tries": 2, "idle": 1.0, "sites": 1000},
 }
 
 _HEADER = """# Benchmarks
@@ -85,6 +85,56 @@ def _mongo_runs(items: int, repeat: int) -> list[dict[str, Any]]:
         return [mongo_fig.mongo_items(uri, items, i) for i in range(repeat)]
 
 
+def _ops_rows(ops: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Figure d's rows from :func:`_ops`'s runs."""
+    rows = []
+    for clients in (1, 4):
+        ours, base = _median(ops[f"ours-{clients}"]), _median(ops[f"stock-{clients}"])
+        rows.append(_row(f"d. frontier ops/s, {clients} client{'s' if clients > 1 else ''}",
+                         (ours, base), "ops/s",
+                         "ours >= 30,000" if clients == 4 else "(info)",
+                         ours >= 30_000 if clients == 4 else None))
+    return rows
+
+
+def _memory_rows(c: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Figure c's rows from :func:`frontier_figs.redis_memory`'s result."""
+    rows = [
+        _row(f"c. Redis bytes per queued request ({n:,} requests)",
+             (c["ours"]["queued_bytes"], c["stock"]["queued_bytes"]), "bytes",
+             "ours <= 80", c["ours"]["queued_bytes"] <= 80),
+        _row("c. Redis bytes per seen URL, exact set",
+             (c["ours"]["seen_bytes"], c["stock"]["seen_bytes"]), "bytes", "(info)", None),
+    ]
+    bloom = c["bloom"]
+    if bloom.get("status") == "measured":
+        rows.append(_row("c. Redis bytes per seen URL, Bloom filter (0.1% FP)",
+                         (bloom["seen_bytes"], c["stock"]["seen_bytes"]), "bytes",
+                         "ours <= 2", bloom["seen_bytes"] <= 2))
+    else:
+        rows.append(_row(f"c. Bloom filter bytes per URL: {bloom.get('status')}",
+                         (float("nan"), c["stock"]["seen_bytes"]), "bytes",
+                         "ours <= 2", None))
+    return rows
+
+
+def _site_rows(i: dict[str, Any]) -> list[dict[str, Any]]:
+    """Figure i's rows from :func:`frontier_figs.bytes_per_site`'s result
+    (no baseline: the stock scheduler keeps no per-site state)."""
+    nan = float("nan")
+    sites = f"{i['sites']:,} sites"
+    rows = [
+        _row(f"i. Redis bytes per site with work (1 request queued, robots.txt; {sites})",
+             (i["with_work"], nan), "bytes", "(info)", None),
+        _row("i. Redis bytes per finished site, before housekeeping",
+             (i["finished"], nan), "bytes", "(info)", None),
+        _row("i. Redis bytes per finished site, after housekeeping"
+             + (f" ({i['not_forgotten']} not forgotten)" if i["not_forgotten"] else ""),
+             (i["forgotten"], nan), "bytes", "(info)", None),
+    ]
+    return rows
+
+
 def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
     """Run all figures; return the summary (rows plus raw measurements)."""
     size = SIZES["quick" if quick else "full"]
@@ -95,8 +145,7 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         url = redis_srv.url
 
         t = time.monotonic()
-        a = crawls.crawl_throughput(url, log_dir, pages=size["pages"], repeat=repeat)
-        raw["a"] = a
+        raw["a"] = a = crawls.crawl_throughput(url, log_dir, pages=size["pages"], repeat=repeat)
         ours, base = _median(a["ours"]), _median(a["baseline"])
         rows.append(_row(f"a. crawl pages/s, 1 worker, {size['pages']}-page CPU-bound site "
                          "(vs Scrapy in-memory scheduler)", (ours, base), "pages/s",
@@ -104,9 +153,10 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         timings["a"] = time.monotonic() - t
 
         t = time.monotonic()
-        b = crawls.scaling_throughput(url, log_dir, pages_per_worker=size["per_worker"],
-                                      delay=size["delay"], repeat=repeat)
-        raw["b"] = b
+        raw["b"] = b = crawls.scaling_throughput(
+            url, log_dir, pages_per_worker=size["per_worker"], delay=size["delay"],
+            repeat=repeat,
+        )
         one = _median(b["rates"][1])
         for workers in (2, 4):
             many = _median(b["rates"][workers])
@@ -119,33 +169,13 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         timings["b"] = time.monotonic() - t
 
         t = time.monotonic()
-        c = frontier_figs.redis_memory(url, size["memory_n"])
-        raw["c"] = c
-        rows.append(_row(f"c. Redis bytes per queued request ({size['memory_n']:,} requests)",
-                         (c["ours"]["queued_bytes"], c["stock"]["queued_bytes"]), "bytes",
-                         "ours <= 80", c["ours"]["queued_bytes"] <= 80))
-        rows.append(_row("c. Redis bytes per seen URL, exact set",
-                         (c["ours"]["seen_bytes"], c["stock"]["seen_bytes"]), "bytes",
-                         "(info)", None))
-        bloom = c["bloom"]
-        if bloom.get("status") == "measured":
-            rows.append(_row("c. Redis bytes per seen URL, Bloom filter (0.1% FP)",
-                             (bloom["seen_bytes"], c["stock"]["seen_bytes"]), "bytes",
-                             "ours <= 2", bloom["seen_bytes"] <= 2))
-        else:
-            rows.append(_row(f"c. Bloom filter bytes per URL: {bloom.get('status')}",
-                             (float("nan"), c["stock"]["seen_bytes"]), "bytes",
-                             "ours <= 2", None))
+        raw["c"] = c = frontier_figs.redis_memory(url, size["memory_n"])
+        rows += _memory_rows(c, size["memory_n"])
         timings["c"] = time.monotonic() - t
 
         t = time.monotonic()
         raw["d"] = ops = _ops(url, repeat, size["ops_seconds"])
-        for clients in (1, 4):
-            ours, base = _median(ops[f"ours-{clients}"]), _median(ops[f"stock-{clients}"])
-            rows.append(_row(f"d. frontier ops/s, {clients} client{'s' if clients > 1 else ''}",
-                             (ours, base), "ops/s",
-                             "ours >= 30,000" if clients == 4 else "(info)",
-                             ours >= 30_000 if clients == 4 else None))
+        rows += _ops_rows(ops)
         timings["d"] = time.monotonic() - t
 
         t = time.monotonic()
@@ -177,6 +207,11 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
                          (f_ours["median_ms"], f_stock["median_ms"]), "ms",
                          "ours <= 100 ms", f_ours["median_ms"] <= 100))
         timings["f"] = time.monotonic() - t
+
+        t = time.monotonic()
+        raw["i"] = site = frontier_figs.bytes_per_site(url, size["sites"])
+        rows += _site_rows(site)
+        timings["i"] = time.monotonic() - t
     return {"rows": rows, "raw": raw, "seconds": timings}
 
 
@@ -261,6 +296,15 @@ _NOTES = """\
   two workers' fair share is the 16 one worker runs); same steady-rate
   measure. The workers, the site server and Redis share the machine's
   cores.
+- **i.** `bench.frontier_figs.bytes_per_site`: 10,000 sites (`--quick`:
+  1,000), each with one queued request and its robots.txt as the robots
+  middleware stores it (compact: the rules of the group for our agent);
+  `used_memory` delta per site with that work queued, after every request
+  was leased and acknowledged (a finished site: its due time, robots.txt
+  and the like remain), and after the housekeeping
+  (`crawler/frontier/housekeeping.py`, `FRONTIER_SITE_FORGET_AFTER=0`)
+  forgot the finished sites. No baseline: scrapy-redis keeps no per-site
+  state.
 """
 
 

@@ -650,10 +650,12 @@ SETTINGS: dict[str, Setting] = {
     "FRONTIER_STATUS_MAX_PRIORITIES": _s(_COUNT_POS, "priorities the status reports per spider"),
     "FRONTIER_HOUSEKEEPING_INTERVAL": _s(_SECONDS, "seconds between two housekeeping runs "
                                          "of a worker (0: none)"),
-    "FRONTIER_HOUSEKEEPING_BATCH": _s(_COUNT_POS, "sites looked at per housekeeping run"),
+    "FRONTIER_HOUSEKEEPING_BATCH": _s(_COUNT_POS, "sites looked at per housekeeping run, "
+                                       "over all shards"),
     "FRONTIER_WORKER_FORGET_AFTER": _s(_SECONDS, "seconds after its last heartbeat that a "
                                        "worker's record is removed"),
-    "FRONTIER_DEAD_LETTERS_MAX": _s(_COUNT, "newest dead letters kept (0: no cap)"),
+    "FRONTIER_DEAD_LETTERS_MAX": _s(_COUNT, "newest dead letters kept, all shards "
+                                     "(0: no cap)"),
     "FRONTIER_SITE_FORGET_AFTER": _s(_SECONDS, "seconds without work after which a site's "
                                      "state is deleted"),
     "METRICS_HOST": _s(text(), "address the Prometheus exporter binds"),

@@ -22,6 +22,9 @@ key                                 type    what it holds
 ``{<spider>}:retries``              zset    requests waiting for their retry time
 ``{<spider>}:dead``                 list    dead letters, JSON objects (requests given
                                             up on, undecodable frontier entries)
+``{<spider>}:dead:trimmed``         string  dead letters trimmed off ``dead`` past
+                                            ``FRONTIER_DEAD_LETTERS_MAX``
+``{<spider>}:prio``                 hash    priority -> requests queued at it
 ``{<spider>}:dupefilter``           set     fingerprints of every request scheduled
 ``{<spider>}:bloom``                string  with the Bloom dupefilter
                                             (:mod:`crawler.frontier.bloom`) instead of
@@ -223,6 +226,11 @@ class ShardKeys:
     :ivar dupefilter: the exact dupefilter's set (``SCHEDULER_DUPEFILTER_KEY``
         for one shard; ``<prefix>dupefilter`` when sharded).
     :ivar bloom: the Bloom dupefilter's bitmap (``<prefix>bloom``).
+    :ivar prio: hash priority -> requests queued at it in the shard
+        (``<prefix>prio``).
+    :ivar dead_trimmed: string, dead letters trimmed off the shard's ``dead``
+        past ``FRONTIER_DEAD_LETTERS_MAX`` (``<prefix>dead:trimmed``, kept by
+        :mod:`crawler.frontier.housekeeping` in the shard's own slot).
     """
 
     index: int
@@ -241,6 +249,8 @@ class ShardKeys:
     alive: str
     dupefilter: str
     bloom: str
+    prio: str
+    dead_trimmed: str
 
     @classmethod
     def of(cls, prefix: str, index: int = 0, dupefilter: str | None = None) -> ShardKeys:
@@ -248,11 +258,12 @@ class ShardKeys:
         names = {
             name: prefix + name
             for name in ("count", "wait", "due", "active", "leases", "ldata", "retries",
-                         "dead", "revisits", "rdata", "alive", "bloom")
+                         "dead", "revisits", "rdata", "alive", "bloom", "prio")
         }
         return cls(
             index=index, prefix=prefix, queues=prefix + "q:",
-            dupefilter=dupefilter or prefix + "dupefilter", **names,
+            dupefilter=dupefilter or prefix + "dupefilter",
+            dead_trimmed=prefix + "dead:trimmed", **names,
         )
 
     def key(self, name: str) -> str:
@@ -305,25 +316,31 @@ class CrawlKeys:
         return self.shards[shard_of(site, self.shard_count)]
 
     @classmethod
-    def for_spider(cls, spider: str, settings: BaseSettings | None = None) -> CrawlKeys:
+    def for_spider(
+        cls, spider: str, settings: BaseSettings | None = None, *, shards: int | None = None
+    ) -> CrawlKeys:
         """The keys of ``spider``, with the key settings of ``settings`` if given.
 
         :param spider: the spider's name, e.g. ``"quotes"``.
         :param settings: project settings; ``SCHEDULER_DUPEFILTER_KEY`` and
             ``REDIS_START_URLS_KEY`` override the default patterns when set,
             ``FRONTIER_SHARDS`` gives the shards (default 1).
+        :param shards: the shard count, instead of ``FRONTIER_SHARDS`` (e.g.
+            the one a crawl recorded in ``{<spider>}:shards``).
         """
         seeds, dupefilter, count = SEEDS, DUPEFILTER, 1
         if settings is not None:
             seeds = settings.get("REDIS_START_URLS_KEY") or seeds
             dupefilter = settings.get("SCHEDULER_DUPEFILTER_KEY") or dupefilter
             count = max(1, settings.getint("FRONTIER_SHARDS", 1))
+        if shards is not None:
+            count = max(1, shards)
         dupefilter = dupefilter % {"spider": spider}
-        shards = tuple(
+        each = tuple(
             ShardKeys.of(prefix, i, dupefilter if count == 1 else None)
             for i, prefix in enumerate(shard_prefixes(spider, count))
         )
-        first = shards[0]
+        first = each[0]
         return cls(
             spider=spider,
             seeds=seeds % {"name": spider},
@@ -338,7 +355,7 @@ class CrawlKeys:
             stats=stats_key(spider),
             workers=workers_key(spider),
             control=control_key(spider),
-            shards=shards,
+            shards=each,
             shards_key=shards_key(spider),
         )
 

@@ -8,7 +8,8 @@ Run it next to Redis and MongoDB, once for the whole cluster::
 Each scrape reads the figures afresh through :class:`crawler.status.StatusReader`
 (the same code as ``scrapy frontier status``), so the two always agree; it
 reads counters and known keys only (no ``SCAN``), so other applications'
-keys in the same Redis do not slow it down.
+keys in the same Redis do not slow it down. The figures of a sharded
+frontier (``FRONTIER_SHARDS``) are sums over its shards.
 Metrics (all gauges unless said; ``spider``, ``worker``, ``collection``,
 ``priority``, ``key``, ``stat`` are labels):
 
@@ -30,10 +31,14 @@ metric                                                what
 ``crawler_requests_leased_by_worker{spider,worker}``  the same, per worker
 ``crawler_retries_waiting{spider}``                   requests waiting for a retry
 ``crawler_spider_started{spider}``                    1 if any key of the spider is in Redis
+``crawler_frontier_shards{spider}``                   the frontier's shard count (recorded in
+                                                      ``{<spider>}:shards``; 1 when absent)
+``crawler_revisits_scheduled{spider}``                revisits scheduled, not yet due
 ``crawler_dead_letters{spider,key}``                  dead letters; ``key`` is ``{<spider>}:dead``
+                                                      (shard 0's: the sample sums the shards)
 ``crawler_dead_letters_trimmed_total{spider,key}``    counter: dead letters trimmed off the
-                                                      list past ``FRONTIER_DEAD_LETTERS_MAX``
-``crawler_urls_seen{spider}``                         fingerprints in the dupefilter set; no
+                                                      lists past ``FRONTIER_DEAD_LETTERS_MAX``
+``crawler_urls_seen{spider}``                         fingerprints in the dupefilter sets; no
                                                       sample with the Bloom dupefilter
 ``crawler_items_stored{collection}``                  documents per MongoDB collection
 ``crawler_workers_live{spider}``                      workers with a recent heartbeat
@@ -187,20 +192,28 @@ class StatusCollector(Collector):
 
 
 def _bounds(status: ClusterStatus) -> Iterator[Metric]:
-    """Whether each spider has keys in Redis, and its dead letters trimmed."""
+    """Whether each spider has keys in Redis, its shards, revisits and dead
+    letters trimmed."""
     started = GaugeMetricFamily(
         "crawler_spider_started", "1 if any key of the spider is in Redis", labels=["spider"]
     )
+    shards = GaugeMetricFamily(
+        "crawler_frontier_shards", "Shards of the crawl's frontier", labels=["spider"]
+    )
+    revisits = GaugeMetricFamily(
+        "crawler_revisits_scheduled", "Revisits scheduled, not yet due", labels=["spider"]
+    )
     trimmed = CounterMetricFamily(
         "crawler_dead_letters_trimmed",
-        "Dead letters trimmed off {<spider>}:dead past FRONTIER_DEAD_LETTERS_MAX",
+        "Dead letters trimmed off the dead-letter lists past FRONTIER_DEAD_LETTERS_MAX",
         labels=["spider", "key"],
     )
     for name, spider in status.spiders.items():
         started.add_metric([name], 1.0 if spider.started else 0.0)
+        shards.add_metric([name], spider.shards)
+        revisits.add_metric([name], spider.revisits)
         trimmed.add_metric([name, spider.keys["dead"]], spider.dead_trimmed)
-    yield started
-    yield trimmed
+    yield from (started, shards, revisits, trimmed)
 
 
 def serve(reader: StatusReader, host: str, port: int) -> tuple[Any, threading.Thread]:

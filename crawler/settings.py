@@ -269,13 +269,15 @@ FRONTIER_STATUS_MAX_PRIORITIES = 100
 #: Seconds between two housekeeping runs of a worker (dead workers, dead
 #: letters, idle sites; 0: none). Default: 30.0.
 FRONTIER_HOUSEKEEPING_INTERVAL = 30.0
-#: Sites of {<spider>}:due looked at per housekeeping run. Default: 200.
+#: Sites of {<spider>}:due looked at per housekeeping run (over all shards:
+#: each shard's share). Default: 200.
 FRONTIER_HOUSEKEEPING_BATCH = 200
 #: Seconds after its last heartbeat that a worker's record is removed from
 #: {<spider>}:workers (it died without closing). Default: 86400.0 (a day).
 FRONTIER_WORKER_FORGET_AFTER = 86400.0
-#: Newest dead letters kept in {<spider>}:dead; older ones are trimmed and
-#: counted in the stat dead/trimmed (0: no cap). Default: 100,000.
+#: Newest dead letters kept in {<spider>}:dead (with N shards, an N-th in
+#: each shard's); older ones are trimmed and counted in the shard's
+#: {<spider>}:dead:trimmed (0: no cap). Default: 100,000.
 FRONTIER_DEAD_LETTERS_MAX = 100_000
 #: Seconds without work (nothing queued, leased or due) after which a site's
 #: state is deleted: due time, slow and Crawl-delay marks, robots.txt; its

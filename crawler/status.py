@@ -30,6 +30,18 @@ Requests queued per priority come from the hash ``{<spider>}:prio``
 frontier written by a version without it reports them as unknown (None),
 never as zeros.
 
+**Shards.** A sharded frontier (``FRONTIER_SHARDS`` > 1, :mod:`crawler.keys`)
+keeps its queues, leases, retries, dead letters, revisits, ``prio`` and
+dupefilter in each shard's keys; the figures are sums over the shards.
+The shard count is the one the crawl recorded in ``{<spider>}:shards`` (1
+when absent: a crawl of the time before shards, or never started). The
+pipeline reads the shards of ``FRONTIER_SHARDS`` of the settings along
+with that key, so a crawl run with the project's settings takes one round
+trip; one recorded with another count takes a second pipeline, of its own
+shards. On a Redis Cluster the client sends each key to its master.
+Queued by priority is unknown (None) as soon as one shard with queued
+requests has no ``prio`` hash.
+
 A server that cannot be read is named in :attr:`ClusterStatus.errors` with
 its address (credentials masked, :func:`masked_url`) and the cause; the
 figures it holds are then left out, never reported as zeros.
@@ -46,13 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from crawler import items as items_module
 from crawler.config import masked_url
-from crawler.control import RUNNING, read_state
+from crawler.control import RUNNING, parse_state
 from crawler.frontier.connection import get_redis, redis_location
-from crawler.keys import CrawlKeys
+from crawler.keys import CrawlKeys, ShardKeys
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -72,9 +84,13 @@ __all__ = [
 
 #: Prefix of the per-collection item counters in ``{<spider>}:stats``.
 ITEMS_STAT_PREFIX = "item_scraped_count/"
-#: Stat in ``{<spider>}:stats``: dead letters trimmed off ``{<spider>}:dead``
-#: past ``FRONTIER_DEAD_LETTERS_MAX`` (:mod:`crawler.frontier.housekeeping`).
+#: Stat in ``{<spider>}:stats`` where versions before shards counted the dead
+#: letters trimmed off ``{<spider>}:dead``; now each shard counts its own in
+#: ``<shard prefix>dead:trimmed`` (:mod:`crawler.frontier.housekeeping`), and
+#: :attr:`SpiderStatus.dead_trimmed` is the sum of both.
 DEAD_TRIMMED_STAT = "dead/trimmed"
+#: Per shard: the commands of :meth:`StatusReader._queue_shard`, in order.
+_PER_SHARD = 11
 
 
 def prio_key(spider: str) -> str:
@@ -136,10 +152,14 @@ class SpiderStatus:
     Figures of keys that do not exist are 0.
 
     :ivar keys: the spider's key names by role (:meth:`CrawlKeys.as_dict`,
-        and ``prio``: :func:`prio_key`).
+        and ``prio``: :func:`prio_key`, ``shards``: ``{<spider>}:shards``);
+        the frontier keys are shard 0's.
+    :ivar shards: the frontier's shard count, as the crawl recorded it in
+        ``{<spider>}:shards`` (1 when absent); every figure below is the
+        sum over the shards.
     :ivar seeds: seeds waiting in ``<spider>:start_urls``.
-    :ivar queued: requests queued in the frontier, all sites: the counter
-        ``{<spider>}:count``.
+    :ivar queued: requests queued in the frontier, all sites: the counters
+        ``{<spider>}:count`` (of each shard).
     :ivar started: False when none of the spider's keys exists in Redis
         (never crawled, or its keys were deleted); its figures are then 0.
     :ivar queued_by_priority: request priority -> requests queued, from the
@@ -152,11 +172,17 @@ class SpiderStatus:
     :ivar leases_by_worker: worker id -> leases it holds (a lease id is
         ``<worker id>:<n>``).
     :ivar retries: requests waiting to be retried (``ZCARD {<spider>}:retries``).
+    :ivar revisits: revisits scheduled (``ZCARD {<spider>}:revisits``).
     :ivar dead_letters: dead letters in ``{<spider>}:dead`` (requests given up
         on and undecodable frontier entries).
-    :ivar seen: fingerprints in the dupefilter set (URLs seen), or None when
-        the crawl uses the Bloom dupefilter (``{<spider>}:bloom`` exists and
-        the set does not): a Bloom filter cannot count its URLs.
+    :ivar dead_trimmed: dead letters trimmed off the lists past
+        ``FRONTIER_DEAD_LETTERS_MAX``: ``<shard prefix>dead:trimmed`` of
+        each shard, plus the stat ``dead/trimmed`` older versions kept.
+    :ivar seen: fingerprints in the dupefilter sets (URLs seen), or None when
+        the crawl uses the Bloom dupefilter (a ``bloom`` bitmap exists and
+        no set does): a Bloom filter cannot count its URLs (an estimate
+        would take ``BITCOUNT`` of the whole bitmap, megabytes, holding
+        Redis up at every reading).
     :ivar items: collection -> documents stored, for the collections this
         spider's items went to (known from its cluster stats).
     :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
@@ -171,6 +197,7 @@ class SpiderStatus:
     spider: str
     keys: dict[str, str]
     started: bool = True
+    shards: int = 1
     seeds: int = 0
     queued: int = 0
     queued_by_priority: dict[int, int] | None = field(default_factory=dict)
@@ -178,6 +205,7 @@ class SpiderStatus:
     leases: int = 0
     leases_by_worker: dict[str, int] = field(default_factory=dict)
     retries: int = 0
+    revisits: int = 0
     dead_letters: int = 0
     dead_trimmed: int = 0
     seen: int | None = 0
@@ -259,6 +287,30 @@ def _priorities(fields: dict[bytes, bytes]) -> list[tuple[int, int]]:
 
 def _decode(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _whole(raw: bytes | None) -> int:
+    """A counter's value; 0 for none or one that is not a whole number."""
+    try:
+        return max(0, int(raw or 0))
+    except ValueError:
+        return 0
+
+
+def _shard_count(raw: bytes | None) -> int:
+    """The shard count recorded in ``{<spider>}:shards``: 1 when absent or
+    not a whole number >= 1 (as workers that find it so refuse to run)."""
+    try:
+        return max(1, int(raw)) if raw is not None else 1
+    except ValueError:
+        return 1
+
+
+def _raise_first(replies: list[Any]) -> None:
+    """Raise the first error among a pipeline's replies (``raise_on_error=False``)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
 
 
 class StatusReader:
@@ -355,10 +407,9 @@ class StatusReader:
         if self.mongo is not None:
             status.servers["mongodb"] = self.mongo_at
         for name in spiders if spiders is not None else self.spiders:
-            keys = CrawlKeys.for_spider(name, self.settings)
-            spider = SpiderStatus(spider=name, keys={**keys.as_dict(), "prio": prio_key(name)})
+            spider = SpiderStatus(spider=name, keys={})
             try:
-                self._read_redis(spider, keys, now)
+                self._read_redis(spider, now)
             except (RedisError, RedisClusterException) as exc:
                 status.errors["redis"] = f"{self.redis_at}: {_short(exc)}"
                 break
@@ -385,67 +436,151 @@ class StatusReader:
                         spider.items[collection] = status.items[collection]
         return status
 
-    def _read_redis(self, spider: SpiderStatus, keys: CrawlKeys, now: float) -> None:
-        """Read the spider's known keys in one pipeline (no ``SCAN``)."""
+    def _read_redis(self, spider: SpiderStatus, now: float) -> None:
+        """Read the spider's known keys (no ``SCAN``): one pipeline with the
+        shards of ``FRONTIER_SHARDS``, a second one when the crawl recorded
+        another shard count; then ``ZSCAN`` of the leases, if any."""
+        name = spider.spider
+        keys = CrawlKeys.for_spider(name, self.settings)
         pipe = self.redis.pipeline(transaction=False)
         pipe.llen(keys.seeds)
-        pipe.get(keys.count)
-        pipe.zcard(keys.leases)
-        pipe.zcard(keys.retries)
-        pipe.llen(keys.dead)
-        pipe.scard(keys.dupefilter)
-        pipe.exists(keys.bloom)
-        pipe.exists(f"{keys.bloom}:0")  # the first shard; one key per call (cluster)
         pipe.hgetall(keys.stats)
         pipe.hgetall(keys.workers)
-        pipe.hgetall(prio_key(spider.spider))
-        pipe.exists(keys.wait)
-        (seeds, count, leases, retries, dead, seen, bloom, bloom0, stats, workers, prio,
-         waiting) = pipe.execute()
-        self._read_state(spider)
-        bloom = int(bloom) + int(bloom0)
+        pipe.get(keys.control)
+        pipe.get(keys.shards_key)
+        for shard in keys.shards:
+            self._queue_shard(pipe, shard)
+        replies = pipe.execute(raise_on_error=False)
+        seeds, stats, workers, control, recorded = replies[:5]
+        _raise_first(replies[:3] + replies[4:])
+        count = _shard_count(recorded)
+        per_shard = replies[5:]
+        if count != keys.shard_count:
+            keys = CrawlKeys.for_spider(name, self.settings, shards=count)
+            pipe = self.redis.pipeline(transaction=False)
+            for shard in keys.shards:
+                self._queue_shard(pipe, shard)
+            per_shard = pipe.execute()
+        spider.keys = {
+            **keys.as_dict(), "prio": keys.shards[0].prio, "shards": keys.shards_key,
+        }
+        spider.shards = count
+        self._read_state(spider, control)
         spider.seeds = int(seeds)
-        spider.queued = int(count or 0)
-        spider.leases, spider.retries, spider.dead_letters = int(leases), int(retries), int(dead)
-        spider.seen = None if bloom and not int(seen) else int(seen)
         spider.stats = {}
-        for name, value in stats.items():
+        for stat, value in stats.items():
             try:
-                spider.stats[_decode(name)] = int(value)
+                spider.stats[_decode(stat)] = int(value)
             except ValueError:
                 continue
-        spider.dead_trimmed = spider.stats.get(DEAD_TRIMMED_STAT, 0)
         spider.workers = self._workers(workers, now)
+        spider.dead_trimmed = spider.stats.get(DEAD_TRIMMED_STAT, 0)
+        with_keys, leased = self._add_shards(spider, keys, per_shard)
         spider.started = bool(
-            spider.seeds or count is not None or spider.leases or spider.retries
-            or spider.dead_letters or int(seen) or bloom or stats or workers or prio
-            or int(waiting) or spider.state != RUNNING or spider.state_bad_value is not None
+            with_keys or stats or workers or spider.seeds or recorded is not None
+            or spider.state != RUNNING or spider.state_bad_value is not None
         )
+        if leased:
+            spider.leases_by_worker = self._leases_by_worker(leased)
+
+    def _add_shards(
+        self, spider: SpiderStatus, keys: CrawlKeys, replies: list[Any]
+    ) -> tuple[bool, list[str]]:
+        """Sum the shards' figures (``replies``: :data:`_PER_SHARD` per
+        shard, in shard order) into ``spider``.
+
+        :returns: whether any of the shards' keys exists, and the lease
+            keys of the shards that have leases.
+        """
+        any_key, prio_known = False, True
+        leased: list[str] = []
+        by_priority: dict[int, int] = {}
+        any_set = any_bloom = False
+        seen = 0
+        for shard in keys.shards:
+            at = shard.index * _PER_SHARD
+            (queued, leases, retries, dead, revisits, cardinality, bloom, bloom0, prio,
+             waiting, cut) = replies[at : at + _PER_SHARD]
+            queued, cardinality = int(queued or 0), int(cardinality)
+            spider.queued += queued
+            spider.leases += int(leases)
+            if int(leases):
+                leased.append(shard.leases)
+            spider.retries += int(retries)
+            spider.dead_letters += int(dead)
+            spider.revisits += int(revisits)
+            spider.dead_trimmed += _whole(cut)
+            seen += cardinality
+            any_set = any_set or cardinality > 0
+            any_bloom = any_bloom or bool(int(bloom) or int(bloom0))
+            if queued and not prio:
+                prio_known = False  # a shard written by an older frontier
+            for priority, n in _priorities(prio):
+                by_priority[priority] = by_priority.get(priority, 0) + n
+            any_key = any_key or bool(
+                queued or int(leases) or int(retries) or int(dead) or int(revisits)
+                or cardinality or prio or int(waiting) or cut is not None
+            )
+        spider.seen = None if any_bloom and not any_set else seen
         if spider.queued:
-            if prio:
-                counts = sorted(_priorities(prio), reverse=True)
+            if prio_known and by_priority:
+                counts = sorted(by_priority.items(), reverse=True)
                 spider.queued_by_priority = dict(counts[: self.max_priorities])
                 spider.queued_by_priority_truncated = len(counts) > self.max_priorities
             else:
                 spider.queued_by_priority = None  # an older frontier: unknown
-        if spider.leases:
-            spider.leases_by_worker = self._leases_by_worker(keys.leases)
+        return any_key or any_bloom, leased
 
-    def _read_state(self, spider: SpiderStatus) -> None:
-        """The crawl's state (:func:`crawler.control.read_state`)."""
-        state, raw = read_state(self.redis, spider.spider)
+    @staticmethod
+    def _queue_shard(pipe: Any, shard: ShardKeys) -> None:
+        """Queue the reads of one shard's known keys (:data:`_PER_SHARD`
+        commands, one key each: a cluster routes them one by one)."""
+        pipe.get(shard.count)
+        pipe.zcard(shard.leases)
+        pipe.zcard(shard.retries)
+        pipe.llen(shard.dead)
+        pipe.zcard(shard.revisits)
+        pipe.scard(shard.dupefilter)
+        pipe.exists(shard.bloom)
+        pipe.exists(f"{shard.bloom}:0")  # a bitmap split in keys (crawler.frontier.bloom)
+        pipe.hgetall(shard.prio)
+        pipe.exists(shard.wait)
+        pipe.get(shard.dead_trimmed)
+
+    def _read_state(self, spider: SpiderStatus, raw: Any) -> None:
+        """The crawl's state from the reply to ``GET {<spider>}:control``
+        (as :func:`crawler.control.read_state` reads it)."""
+        if isinstance(raw, ResponseError) and str(raw).startswith("WRONGTYPE"):
+            state, raw = None, b"WRONGTYPE"
+        elif isinstance(raw, Exception):
+            raise raw
+        else:
+            state = parse_state(raw)
         spider.state = state or RUNNING
         spider.state_bad_value = None if state is not None else _decode(raw or b"")
 
-    def _leases_by_worker(self, key: str) -> dict[str, int]:
-        """Count leases per worker: a lease id is ``<worker id>#<nonce>:<n>``
-        (the nonce tells the processes of one worker id apart)."""
+    def _leases_by_worker(self, keys: list[str]) -> dict[str, int]:
+        """Count leases per worker in the lease sets ``keys`` (one per shard
+        with leases): a lease id is ``<worker id>#<nonce>:<n>`` (the nonce
+        tells the processes of one worker id apart). ``ZSCAN`` of every set
+        at once, one pipeline per 1,000 leases of the largest."""
         counts: dict[str, int] = {}
-        for member, _ in self.redis.zscan_iter(key, count=1000):
-            holder = _decode(member).rpartition(":")[0]
-            worker = holder.rpartition("#")[0] or holder
-            if worker:
-                counts[worker] = counts.get(worker, 0) + 1
+        cursors = dict.fromkeys(keys, 0)
+        while cursors:
+            pipe = self.redis.pipeline(transaction=False)
+            for key, cursor in cursors.items():
+                pipe.zscan(key, cursor, count=1000)
+            replies = pipe.execute()
+            for key, (cursor, members) in zip(list(cursors), replies, strict=True):
+                for member, _ in members:
+                    holder = _decode(member).rpartition(":")[0]
+                    worker = holder.rpartition("#")[0] or holder
+                    if worker:
+                        counts[worker] = counts.get(worker, 0) + 1
+                if int(cursor):
+                    cursors[key] = int(cursor)
+                else:
+                    del cursors[key]
         return counts
 
     def _workers(self, records: dict[bytes, bytes], now: float) -> list[WorkerStatus]:

@@ -11,9 +11,12 @@ import time
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from crawler.frontier.housekeeping import Housekeeper
+from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Frontier, Lease
+from crawler.keys import shard_prefixes
 from crawler.status import StatusReader
 from tests.waiting import wait_for
 
@@ -65,27 +68,54 @@ def test_dead_workers_are_forgotten_and_a_worker_that_came_back_is_kept(
     assert rds.hexists("{s}:workers", "back")
 
 
-def test_dead_letters_are_capped_and_counted_once(rds: redis.Redis) -> None:
-    frontier = Frontier(rds, "s")
-    for i in range(25):
-        frontier.dead_letter({"url": f"https://d.example/{i}", "reason": "r", "attempts": 3})
-    keeper = Housekeeper(rds, "s", dead_max=10)
-    assert keeper.trim_dead() == 15
+@pytest.mark.parametrize("shards", [1, 3])
+def test_dead_letters_are_capped_and_counted_once(rds: redis.Redis, shards: int) -> None:
+    frontier = FrontierShards.build(rds, "s", shards)
+    frontier.check_count()  # as the first worker: the status reads the count
+    for shard in frontier:
+        for i in range(25):
+            shard.dead_letter({"url": f"https://d.example/{i}", "reason": "r", "attempts": 3})
+    keeper = Housekeeper(rds, "s", shards=shards, dead_max=10 * shards)
+    assert keeper.dead_max_per_shard == 10
+    assert keeper.trim_dead() == 15 * shards
     assert keeper.trim_dead() == 0  # a second run (or a resent call) counts nothing
-    kept = [json.loads(x)["url"] for x in rds.lrange("{s}:dead", 0, -1)]
-    assert kept == [f"https://d.example/{i}" for i in range(15, 25)]  # the newest
-    assert rds.hget("{s}:stats", "dead/trimmed") == b"15"
+    assert keeper.run().dead_trimmed == 0
+    for prefix in shard_prefixes("s", shards):
+        kept = [json.loads(x)["url"] for x in rds.lrange(prefix + "dead", 0, -1)]
+        assert kept == [f"https://d.example/{i}" for i in range(15, 25)]  # the newest
+        # counted in the shard's own slot, beside its list
+        assert rds.get(prefix + "dead:trimmed") == b"15"
+    assert not rds.hexists("{s}:stats", "dead/trimmed")
     spider = StatusReader(rds, None, "unused", ["s"]).read().spiders["s"]
-    assert (spider.dead_letters, spider.dead_trimmed) == (10, 15)
-    assert Housekeeper(rds, "s", dead_max=0).trim_dead() == 0  # no cap
+    assert (spider.shards, spider.dead_letters, spider.dead_trimmed) == (
+        shards, 10 * shards, 15 * shards
+    )
+    # What a version before shards counted in the crawl-wide stats is added.
+    rds.hset("{s}:stats", "dead/trimmed", 4)
+    spider = StatusReader(rds, None, "unused", ["s"]).read().spiders["s"]
+    assert spider.dead_trimmed == 15 * shards + 4
+    assert Housekeeper(rds, "s", shards=shards, dead_max=0).trim_dead() == 0  # no cap
 
 
-def test_trim_refuses_a_bad_counter_before_writing(rds: redis.Redis) -> None:
-    rds.rpush("{s}:dead", *[b"{}"] * 5)
-    rds.hset("{s}:stats", "dead/trimmed", "x")
+@pytest.mark.parametrize("shards", [1, 3])
+def test_trim_refuses_a_bad_counter_before_writing(rds: redis.Redis, shards: int) -> None:
+    prefixes = shard_prefixes("s", shards)
+    for prefix in prefixes:
+        rds.rpush(prefix + "dead", *[b"{}"] * 5)
+    bad = prefixes[-1]
+    rds.set(bad + "dead:trimmed", "x")
+    keeper = Housekeeper(rds, "s", shards=shards, dead_max=2 * shards)
     with pytest.raises(redis.ResponseError, match="nothing was written"):
-        Housekeeper(rds, "s", dead_max=2).trim_dead()
-    assert rds.llen("{s}:dead") == 5
+        keeper.trim_dead_shard(shards - 1)
+    assert rds.llen(bad + "dead") == 5
+    # A run names the refused shard and trims the others all the same.
+    swept = keeper.run()
+    assert swept.dead_trimmed == 3 * (shards - 1)
+    assert [p for p in swept.problems if "dead:trimmed" in p] == [
+        f'refused: frontier key {bad}dead:trimmed = "x" is not a whole number: '
+        "nothing was written"
+    ]
+    assert [rds.llen(p + "dead") for p in prefixes] == [2] * (shards - 1) + [5]
 
 
 def test_idle_sites_are_forgotten_busy_ones_kept(rds: redis.Redis) -> None:
@@ -119,6 +149,39 @@ def test_idle_sites_are_forgotten_busy_ones_kept(rds: redis.Redis) -> None:
     push(frontier, "done.example")
     lease = frontier.lease("w#n:4")
     assert isinstance(lease, Lease) and lease.site in ("done.example", "queued.example")
+
+
+def test_every_shard_is_swept_with_a_bounded_batch(rds: redis.Redis) -> None:
+    frontier = FrontierShards.build(rds, "s", 3, default_concurrency=1)
+    sites = [f"s{i}.example" for i in range(12)]
+    for site in [*sites, "busy.example"]:
+        push(frontier.for_site(site), site, 2 if site == "busy.example" else 1)
+    for n, site in enumerate([*sites, "busy.example"]):
+        shard = frontier.for_site(site)
+        lease = shard.lease(f"w#n:{n}")
+        assert isinstance(lease, Lease)
+        shard.ack([lease.lease_id])
+        shard.release_slots([lease.lease_id])
+        rds.hset(shard.key("rdelay"), lease.site, 100)
+    assert len({frontier.index_of(site) for site in sites}) == 3
+    keeper = Housekeeper(rds, "s", shards=3, site_forget_after=0, batch=3)
+    assert keeper.site_batch == 1
+    forgotten = 0
+
+    def swept() -> bool | None:
+        nonlocal forgotten
+        run = keeper.run()
+        assert run.problems == ()
+        forgotten += run.sites
+        return forgotten == len(sites) or None
+
+    wait_for(swept, 10, "every idle site of every shard forgotten")
+    for index, shard in enumerate(frontier):
+        assert rds.exists(keeper.key("forget", index))  # a cursor per shard
+        assert set(rds.hkeys(shard.key("due"))) <= {b"busy.example"}
+        assert set(rds.hkeys(shard.key("rdelay"))) <= {b"busy.example"}
+    busy = frontier.for_site("busy.example")
+    assert rds.hexists(busy.key("due"), "busy.example")  # still has a request queued
 
 
 def test_a_site_that_got_work_after_the_scan_is_not_touched(rds: redis.Redis) -> None:
@@ -168,6 +231,32 @@ def test_the_extension_reads_its_settings_and_can_be_switched_off(redis_url: str
     keeper = ext.housekeeper
     assert (keeper.dead_max, keeper.site_forget_after_ms, keeper.worker_forget_after,
             keeper.batch, keeper.prefix) == (7, 2500, 90.0, 3, "{s}:")
+    assert keeper.prefixes == ["{s}:"]
+    sharded = FrontierHousekeeping.from_crawler(get_crawler(S, {
+        "REDIS_URL": redis_url, "FRONTIER_SHARDS": 3, "FRONTIER_DEAD_LETTERS_MAX": 7,
+    })).housekeeper
+    assert sharded.prefixes == shard_prefixes("s", 3)
+    assert (sharded.dead_max_per_shard, sharded.site_batch) == (3, 67)
     off = get_crawler(S, {"REDIS_URL": redis_url, "FRONTIER_HOUSEKEEPING_INTERVAL": 0})
     with pytest.raises(NotConfigured):
         FrontierHousekeeping.from_crawler(off)
+
+
+def test_a_sharded_crawl_is_swept_on_a_cluster(redis_cluster_url: str) -> None:
+    """Each shard's list and count are in its own slot (on its own master):
+    no call crosses slots."""
+    cluster = RedisCluster.from_url(redis_cluster_url)
+    try:
+        frontier = FrontierShards.build(cluster, "s", 3)
+        frontier.check_count()
+        for shard in frontier:
+            for i in range(6):
+                shard.dead_letter({"url": f"https://d.example/{i}", "reason": "r", "attempts": 1})
+        keeper = Housekeeper(cluster, "s", shards=3, dead_max=6, site_forget_after=0)
+        swept = keeper.run()
+        assert (swept.dead_trimmed, swept.problems) == (12, ())
+        assert keeper.run().dead_trimmed == 0
+        spider = StatusReader(cluster, None, "unused", ["s"]).read().spiders["s"]
+        assert (spider.shards, spider.dead_letters, spider.dead_trimmed) == (3, 6, 12)
+    finally:
+        cluster.close()

@@ -206,6 +206,10 @@ def _spider_table(spider: SpiderStatus) -> Table:
     if spider.state_bad_value is not None:
         state = f"running (BAD value {spider.state_bad_value!r})"
     table.add_row("state", state, spider.keys["control"])
+    table.add_row(
+        "frontier shards", str(spider.shards),
+        spider.keys["shards"] if spider.shards > 1 else "",
+    )
     table.add_row("seeds waiting", str(spider.seeds), spider.keys["seeds"])
     if spider.queued_by_priority is None:
         by_priority = (
@@ -220,7 +224,9 @@ def _spider_table(spider: SpiderStatus) -> Table:
     per_worker = ", ".join(f"{w}: {n}" for w, n in sorted(spider.leases_by_worker.items()))
     table.add_row("requests leased", str(spider.leases), per_worker)
     table.add_row("retries waiting", str(spider.retries), "")
-    dead = spider.keys["dead"]
+    table.add_row("revisits scheduled", str(spider.revisits), "")
+    dead = spider.keys["dead"] + (f" and {spider.shards - 1} more shards"
+                                  if spider.shards > 1 else "")
     if spider.dead_trimmed:
         dead += f" ({spider.dead_trimmed} older ones trimmed)"
     table.add_row("dead letters", str(spider.dead_letters), dead)
@@ -349,8 +355,9 @@ class Command(ScrapyCommand):
 
     def long_desc(self) -> str:
         return (
-            "status: print per spider: seeds waiting, requests queued by priority, leased, "
-            "retries waiting, dead letters, URLs seen, items stored per collection, and "
+            "status: print per spider: frontier shards, seeds waiting, requests queued by "
+            "priority, leased, retries waiting, revisits scheduled, dead letters, URLs seen "
+            "(all shards summed), items stored per collection, and "
             "live workers with their pages per minute and last heartbeat. Without SPIDER, "
             "every spider of the project. --json prints one JSON object; --watch refreshes. "
             "delay / concurrency: set a site's delay (seconds, e.g. 2 or 0.25; stored in "

@@ -9,9 +9,12 @@ Three keys of a crawl would otherwise grow for as long as it runs:
   so a worker that came back is kept);
 * the dead-letter list ``{s}:dead`` is trimmed to its newest
   ``FRONTIER_DEAD_LETTERS_MAX`` entries (default 100,000; 0: no cap); what
-  is trimmed is counted in the stat ``dead/trimmed`` of ``{s}:stats``
-  (``lua/trim_dead.lua``: LLEN, LTRIM and HINCRBY in one atomic call that
-  counts exactly what it removed, so a call sent twice counts nothing twice);
+  is trimmed is counted in ``{s}:dead:trimmed``, beside the list
+  (``lua/trim_dead.lua``: LLEN, LTRIM and INCRBY in one atomic call that
+  counts exactly what it removed, so a call sent twice counts nothing
+  twice); the status (:mod:`crawler.status`) reports the sum over the
+  shards, plus the stat ``dead/trimmed`` of ``{s}:stats`` where versions
+  before shards counted them;
 * the per-site state of sites that had no work for
   ``FRONTIER_SITE_FORGET_AFTER`` seconds (default 3600) is deleted: their
   fields in ``{s}:due``, ``{s}:slow``, ``{s}:rdelay``, ``{s}:robots``,
@@ -29,6 +32,17 @@ Three keys of a crawl would otherwise grow for as long as it runs:
   delay since its last request (it was long ago), its robots.txt fetched
   again.
 
+**Shards.** With ``FRONTIER_SHARDS`` = N > 1 (:mod:`crawler.keys`) the
+dead letters and the per-site state are in each shard's keys, ``{s}:``
+above standing for the shard's prefix ``{<spider>:<i>}:``: every run trims
+each shard's list to ``ceil(FRONTIER_DEAD_LETTERS_MAX / N)`` entries (the
+sites, and so their dead letters, spread evenly over the shards) and looks at ``ceil(batch / N)``
+sites of each shard's ``{s}:due``, with a cursor per shard, so a run does
+about ``FRONTIER_HOUSEKEEPING_BATCH`` sites' work whatever N. The worker
+registry is crawl-wide (``{<spider>}:workers``). A shard whose keys a
+script refuses (a key of another type) is reported in the run's problems
+and the other shards are still swept.
+
 Each worker runs all three every ``FRONTIER_HOUSEKEEPING_INTERVAL`` seconds
 (default 30.0) in a thread (:class:`FrontierHousekeeping`, an extension); a
 failed run is logged and tried again at the next one. Every script declares
@@ -42,17 +56,16 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Self, cast
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
 from crawler.config import stop_on_config_error
-from crawler.frontier.connection import config_error_message, get_redis
-from crawler.frontier.store import _Lua, frontier_prefix
-from crawler.keys import dead_key, stats_key, workers_key
-from crawler.status import DEAD_TRIMMED_STAT
+from crawler.frontier.connection import config_error, config_error_message, get_redis
+from crawler.frontier.store import _Lua
+from crawler.keys import ShardKeys, shard_prefixes, workers_key
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -70,9 +83,10 @@ class Swept(NamedTuple):
     """What one housekeeping run did.
 
     :ivar workers: worker records removed from ``{s}:workers``.
-    :ivar dead_trimmed: dead letters trimmed off ``{s}:dead``.
-    :ivar sites: sites whose per-site state was deleted.
-    :ivar problems: bad values met (one line each); the entry was left alone.
+    :ivar dead_trimmed: dead letters trimmed off ``{s}:dead``, every shard.
+    :ivar sites: sites whose per-site state was deleted, every shard.
+    :ivar problems: bad values met (one line each); the entry was left
+        alone. A shard whose keys a script refused is one line too.
     """
 
     workers: int = 0
@@ -84,14 +98,18 @@ class Swept(NamedTuple):
 class Housekeeper:
     """The housekeeping of one crawl's keys; each method is one bounded step.
 
-    :param redis: a redis-py client returning bytes.
+    :param redis: a redis-py client returning bytes (a cluster client
+        sends each call to the master of its shard).
     :param spider: the spider's name (keys ``{<spider>}:...``).
+    :param shards: the frontier's shard count (``FRONTIER_SHARDS``).
     :param worker_forget_after: seconds after its last heartbeat a worker's
         record is removed.
-    :param dead_max: most dead letters kept (0: no cap).
+    :param dead_max: most dead letters kept, all shards (0: no cap); each
+        shard keeps ``ceil(dead_max / shards)``.
     :param site_forget_after: seconds without work after which a site's
         state is deleted.
-    :param batch: sites looked at, and worker records read, per run.
+    :param batch: sites looked at (over all shards), and worker records
+        read, per run.
     """
 
     def __init__(
@@ -99,6 +117,7 @@ class Housekeeper:
         redis: Redis,
         spider: str,
         *,
+        shards: int = 1,
         worker_forget_after: float = 86400.0,
         dead_max: int = 100_000,
         site_forget_after: float = 3600.0,
@@ -106,7 +125,8 @@ class Housekeeper:
     ) -> None:
         self.redis = redis
         self.spider = spider
-        self.prefix = frontier_prefix(spider)
+        self.prefixes = shard_prefixes(spider, shards)
+        self.prefix = self.prefixes[0]
         self.worker_forget_after = worker_forget_after
         self.dead_max = dead_max
         self.site_forget_after_ms = max(0, round(site_forget_after * 1000))
@@ -116,20 +136,46 @@ class Housekeeper:
         self._trim_dead = _Lua(redis, "trim_dead.lua")
         self._forget_sites = _Lua(redis, "forget_sites.lua")
 
-    def key(self, name: str) -> str:
-        """``{<spider>}:<name>``."""
-        return self.prefix + name
+    def key(self, name: str, shard: int = 0) -> str:
+        """``<prefix of shard>name``: ``{<spider>}:<name>`` with one shard."""
+        return self.prefixes[shard] + name
+
+    @property
+    def dead_max_per_shard(self) -> int:
+        """Dead letters each shard keeps: ``ceil(dead_max / shards)`` (0: no cap)."""
+        return max(0, -(-self.dead_max // len(self.prefixes)))
+
+    @property
+    def site_batch(self) -> int:
+        """Sites looked at per shard and run: ``ceil(batch / shards)``."""
+        return max(1, -(-self.batch // len(self.prefixes)))
 
     def run(self) -> Swept:
-        """All three steps, one after the other.
+        """All three steps, one after the other; the last two over every shard.
 
-        :raises redis.exceptions.RedisError: Redis failed or refused a call
-            (a key of the wrong type: nothing was written by that call).
+        A shard whose call Redis refused (a key of the wrong type: nothing
+        was written by that call) is named in the problems; the other
+        shards are swept all the same.
+
+        :raises redis.exceptions.RedisError: Redis failed, refused the
+            worker registry's call, or refused a call for a reason of
+            configuration (:func:`~crawler.frontier.connection.config_error`).
         """
-        workers, worker_problems = self.forget_workers()
-        trimmed = self.trim_dead()
-        sites, site_problems = self.forget_sites()
-        return Swept(workers, trimmed, sites, tuple(worker_problems + site_problems))
+        workers, problems = self.forget_workers()
+        trimmed = sites = 0
+        for shard in range(len(self.prefixes)):
+            try:
+                trimmed += self.trim_dead_shard(shard)
+            except ResponseError as exc:
+                problems.append(_refused(exc))
+            try:
+                forgotten, site_problems = self.forget_sites_shard(shard)
+            except ResponseError as exc:
+                problems.append(_refused(exc))
+                continue
+            sites += forgotten
+            problems += site_problems
+        return Swept(workers, trimmed, sites, tuple(problems))
 
     def forget_workers(self) -> tuple[int, list[str]]:
         """Remove stale records among the next ``batch`` of ``{s}:workers``.
@@ -164,51 +210,84 @@ class Housekeeper:
         return int(removed), [_text(p) for p in problems]
 
     def trim_dead(self) -> int:
-        """Trim ``{s}:dead`` to its newest ``dead_max`` entries, counting the
-        trimmed ones in the stat ``dead/trimmed``. Safe to send again.
+        """Trim every shard's ``{s}:dead`` to its newest
+        :attr:`dead_max_per_shard` entries,
+        counting the trimmed ones in the shard's ``{s}:dead:trimmed``
+        (:meth:`trim_dead_shard`). Safe to send again.
+
+        :returns: entries trimmed by these calls (0 with no cap).
+        :raises redis.exceptions.ResponseError: a shard's script refused
+            (the shards before it were trimmed).
+        """
+        return sum(self.trim_dead_shard(shard) for shard in range(len(self.prefixes)))
+
+    def trim_dead_shard(self, shard: int = 0) -> int:
+        """Trim shard ``shard``'s ``{s}:dead`` to its newest
+        :attr:`dead_max_per_shard` entries, counting the trimmed ones in
+        its ``{s}:dead:trimmed`` (one ``trim_dead.lua`` call). Safe to send
+        again.
 
         :returns: entries trimmed by this call (0 with no cap).
         """
         if self.dead_max <= 0:
             return 0
+        keys = ShardKeys.of(self.prefixes[shard], shard)
         trimmed = self._trim_dead(
-            keys=[dead_key(self.spider), stats_key(self.spider)],
-            args=[self.dead_max, DEAD_TRIMMED_STAT],
+            keys=[keys.dead, keys.dead_trimmed], args=[self.dead_max_per_shard]
         )
         return int(trimmed)
 
     def forget_sites(self) -> tuple[int, list[str]]:
-        """Look at the next ``batch`` sites of ``{s}:due`` and delete the
-        state of the idle ones (see the module's docstring). Safe to send
-        again.
+        """Look at the next sites of every shard's ``{s}:due``
+        (:attr:`site_batch` each) and delete the state of the idle ones (see
+        the module's docstring). Safe to send again.
+
+        :returns: sites forgotten, and the problems the script reported.
+        :raises redis.exceptions.ResponseError: a shard's script refused
+            (the shards before it were swept).
+        """
+        forgotten, problems = 0, []
+        for shard in range(len(self.prefixes)):
+            n, found = self.forget_sites_shard(shard)
+            forgotten += n
+            problems += found
+        return forgotten, problems
+
+    def forget_sites_shard(self, shard: int = 0) -> tuple[int, list[str]]:
+        """Look at the next :attr:`site_batch` sites of shard ``shard``'s
+        ``{s}:due`` (its cursor in its ``{s}:forget``) and delete the state
+        of the idle ones. Safe to send again.
 
         :returns: sites forgotten, and the problems the script reported.
         """
-        cursor_key = self.key("forget")
-        raw = cast("bytes | None", self.redis.get(cursor_key))
+        raw = cast("bytes | None", self.redis.get(self.key("forget", shard)))
         cursor = int(raw) if raw is not None and raw.isdigit() else 0
         nxt, fields = cast(
             "tuple[int, dict[bytes, bytes]]",
-            self.redis.hscan(self.key("due"), cursor, count=self.batch),
+            self.redis.hscan(self.key("due", shard), cursor, count=self.site_batch),
         )
-        return self.forget([_text(site) for site in fields], int(nxt))
+        return self.forget([_text(site) for site in fields], int(nxt), shard=shard)
 
-    def forget(self, sites: list[str], cursor: int = 0) -> tuple[int, list[str]]:
+    def forget(
+        self, sites: list[str], cursor: int = 0, *, shard: int = 0
+    ) -> tuple[int, list[str]]:
         """Delete the state of those of ``sites`` that are idle, and store
         ``cursor`` in ``{s}:forget`` (one ``forget_sites.lua`` call).
 
-        :param sites: site names (``host`` or ``host:port``).
+        :param sites: site names (``host`` or ``host:port``), all of shard
+            ``shard``.
         :param cursor: the ``HSCAN`` cursor of the next run (0: start over).
+        :param shard: the shard whose keys are swept.
         :returns: sites forgotten, and the problems the script reported.
         """
         keys = [
-            self.key(name)
+            self.key(name, shard)
             for name in (
                 "due", "wait", "ready", "active", "slow", "rdelay", "robots", "robots:down",
                 "forget",
             )
         ]
-        keys += [self.key("lv:" + site) for site in sites]
+        keys += [self.key("lv:" + site, shard) for site in sites]
         forgotten, problems = self._forget_sites(
             keys=keys, args=[cursor, self.site_forget_after_ms, *sites]
         )
@@ -221,14 +300,15 @@ class FrontierHousekeeping:
 
     Settings: ``FRONTIER_HOUSEKEEPING_INTERVAL`` (seconds, default 30.0; 0
     switches it off: NotConfigured), ``FRONTIER_HOUSEKEEPING_BATCH`` (sites
-    per run, default 200), ``FRONTIER_WORKER_FORGET_AFTER`` (seconds, default
-    86400), ``FRONTIER_DEAD_LETTERS_MAX`` (default 100,000; 0: no cap),
+    per run, over all shards, default 200), ``FRONTIER_SHARDS``,
+    ``FRONTIER_WORKER_FORGET_AFTER`` (seconds, default 86400),
+    ``FRONTIER_DEAD_LETTERS_MAX`` (all shards; default 100,000; 0: no cap),
     ``FRONTIER_SITE_FORGET_AFTER`` (seconds, default 3600).
 
     Stats: ``frontier/housekeeping/workers_forgotten``,
     ``frontier/housekeeping/sites_forgotten`` (this worker's runs); dead
-    letters trimmed count cluster-wide in ``dead/trimmed`` of
-    ``{<spider>}:stats``.
+    letters trimmed count cluster-wide in each shard's ``{s}:dead:trimmed``
+    (the status and the metrics sum them).
     """
 
     def __init__(self, crawler: Crawler, housekeeper: Housekeeper, interval: float) -> None:
@@ -252,6 +332,7 @@ class FrontierHousekeeping:
         housekeeper = Housekeeper(
             get_redis(settings),
             crawler.spidercls.name,
+            shards=max(1, settings.getint("FRONTIER_SHARDS", 1)),
             worker_forget_after=settings.getfloat("FRONTIER_WORKER_FORGET_AFTER", 86400.0),
             dead_max=settings.getint("FRONTIER_DEAD_LETTERS_MAX", 100_000),
             site_forget_after=settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0),
@@ -312,6 +393,14 @@ class FrontierHousekeeping:
             failure.getErrorMessage(),
             exc_info=(failure.type, failure.value, failure.getTracebackObject()),
         )
+
+
+def _refused(exc: ResponseError) -> str:
+    """A shard's refused call as a problem line; a configuration error
+    (an ACL, a command unknown) is raised again: it is no bad value."""
+    if config_error(exc) is not None:
+        raise exc
+    return f"refused: {exc}"
 
 
 def _text(value: bytes | str) -> str:
