@@ -20,6 +20,7 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler
 
 from crawler.commands.deadletters import MOVING, dead_letters, load_record, requeue, requeue_push
+from crawler.config import config_error_of
 from crawler.frontier.bloom import BloomDupeFilter
 from crawler.frontier.dupefilter import FrontierDupeFilter
 from crawler.frontier.shards import FrontierShards
@@ -275,3 +276,36 @@ def test_an_idle_worker_counts_a_dead_workers_leases_in_every_shard(
     told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Waiting")]
     assert len(told) == 1, told
     assert "Waiting for 3 leases held by worker ghost-w (holder ghost-w#dead0001" in told[0]
+
+
+# -- scrapy frontier clear: starting again with another shard count ----------------------
+
+
+def test_frontier_clear_deletes_every_shard_so_the_crawl_can_start_with_another_count(
+    redis_url: str, rds: redis.Redis, env: dict[str, str]
+) -> None:
+    scheduler, _ = harness.open_scheduler(redis_url, _Quotes, FRONTIER_SHARDS=3)
+    for site in _sites(3):
+        scheduler.enqueue_request(Request(f"https://{site}/a"))
+        scheduler.dead_letter(Request(f"https://{site}/dead"), "gave up")
+    assert scheduler.flush_outbox()
+    rds.lpush("quotes:start_urls", "https://seed.example/")
+    rds.hset("{quotes}:stats", "item_scraped_count", 3)
+    rds.set("{quotes}:control", "paused")
+    before = {k for k in rds.scan_iter() if b"quotes:" in k}
+    assert any(k.startswith(b"{quotes:") and b"}:" in k for k in before)
+
+    refused = _scrapy(env, "frontier", "clear", "quotes")
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert {k for k in rds.scan_iter() if b"quotes:" in k} == before
+
+    # Run with the new count: the recorded one (3) is cleared too.
+    done = _scrapy(env, "frontier", "clear", "quotes", "--yes", "-s", "FRONTIER_SHARDS=2")
+    assert done.returncode == 0, done.stderr
+    assert "cleared the frontier of quotes" in done.stdout
+    left = sorted(k for k in rds.scan_iter() if b"quotes" in k)
+    assert left == [b"quotes:start_urls", b"{quotes}:control", b"{quotes}:stats"]
+
+    _, crawler = harness.open_scheduler(redis_url, _Quotes, FRONTIER_SHARDS=2)
+    assert config_error_of(crawler) is None
+    assert rds.get("{quotes}:shards") == b"2"
