@@ -15,7 +15,7 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
 def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
-    """The quick run prints a JSON summary with rows a-f and writes the table."""
+    """The quick run prints a JSON summary with rows a-h and writes the table."""
     report = tmp_path / "BENCHMARKS.md"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--output", str(report)],
@@ -24,7 +24,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)
     figures = {row["figure"][0] for row in summary["rows"]}
-    assert figures == set("abcdefg")
+    assert figures == set("abcdefgh")
     assert summary["machine"]["cores"] >= 1
     text = report.read_text()
     assert "| figure | ours | baseline |" in text
