@@ -16,20 +16,26 @@ import time
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench import crawls, frontier_figs, mongo_fig
+from bench import cluster_fig, crawls, frontier_figs, mongo_fig
 from bench.workers import PROJECT_DIR
+from devtools.cluster import RedisClusterServers
 from devtools.embedded import MongoServer, RedisServer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["main"]
 
 #: Sizes of the full run and of ``--quick``.
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"pages": 5000, "per_worker": 160, "delay": 1.0, "memory_n": 100_000,
-             "ops_seconds": 2.0, "items": 2000, "tries": 20, "idle": 10.0, "sites": 10_000},
+             "ops_seconds": 2.0, "items": 2000, "tries": 20, "idle": 10.0, "sites": 10_000,
+             "prefill": 20_000, "shard_cost": True},
     "quick": {"pages": 200, "per_worker": 30, "delay": 0.15, "memory_n": 2000,
-              "ops_seconds": 0.5, "items": 100, "tries": 2, "idle": 1.0, "sites": 1000},
+              "ops_seconds": 0.5, "items": 100, "tries": 2, "idle": 1.0, "sites": 1000,
+              "prefill": 2000, "shard_cost": False},
 }
 
 _HEADER = """# Benchmarks
@@ -135,6 +141,85 @@ def _site_rows(i: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+#: Figure h: clients, the cluster's shards, sites the requests spread over.
+H_CLIENTS, H_SHARDS, H_SITES = 4, 12, 120
+
+
+def _ceiling(run: dict[str, Any]) -> float:
+    """The ops/s a run's Redis would allow at one full core on its busiest
+    node: its ops/s over that node's CPU share."""
+    busiest = max(run["redis_cpu"])
+    return float(run["ops_s"] / busiest) if busiest > 0 else float("nan")
+
+
+def _cluster_figure(
+    size: dict[str, Any], repeat: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Figure h's runs and rows: a three-master cluster with
+    ``FRONTIER_SHARDS=12`` against one plain Redis with 1 shard, alternating
+    (see :mod:`bench.cluster_fig`); then, on one plain Redis, 8 shards
+    against 1 on figure d's requests (10 sites; not with ``--quick``)."""
+    seconds, prefill = size["ops_seconds"], size["prefill"]
+    raw: dict[str, Any] = {"cluster": [], "one": [], "shards_1": [], "shards_8": []}
+    with contextlib.ExitStack() as stack:
+        cluster: RedisClusterServers | None = None
+        try:
+            cluster = stack.enter_context(RedisClusterServers(masters=3))
+        except RuntimeError as exc:  # no redis-cli, or the cluster would not form
+            raw["error"] = str(exc)
+        plain = stack.enter_context(RedisServer())
+        one = {"url": plain.url, "node_urls": [plain.url], "cluster": False,
+               "clients": H_CLIENTS, "seconds": seconds, "prefill": prefill}
+        for _ in range(repeat):
+            if cluster is not None:
+                raw["cluster"].append(cluster_fig.sharded_ops(
+                    cluster.url, [node.url for node in cluster.nodes], cluster=True,
+                    shards=H_SHARDS, clients=H_CLIENTS, seconds=seconds, sites=H_SITES,
+                    prefill=prefill,
+                ))
+            raw["one"].append(cluster_fig.sharded_ops(**one, shards=1, sites=H_SITES))
+            for shards in (1, 8) if size["shard_cost"] else ():
+                raw[f"shards_{shards}"].append(
+                    cluster_fig.sharded_ops(**one, shards=shards, sites=10)
+                )
+    ops = {k: _median([r["ops_s"] for r in v]) for k, v in raw.items() if isinstance(v, list)}
+    ratio = ops["cluster"] / ops["one"] if ops["one"] else float("nan")
+    cost = ops["shards_8"] / ops["shards_1"] if raw["shards_1"] else float("nan")
+    rows = [
+        _row(f"h. frontier ops/s, 3-master cluster vs one node, {H_CLIENTS} clients "
+             f"({H_SHARDS} shards vs 1, {H_SITES} sites)", (ops["cluster"], ops["one"]),
+             "ops/s", ">= 2.5", ratio >= 2.5 if cluster is not None else None),
+        _row("h. CPU during the cluster run, cores: clients (sum) vs the 3 masters (sum)",
+             (_median([sum(r["client_cpu"]) for r in raw["cluster"]]),
+              _median([sum(r["redis_cpu"]) for r in raw["cluster"]])), "cores", "(info)", None),
+        _row("h. CPU during the one-node run, cores: clients (sum) vs the node",
+             (_median([sum(r["client_cpu"]) for r in raw["one"]]),
+              _median([sum(r["redis_cpu"]) for r in raw["one"]])), "cores", "(info)", None),
+        _row("h. ops/s when Redis is the bottleneck (ops/s over the busiest node's CPU "
+             "share), 3-master cluster vs one node",
+             (_median([_ceiling(r) for r in raw["cluster"]]),
+              _median([_ceiling(r) for r in raw["one"]])), "ops/s", "(info)", None),
+        _row(f"h. frontier ops/s on one plain Redis, FRONTIER_SHARDS=8 vs 1, {H_CLIENTS} "
+             "clients, figure d's requests", (ops["shards_8"], ops["shards_1"]), "ops/s",
+             ">= 0.95", cost >= 0.95 if raw["shards_1"] else None),
+    ]
+    return raw, rows
+
+
+def _timed(
+    name: str,
+    figure: Callable[[], tuple[Any, list[dict[str, Any]]]],
+    raw: dict[str, Any],
+    rows: list[dict[str, Any]],
+    timings: dict[str, float],
+) -> None:
+    """Run ``figure`` (its raw measurements and rows), timed, into the summary."""
+    t = time.monotonic()
+    raw[name], more = figure()
+    rows.extend(more)
+    timings[name] = time.monotonic() - t
+
+
 def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
     """Run all figures; return the summary (rows plus raw measurements)."""
     size = SIZES["quick" if quick else "full"]
@@ -212,6 +297,7 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         raw["i"] = site = frontier_figs.bytes_per_site(url, size["sites"])
         rows += _site_rows(site)
         timings["i"] = time.monotonic() - t
+    _timed("h", lambda: _cluster_figure(size, repeat), raw, rows, timings)
     return {"rows": rows, "raw": raw, "seconds": timings}
 
 
@@ -296,6 +382,24 @@ _NOTES = """\
   two workers' fair share is the 16 one worker runs); same steady-rate
   measure. The workers, the site server and Redis share the machine's
   cores.
+- **h.** `bench/cluster_fig.py`: 4 client processes run figure d's cycle,
+  sent as the sharded scheduler sends it through `FrontierShards` (one
+  `commit.lua` call per shard with writes, the lease on the next shard in
+  turn, one pipeline per Redis node, the lease's last; a shard with
+  nothing due is followed by the next), on requests spread over 120
+  sites: a three-master Redis Cluster (`devtools.cluster`, one
+  `redis-server` per master on this machine) with `FRONTIER_SHARDS=12`
+  against one plain `redis-server` with 1 shard, alternating, 20,000
+  requests prefilled. The CPU rows are the clients' `process_time` and the
+  nodes' `INFO cpu` over the window, in cores: the clients and the masters
+  share the machine's cores, so on a small machine the ratio is bounded by
+  the cores there are (the clients' encoding and decoding cost more CPU per
+  op than Redis's scripts), not by Redis. The "Redis is the bottleneck" row
+  divides each run's ops/s by its busiest node's CPU share: the rate each
+  setup would reach with clients on other cores, until its busiest node
+  runs at one full core. The last row:
+  figure d's requests (10 sites) on one plain Redis with 8 shards against
+  1, same clients.
 - **i.** `bench.frontier_figs.bytes_per_site`: 10,000 sites (`--quick`:
   1,000), each with one queued request and its robots.txt as the robots
   middleware stores it (compact: the rules of the group for our agent);

@@ -13,9 +13,11 @@ the same ``FRONTIER_WORKER_ID``.
 A round passes when, once the workers have closed on their own:
 
 - MongoDB holds every page of the capture once (213 documents in ``pages``);
-- the frontier is clean: ``Frontier.audit()`` finds nothing leased, no
-  download slot taken, a pending count equal to what is queued, nothing
-  queued, and ``{pages}:dead`` is empty;
+- the frontier is clean: the audit of every shard
+  (``FrontierShards.audit()``, ``--shards`` sets ``FRONTIER_SHARDS``,
+  default 1) finds nothing leased, no download slot taken, a pending count
+  equal to what is queued, nothing queued, and every shard's dead-letter
+  list (``{pages}:dead``, ``{pages:<i>}:dead``) is empty;
 - the site is not stuck: a new worker fetches a new seed of the same site
   within ``--fresh-within`` seconds (2) of its push, the faults switched off.
 
@@ -49,7 +51,7 @@ import pymongo
 import redis
 
 from bench.workers import PROJECT_DIR, wait_blocked
-from crawler.frontier.store import Frontier
+from crawler.frontier.shards import FrontierShards
 from devtools.embedded import MongoServer, RedisServer
 from devtools.replay import ReplayServer, default_warc_path
 from tests.faultproxy import FaultProxy
@@ -79,6 +81,7 @@ class Options:
     round_timeout: float
     fresh_within: float
     keep_logs: bool
+    shards: int = 1
 
 
 @dataclass
@@ -186,14 +189,18 @@ def _parse(argv: list[str] | None) -> Options:
                         help="a round whose workers have not closed by then fails")
     parser.add_argument("--fresh-within", type=float, default=2.0,
                         help="a new seed must be fetched within this many seconds")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="FRONTIER_SHARDS of the workers (default 1)")
     parser.add_argument("--keep-logs", action="store_true")
     ns = parser.parse_args(argv)
+    if ns.shards < 1:
+        parser.error("--shards must be at least 1")
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1, 2**31)
     return Options(
         seed=seed, duration=ns.duration, kill_interval=ns.kill_interval, loss=ns.loss,
         mode=ns.mode, latency=ns.latency, workers=ns.workers, concurrency=ns.concurrency,
         lease_timeout=ns.lease_timeout, idle=ns.idle, round_timeout=ns.round_timeout,
-        fresh_within=ns.fresh_within, keep_logs=ns.keep_logs,
+        fresh_within=ns.fresh_within, keep_logs=ns.keep_logs, shards=ns.shards,
     )
 
 
@@ -257,6 +264,7 @@ class Soak:
             "FRONTIER_CONCURRENCY": opts.concurrency,
             "FRONTIER_LEASE_TIMEOUT": opts.lease_timeout,
             "MAX_IDLE_TIME_BEFORE_CLOSE": opts.idle,
+            "FRONTIER_SHARDS": opts.shards,
             "TELNETCONSOLE_ENABLED": "False",
             "LOG_LEVEL": "INFO",
         }
@@ -303,12 +311,16 @@ class Soak:
             result.problems.append(f"workers exited with errors: {bad_exits}")
         if result.stored != EXPECTED_PAGES:
             result.problems.append(f"{result.stored} pages stored, not {EXPECTED_PAGES}")
-        audit = Frontier(rds, SPIDER).audit()
+        shards = FrontierShards.build(rds, SPIDER, self.opts.shards)
+        audit = shards.audit()
         if audit:
             result.problems.append(f"frontier audit: {audit}")
-        dead = rds.lrange(f"{{{SPIDER}}}:dead", 0, -1)
+        dead = [entry for shard in shards for entry in rds.lrange(shard.key("dead"), 0, -1)]
         if dead:
             result.problems.append(f"{len(dead)} dead letters, first: {dead[0][:300]!r}")
+        recorded = int(rds.get(f"{{{SPIDER}}}:shards") or 0)
+        if recorded != self.opts.shards:
+            result.problems.append(f"{{{SPIDER}}}:shards is {recorded}, not {self.opts.shards}")
         seeds = rds.llen(f"{SPIDER}:start_urls")
         if seeds:
             result.problems.append(f"{seeds} seeds left in {SPIDER}:start_urls")
@@ -360,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the soak; returns the exit status (0: every round passed)."""
     opts = _parse(argv)
     print(f"soak seed {opts.seed}", flush=True)
+    if opts.shards > 1:
+        print(f"FRONTIER_SHARDS={opts.shards}", flush=True)
     rng = random.Random(opts.seed)  # noqa: S311 - reproducible faults, not secrets
     warc = default_warc_path()
     if not warc.is_file():
@@ -388,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
             soak.mongo.close()
             soak.rds.close()
     failed = [r for r in rounds if not r.passed]
-    rerun = f"python -m bench.soak --seed {opts.seed}"
+    rerun = f"python -m bench.soak --seed {opts.seed}" + (
+        f" --shards {opts.shards}" if opts.shards > 1 else ""
+    )
     if failed:
         print(f"FAIL: {len(failed)} of {len(rounds)} rounds failed (seed {opts.seed}; "
               f"re-run: {rerun}); worker logs in {logs}", flush=True)

@@ -24,6 +24,14 @@ tests stay out. Dependencies are installed on each node with ``pip install -r
 requirements.txt`` in scrapyd's environment, as scrapyd's documentation
 recommends.
 
+Settings given with ``-s`` apply to the workers of that ``start`` only.
+``FRONTIER_SHARDS`` must be the same for every worker of a crawl (a worker
+with another count than the crawl recorded in ``{<spider>}:shards`` stops
+with a configuration error): set it in ``crawler/settings.py`` and deploy,
+or pass the same ``-s FRONTIER_SHARDS=N`` to every ``start`` of the crawl;
+``scrapy frontier clear SPIDER --yes`` (workers stopped) starts a crawl
+afresh with another count.
+
 Exit status: 0 on success, 1 when a node refused or failed a request.
 """
 

@@ -1,5 +1,9 @@
 """``scrapy deadletters list|requeue|purge SPIDER``: the dead-letter queue.
 
+With ``FRONTIER_SHARDS`` > 1 each frontier shard has its own dead-letter
+list (``{<spider>:<i>}:dead``, :mod:`crawler.keys`); every command acts on
+all of them, shard 0 first, oldest first within a shard.
+
 Exit status: 0; 2 for a usage error or a spider the project does not have
 (nothing is read or written); 3 when Redis could not be reached or refused a
 call (the message names its address, credentials masked, and the cause;
@@ -10,9 +14,11 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
+from redis import StrictRedis
 from redis.exceptions import RedisClusterException, RedisError
 from scrapy import Request
 from scrapy.commands import ScrapyCommand
@@ -22,6 +28,7 @@ from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, whole_number
+from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, Push
 
@@ -30,14 +37,57 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = [
-    "Command", "first_priority", "load_record", "purge", "requeue", "requeue_each",
-    "requeue_push",
+    "Command", "dead_letters", "first_priority", "load_record", "purge", "requeue",
+    "requeue_each", "requeue_push",
 ]
 
 ACTIONS = ("list", "requeue", "purge")
 #: Exit status when Redis could not be reached or refused a call (as
 #: ``scrapy seed`` and ``scrapy frontier delay|concurrency|overrides``).
 REDIS_FAILED = 3
+#: Key of a dead letter on its way to another shard (see :func:`requeue_each`):
+#: a token naming the move.
+MOVING = "requeue_move"
+
+
+def _shards(frontier: Frontier | FrontierShards) -> FrontierShards:
+    """``frontier`` as shards (one :class:`Frontier` is a frontier of one shard)."""
+    if isinstance(frontier, FrontierShards):
+        return frontier
+    return FrontierShards([frontier], frontier.prefix)  # (the name is for check_count only)
+
+
+def dead_letters(
+    frontier: Frontier | FrontierShards, limit: int | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """Every dead letter as ``(shard, exact list entry)``: shard 0 first,
+    oldest first within a shard (one ``LRANGE`` per shard, read when its
+    turn comes). A dead letter on its way to another shard (see
+    :func:`requeue_each`) may sit in two lists for a moment: it is listed once.
+
+    :param limit: at most this many.
+    :raises redis.exceptions.RedisError: Redis failed.
+    """
+    moving: set[str] = set()
+    count = 0
+    for i, shard in enumerate(_shards(frontier)):
+        for raw in cast("list[bytes]", shard.redis.lrange(shard.key("dead"), 0, -1)):
+            if limit is not None and count >= limit:
+                return
+            token = _moving_token(raw)
+            if token is not None:
+                if token in moving:
+                    continue
+                moving.add(token)
+            count += 1
+            yield i, raw
+
+
+def _moving_token(raw: bytes) -> str | None:
+    if MOVING.encode() not in raw:  # most dead letters: no JSON decoding
+        return None
+    token = load_record(raw).get(MOVING)
+    return token if isinstance(token, str) else None
 
 
 def load_record(raw: bytes) -> dict[str, Any]:
@@ -105,35 +155,119 @@ def requeue_push(
 
 
 def requeue_each(
-    frontier: Frontier, limit: int | None = None, priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+    frontier: Frontier | FrontierShards,
+    limit: int | None = None,
+    priority_adjust: int = DEFAULT_PRIORITY_ADJUST,
 ) -> Iterator[bool]:
-    """Send dead letters back to the frontier, oldest first, one atomic
-    call each (see :func:`requeue`); yields True for each one requeued,
-    False for each one kept (it carries no request).
+    """Send dead letters back to the frontier, shard by shard, oldest first
+    (see :func:`requeue`); yields True for each one requeued, False for each
+    one kept (it carries no request).
+
+    A dead letter whose request's site belongs to the shard whose list holds
+    it (every dead letter a crawl writes, but those with no site, kept in
+    shard 0) is requeued in one atomic ``commit.lua`` call: the claim (take
+    this exact entry out of the list; nothing happens when it is gone) and
+    the push. One in another shard's list cannot be: a script touches one
+    shard. It moves in steps that each leave it somewhere, none of which can
+    run twice (:func:`_move`):
+
+    1. in its shard, one atomic call claims it and appends a copy marked
+       with a move token (``requeue_move``): a requeue racing a purge or
+       another requeue claims it once;
+    2. the marked copy is appended to the dead letters of its site's shard,
+       unless it is there already or step 3 ran (a ``WATCH`` transaction);
+    3. there, one atomic call claims that copy, pushes the request and sets
+       the commit marker ``sent:requeue#<token>``
+       (:meth:`~crawler.frontier.store.Frontier.marker_key`);
+    4. the marked copy in its first shard is claimed.
+
+    A crash or a lost reply between two steps leaves the marked copy in the
+    first shard; the next requeue reads the marker to know whether step 3
+    ran and goes on from there: the request is queued once, never lost.
+    Copying first and claiming after (no token) could queue it twice after a
+    crash; claiming and pushing without the marked copy could lose it. The
+    marker lasts a day (``Frontier.MARKER_TTL_MS``): a move cut off between
+    steps 3 and 4 and resumed later than that queues its request again.
 
     :raises redis.exceptions.RedisError: Redis failed (the ones yielded
-        True before are requeued).
+        True before are requeued; a move cut off is finished by the next
+        requeue).
     """
-    redis = frontier.redis
-    key = frontier.key("dead")
+    shards = _shards(frontier)
     requeued = 0
-    for raw in cast("list[bytes]", redis.lrange(key, 0, -1)):
+    for i, raw in dead_letters(shards):
         if limit is not None and requeued >= limit:
             break
-        push = requeue_push(load_record(raw), priority_adjust)
+        record = load_record(raw)
+        push = requeue_push(record, priority_adjust)
         if push is None:
             yield False
             continue
-        done = frontier.commit(Commit(pushes=[push], claim=raw))
-        if done is not None and done.claimed:
+        target = shards.index_of(push.site)
+        token = record.get(MOVING)
+        if target == i and not isinstance(token, str):
+            done = shards[i].commit(Commit(pushes=[push], claim=raw))
+            ok = done is not None and done.claimed
+        else:
+            ok = _move(shards, i, raw, record, push=push, target=target)
+        if ok:
             requeued += 1
             yield True
 
 
+def _move(
+    shards: FrontierShards, i: int, raw: bytes, record: dict[str, Any], *, push: Push, target: int
+) -> bool:
+    """Requeue the dead letter ``raw`` of shard ``i`` into shard ``target``
+    (the steps of :func:`requeue_each`); True when this call pushed it."""
+    source, dest = shards[i], shards[target]
+    token = record.get(MOVING)
+    if not isinstance(token, str):  # step 1
+        token = uuid.uuid4().hex
+        marked = json.dumps({**record, MOVING: token}, ensure_ascii=False).encode()
+        done = source.commit(Commit(claim=raw, dead=[marked]))
+        if done is None or not done.claimed:
+            return False  # purged or requeued by another call meanwhile
+        raw = marked
+    holder = f"requeue#{token}"
+    marker = dest.marker_key(holder)
+    pushed = False
+    if dest.redis.get(marker) is None:
+        if i != target:
+            _append_once(dest, raw, marker)  # step 2
+        done = dest.commit(Commit(pushes=[push], claim=raw, marker=(holder, 1)))  # step 3
+        pushed = done is not None and done.claimed
+        if not pushed and dest.redis.get(marker) is None:
+            return False  # the copy was purged there: the next requeue copies it again
+    if i != target:  # (a marked copy found in its site's shard: the first in its turn)
+        source.commit(Commit(claim=raw))  # step 4
+    return pushed
+
+
+def _append_once(frontier: Frontier, entry: bytes, marker: str) -> None:
+    """Append ``entry`` to the shard's dead letters unless it is in the
+    list already or ``marker`` exists (one ``WATCH`` transaction on the
+    shard's node, tried again if either changed meanwhile)."""
+    redis: Any = frontier.redis
+    if not isinstance(redis, StrictRedis):  # a cluster: the node of the shard
+        redis = redis.get_redis_connection(redis.get_node_from_key(frontier.key("dead")))
+    dead = frontier.key("dead")
+
+    def append(pipe: Any) -> None:
+        if pipe.exists(marker) or pipe.lpos(dead, entry) is not None:
+            return
+        pipe.multi()
+        pipe.rpush(dead, entry)
+
+    redis.transaction(append, dead, marker)
+
+
 def requeue(
-    frontier: Frontier, limit: int | None = None, priority_adjust: int = DEFAULT_PRIORITY_ADJUST
+    frontier: Frontier | FrontierShards,
+    limit: int | None = None,
+    priority_adjust: int = DEFAULT_PRIORITY_ADJUST,
 ) -> tuple[int, int]:
-    """Send dead letters back to the frontier, oldest first.
+    """Send dead letters back to the frontier, every shard's, oldest first.
 
     Each dead letter that carries its request is queued again as it was
     first scheduled (:func:`requeue_push`: retry count reset, priority from
@@ -141,7 +275,9 @@ def requeue(
     out of the dead-letter list in the same atomic call, which does nothing
     when the entry is gone already: a requeue racing a purge or another
     requeue never queues one that was deleted, nor one twice. Dead letters
-    with no request (undecodable entries) stay.
+    with no request (undecodable entries) stay. A dead letter in another
+    shard's list than its site's moves there in steps (:func:`requeue_each`),
+    requeued once even when the command is cut off between them.
 
     :param limit: most dead letters to requeue; None for all.
     :param priority_adjust: ``RETRY_PRIORITY_ADJUST`` of the crawl.
@@ -152,17 +288,23 @@ def requeue(
     return done.count(True), done.count(False)
 
 
-def purge(frontier: Frontier) -> int:
-    """Delete every dead letter; returns how many (one atomic transaction)."""
-    with frontier.redis.pipeline(transaction=True) as pipe:
-        pipe.llen(frontier.key("dead"))
-        pipe.delete(frontier.key("dead"))
-        count, _ = pipe.execute()
-    return int(count)
+def purge(frontier: Frontier | FrontierShards) -> int:
+    """Delete every dead letter of every shard; returns how many (one atomic
+    transaction per shard). A dead letter on its way to another shard (see
+    :func:`requeue_each`) counts once per list that held it."""
+    total = 0
+    for shard in _shards(frontier):
+        with shard.redis.pipeline(transaction=True) as pipe:
+            pipe.llen(shard.key("dead"))
+            pipe.delete(shard.key("dead"))
+            count, _ = pipe.execute()
+        total += int(count)
+    return total
 
 
 class Command(ScrapyCommand):
-    """List, requeue or purge a spider's dead letters (``{<spider>}:dead``).
+    """List, requeue or purge a spider's dead letters (``{<spider>}:dead``;
+    with ``FRONTIER_SHARDS`` > 1 every shard's ``{<spider>:<i>}:dead``).
 
     ``requeue`` queues each request at the priority it was first scheduled
     at: Scrapy's retries lower it by ``RETRY_PRIORITY_ADJUST`` (or the
@@ -195,7 +337,9 @@ class Command(ScrapyCommand):
         check_spider(self.settings, spider)
         requeued = 0
         try:
-            frontier = Frontier(get_redis(self.settings), spider)
+            frontier = FrontierShards.build(
+                get_redis(self.settings), spider, self.settings.getint("FRONTIER_SHARDS", 1)
+            )
             if action == "list":
                 self._list(frontier, opts)
             elif action == "requeue":
@@ -221,10 +365,10 @@ class Command(ScrapyCommand):
         sys.stdout.flush()
 
     @staticmethod
-    def _list(frontier: Frontier, opts: argparse.Namespace) -> None:
-        end = -1 if opts.limit is None else opts.limit - 1
-        for raw in cast("list[bytes]", frontier.redis.lrange(frontier.key("dead"), 0, end)):
+    def _list(frontier: FrontierShards, opts: argparse.Namespace) -> None:
+        for _, raw in dead_letters(frontier, opts.limit):
             record = load_record(raw)
+            record.pop(MOVING, None)
             if opts.json:
                 record.pop("request", None)
                 print(json.dumps(record, ensure_ascii=False))

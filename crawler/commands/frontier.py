@@ -14,6 +14,10 @@ and list the per-site politeness overrides that workers read at every lease
 ``pause SPIDER``, ``resume SPIDER`` and ``stop SPIDER`` set the crawl's state
 in ``{<spider>}:control``, which every worker of the crawl follows within
 ``FRONTIER_CONTROL_INTERVAL`` seconds (see :mod:`crawler.control`).
+
+``clear SPIDER --yes`` deletes the crawl's frontier, every shard of it
+(:func:`clear_frontier`), so that it can start again, e.g. with another
+``FRONTIER_SHARDS``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from crawler.frontier.overrides import (
     stored_value_ok,
 )
 from crawler.frontier.store import frontier_prefix
-from crawler.keys import shard_prefixes, site_prefix
+from crawler.keys import CrawlKeys, shard_prefixes, shards_key, site_prefix
 from crawler.status import ClusterStatus, SpiderStatus, StatusReader
 
 if TYPE_CHECKING:
@@ -60,12 +64,13 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 __all__ = [
-    "Command", "Override", "check_spider", "error_lines", "project_spiders", "read_overrides",
-    "render",
+    "Command", "Override", "check_spider", "clear_frontier", "error_lines", "project_spiders",
+    "read_overrides", "render",
 ]
 
 SUBCOMMANDS = (
     "status", "delay", "concurrency", "overrides", "revisit", "pause", "resume", "stop",
+    "clear",
 )
 #: The state each control subcommand sets (:mod:`crawler.control`).
 _CONTROL: dict[str, ControlState] = {"pause": PAUSED, "resume": RUNNING, "stop": STOPPED}
@@ -163,6 +168,38 @@ def read_overrides(redis: Redis, spider: str, shards: int = 1) -> list[Override]
     order = {DELAY: 0, CONCURRENCY: 1, REVISIT: 2}
     found.sort(key=lambda o: (order[o.kind], o.site))
     return found
+
+
+def clear_frontier(redis: Redis, spider: str, settings: BaseSettings) -> int:
+    """Delete the frontier of ``spider``'s crawl: every key of every shard
+    (queues, leases, retries, dead letters, revisits, per-site state and
+    overrides, the dupefilter set or Bloom bitmap) and the recorded shard
+    count ``{<spider>}:shards``. The shards are those of the recorded count
+    and of ``FRONTIER_SHARDS`` in ``settings`` (they differ when the count
+    is being changed). The seeds (``<spider>:start_urls`` and its intake)
+    stay, and so do the crawl-wide ``stats``, ``workers`` and ``control``
+    (a stopped crawl stays stopped). Meant for a crawl with no worker
+    running. Finds the keys with ``SCAN`` (on a cluster, of every
+    master).
+
+    :returns: how many keys were deleted.
+    :raises redis.exceptions.RedisError: Redis failed (keys deleted before stay deleted).
+    """
+    raw: Any = redis.get(shards_key(spider))
+    counts = {max(1, settings.getint("FRONTIER_SHARDS", 1))}
+    if raw is not None and raw.isdigit() and int(raw) >= 1:
+        counts.add(int(raw))
+    prefixes = {p for n in counts for p in shard_prefixes(spider, n)}
+    keys = CrawlKeys.for_spider(spider, settings)
+    keep = {key.encode() for key in (keys.stats, keys.workers, keys.control)}
+    deleted = 0
+    for prefix in sorted(prefixes):
+        pattern = prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+        doomed = [k for k in redis.scan_iter(match=pattern, count=1000) if k not in keep]
+        for i in range(0, len(doomed), 500):
+            deleted += int(redis.delete(*doomed[i : i + 500]))
+    deleted += int(redis.delete(shards_key(spider)))
+    return deleted
 
 
 def project_spiders(settings: BaseSettings) -> list[str]:
@@ -331,6 +368,10 @@ class Command(ScrapyCommand):
     state before and after, who set it (``user@host``) and when. Exit
     status 0; 2 for a usage error or an unknown spider (nothing written);
     3 when Redis could not be reached or refused the call.
+
+    ``clear SPIDER --yes`` deletes the crawl's frontier, every shard
+    (:func:`clear_frontier`). Exit status 0; 2 for a usage error, an unknown
+    spider or no ``--yes`` (nothing deleted); 3 when Redis failed.
     """
 
     requires_project = True
@@ -344,7 +385,8 @@ class Command(ScrapyCommand):
             "       scrapy frontier concurrency SPIDER SITE N|--unset\n"
             "       scrapy frontier overrides [SPIDER ...] [--json]\n"
             "       scrapy frontier revisit SPIDER SITE SECONDS|--unset\n"
-            "       scrapy frontier pause|resume|stop SPIDER"
+            "       scrapy frontier pause|resume|stop SPIDER\n"
+            "       scrapy frontier clear SPIDER --yes"
         )
 
     def short_desc(self) -> str:
@@ -368,7 +410,10 @@ class Command(ScrapyCommand):
             "FRONTIER_REVISIT_AFTER, or remove it with --unset. "
             "pause / resume / stop: every worker of the crawl stops starting downloads "
             "(and stays up), starts again, or finishes what is in flight, gives back its "
-            "leases and exits; the frontier is kept for workers started after resume."
+            "leases and exits; the frontier is kept for workers started after resume. "
+            "clear: delete the crawl's frontier (every shard: queues, leases, dead letters, "
+            "URLs seen, per-site state) and its recorded FRONTIER_SHARDS, keeping the seeds; "
+            "for a crawl with no worker running, e.g. to change FRONTIER_SHARDS."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -384,6 +429,9 @@ class Command(ScrapyCommand):
             default=2.0,
             metavar="SECONDS",
             help="seconds between refreshes with --watch (default: 2)",
+        )
+        parser.add_argument(
+            "--yes", action="store_true", help="clear: delete without asking",
         )
         parser.add_argument(
             "--unset", action="store_true",
@@ -404,6 +452,8 @@ class Command(ScrapyCommand):
         try:
             if args[0] in _CONTROL:
                 self._control(args[0], args[1:])
+            elif args[0] == "clear":
+                self._clear(args[1:], opts.yes)
             elif args[0] == "overrides":
                 self._list(args[1:], opts.json)
             else:
@@ -527,6 +577,32 @@ class Command(ScrapyCommand):
             f"{_CONTROL_EFFECT[state]}, within FRONTIER_CONTROL_INTERVAL "
             f"({self.settings.getfloat('FRONTIER_CONTROL_INTERVAL', 1.0):g} s)\n"
         )
+        sys.stdout.flush()
+        self.exitcode = 0
+
+    def _clear(self, args: list[str], yes: bool) -> None:
+        """``clear SPIDER --yes``: delete the crawl's frontier (:func:`clear_frontier`).
+
+        :raises UsageError: not exactly one spider, an unknown one, or no
+            ``--yes`` (exit status 2, nothing deleted).
+        :raises redis.exceptions.RedisError: Redis failed (exit status 3).
+        """
+        assert self.settings is not None
+        if len(args) != 1:
+            raise UsageError("expected: clear SPIDER --yes", print_help=False)
+        spider = self._spider(args[0])
+        if not yes:
+            raise UsageError(
+                f"clear deletes the frontier of {spider} (every shard: queued requests, "
+                "leases, dead letters, URLs seen); add --yes to do it", print_help=False,
+            )
+        redis = get_redis(self.settings)
+        try:
+            deleted = clear_frontier(redis, spider, self.settings)
+        finally:
+            redis.close()
+        sys.stdout.write(f"cleared the frontier of {spider}: {deleted} keys deleted; "
+                         "seeds, stats, workers and control kept\n")
         sys.stdout.flush()
         self.exitcode = 0
 

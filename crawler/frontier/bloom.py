@@ -31,6 +31,15 @@ fingerprint's last 32 bits pick a request's shard. The bitmap is created
 zeroed at its full size by the first request (``SETRANGE``), so Redis
 allocates it once, exactly; workers configured with another size get an
 error naming the settings. The RedisBloom module (``BF.ADD``) is not used.
+
+With ``FRONTIER_SHARDS`` = N > 1 each frontier shard has a filter of its
+own, ``<shard prefix>bloom`` (``{<spider>:<i>}:bloom``, see
+:mod:`crawler.keys`), sized for ``FRONTIER_BLOOM_CAPACITY / N`` URLs
+(:func:`crawler.frontier.shards.shard_bloom`), and a request's bits are in
+its site's shard's filter. :class:`BloomDupeFilter` then needs the site of
+each fingerprint (``sites=`` of :meth:`~BloomDupeFilter.add`,
+:meth:`~BloomDupeFilter.contains`, :meth:`~BloomDupeFilter.load`);
+:meth:`~BloomDupeFilter.request_seen` takes it from the request.
 """
 
 from __future__ import annotations
@@ -46,7 +55,10 @@ from typing import TYPE_CHECKING
 
 from crawler.frontier.connection import get_redis
 from crawler.frontier.dupefilter import FrontierDupeFilter
+from crawler.frontier.shards import shard_bloom
+from crawler.frontier.sites import site_of
 from crawler.frontier.store import frontier_prefix
+from crawler.keys import shard_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -178,10 +190,18 @@ class BloomDupeFilter(FrontierDupeFilter):
     and checks fingerprints in the bitmap (``push.lua``'s Bloom mode);
     :meth:`request_seen` does the same for use without the frontier.
 
+    With ``shards`` > 1 the filter is split as the frontier splits it (see
+    the module): :attr:`blooms` holds each shard's filter, and the methods
+    that take fingerprints need their sites (``sites=``, one per
+    fingerprint, e.g. :func:`crawler.frontier.sites.site_of` of the request).
+
     :param server: a redis-py client (standalone or cluster).
-    :param bloom: the filter's shape and key.
+    :param bloom: the filter's shape and key, for all shards together
+        (``FRONTIER_BLOOM_*``; the frontier divides it, as :attr:`blooms` does).
     :param fingerprinter: Scrapy's request fingerprinter.
     :param debug: log every filtered request (``DUPEFILTER_DEBUG``).
+    :param spider: the spider's name (needed with ``shards`` > 1).
+    :param shards: the crawl's ``FRONTIER_SHARDS`` (default 1).
     """
 
     def __init__(
@@ -191,9 +211,18 @@ class BloomDupeFilter(FrontierDupeFilter):
         debug: bool = False,
         *,
         fingerprinter: RequestFingerprinterProtocol,
+        spider: str | None = None,
+        shards: int = 1,
     ) -> None:
-        super().__init__(server, bloom.key, debug, fingerprinter=fingerprinter)
+        super().__init__(
+            server, bloom.key, debug, fingerprinter=fingerprinter, spider=spider, shards=shards
+        )
         self.bloom = bloom
+        #: Each frontier shard's filter, in shard order (``[bloom]`` unsharded).
+        self.blooms = [
+            shard_bloom(bloom, self.shard_prefix(i), self.shards) if self.shards > 1 else bloom
+            for i in range(self.shards)
+        ]
         source = resources.files("crawler.frontier").joinpath("lua", "bloom.lua").read_text()
         self._script = server.register_script(source)
 
@@ -220,24 +249,49 @@ class BloomDupeFilter(FrontierDupeFilter):
             bloom,
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
+            spider=crawler.spidercls.name,
+            shards=settings.getint("FRONTIER_SHARDS", 1),
         )
+
+    def bloom_for(self, site: str | None) -> BloomFilter:
+        """The filter of ``site``'s shard (the only one when unsharded).
+
+        :raises ValueError: sharded, and ``site`` is None.
+        """
+        if self.shards == 1:
+            return self.bloom
+        if site is None:
+            raise ValueError(
+                f"with FRONTIER_SHARDS = {self.shards} a fingerprint's bits are in its "
+                "request's site's shard: pass sites= (one site per fingerprint)"
+            )
+        return self.blooms[shard_of(site, self.shards)]
 
     def request_seen(self, request: Request) -> bool:
         """Record ``request``; return whether it was (probably) seen before.
 
-        One script call (``bloom.lua``), one round trip.
+        One script call (``bloom.lua``), one round trip, on the filter of
+        the request's site's shard (the bits ``commit.lua`` sets in a crawl).
         """
-        return self.add([self.request_fingerprint(request)])[0]
+        fingerprint = self.request_fingerprint(request)
+        if self.shards == 1:
+            return self.add([fingerprint])[0]
+        return self.add([fingerprint], sites=[site_of(request)])[0]
 
-    def add(self, fingerprints: Sequence[bytes]) -> list[bool]:
+    def add(
+        self, fingerprints: Sequence[bytes], sites: Sequence[str] | None = None
+    ) -> list[bool]:
         """Set the bits of many fingerprints; one pipelined round trip.
 
+        :param sites: the site of each fingerprint's request (needed when
+            sharded; ignored otherwise).
         :returns: for each fingerprint, whether all its bits were already set
             (seen before, or a false positive).
+        :raises ValueError: sharded without ``sites``, or not one per fingerprint.
         """
-        return self._run("add", fingerprints)
+        return self._run("add", fingerprints, sites)
 
-    def load(self, fingerprints: Iterable[bytes]) -> None:
+    def load(self, fingerprints: Iterable[bytes], sites: Iterable[str] | None = None) -> None:
         """Bulk-add fingerprints: to preload known URLs, or to move an exact
         ``{s}:dupefilter`` set into the filter (``SMEMBERS`` in batches).
 
@@ -245,17 +299,26 @@ class BloomDupeFilter(FrontierDupeFilter):
         million URLs at 0.1%), sent once to a temporary key with the same
         hash tag and ORed into the filter (``BITOP``) in one transaction,
         about ten times faster than :meth:`add`, which reports on each URL.
+
+        :param sites: the site of each fingerprint's request, in the same
+            order (needed when sharded: the bits go to its shard's filter).
+        :raises ValueError: sharded without ``sites``.
         """
-        bloom = self.bloom
-        bitmaps: dict[str, bytearray] = {}
-        for fingerprint in fingerprints:
+        bitmaps: dict[str, tuple[BloomFilter, bytearray]] = {}
+        pairs: Iterable[tuple[bytes, str | None]] = (
+            ((fp, None) for fp in fingerprints) if sites is None
+            else zip(fingerprints, sites, strict=True)
+        )
+        for fingerprint, site in pairs:
+            bloom = self.bloom_for(site)
             key = bloom.keys[bloom.shard(fingerprint)] if bloom.shards > 1 else bloom.key
-            bitmap = bitmaps.get(key)
-            if bitmap is None:
-                bitmap = bitmaps[key] = bytearray(bloom.size)
+            found = bitmaps.get(key)
+            if found is None:
+                found = bitmaps[key] = (bloom, bytearray(bloom.size))
+            bitmap = found[1]
             for offset in bloom.offsets(fingerprint):
                 bitmap[offset >> 3] |= 0x80 >> (offset & 7)
-        for key, bitmap in bitmaps.items():
+        for key, (bloom, bitmap) in bitmaps.items():
             temporary = f"{key}:load:{uuid.uuid4().hex}"
             with self.server.pipeline(transaction=True) as pipe:
                 pipe.set(temporary, bytes(bitmap))
@@ -265,21 +328,30 @@ class BloomDupeFilter(FrontierDupeFilter):
                 )
                 pipe.execute()
 
-    def contains(self, fingerprints: Sequence[bytes]) -> list[bool]:
-        """Whether each fingerprint is (probably) in the filter; sets nothing."""
-        return self._run("check", fingerprints)
+    def contains(
+        self, fingerprints: Sequence[bytes], sites: Sequence[str] | None = None
+    ) -> list[bool]:
+        """Whether each fingerprint is (probably) in the filter; sets nothing.
 
-    def _run(self, mode: str, fingerprints: Sequence[bytes]) -> list[bool]:
-        bloom = self.bloom
-        by_key: dict[str, tuple[list[int], list[bytes]]] = {}
+        :param sites: as :meth:`add`'s.
+        """
+        return self._run("check", fingerprints, sites)
+
+    def _run(
+        self, mode: str, fingerprints: Sequence[bytes], sites: Sequence[str] | None
+    ) -> list[bool]:
+        if sites is not None and len(sites) != len(fingerprints):
+            raise ValueError(f"{len(fingerprints)} fingerprints but {len(sites)} sites")
+        by_key: dict[str, tuple[BloomFilter, list[int], list[bytes]]] = {}
         for i, fingerprint in enumerate(fingerprints):
+            bloom = self.bloom_for(None if sites is None else sites[i])
             key, packed = bloom.locate(fingerprint)
-            index, offsets = by_key.setdefault(key, ([], []))
+            _, index, offsets = by_key.setdefault(key, (bloom, [], []))
             index.append(i)
             offsets.append(packed)
         calls: list[list[int]] = []
         with self.server.pipeline(transaction=False) as pipe:
-            for key, (index, offsets) in by_key.items():
+            for key, (bloom, index, offsets) in by_key.items():
                 for start in range(0, len(index), BATCH):
                     self._script(
                         keys=[key],
@@ -295,7 +367,12 @@ class BloomDupeFilter(FrontierDupeFilter):
                 seen[i] = flag == ord("1")
         return seen
 
+    @property
+    def keys(self) -> list[str]:
+        """Every bitmap key of every shard, in shard order."""
+        return [key for bloom in self.blooms for key in bloom.keys]
+
     def clear(self) -> None:
-        """Delete the bitmap(s): every URL is forgotten."""
-        for key in self.bloom.keys:
-            self.server.delete(key)
+        """Delete the bitmap(s) of every shard: every URL is forgotten."""
+        for key in self.keys:
+            self.server.delete(key)  # one key per call: shards are in other slots

@@ -9,6 +9,8 @@ from scrapy.utils.request import referer_str
 from scrapy_redis.dupefilter import RFPDupeFilter
 
 from crawler.frontier.connection import get_redis
+from crawler.frontier.sites import site_of
+from crawler.keys import shard_of, shard_prefix
 
 if TYPE_CHECKING:
     from typing import Self
@@ -39,6 +41,13 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
     * :meth:`close` keeps the set: it is shared with other workers. Clearing
       it is :meth:`clear`'s job, called by the scheduler only when
       ``SCHEDULER_PERSIST`` is off.
+    * With ``FRONTIER_SHARDS`` = N > 1 there is one set per frontier shard,
+      ``<shard prefix>dupefilter`` (:func:`crawler.keys.shard_prefix`), and a
+      request's fingerprint goes to its site's shard
+      (:func:`crawler.keys.shard_of`), the set ``commit.lua`` records it in
+      during a crawl: :meth:`request_seen` outside the scheduler agrees with
+      the crawl, and :meth:`clear` empties every shard's set. With one shard
+      the set is ``key``.
     * :meth:`log` is Scrapy's (:meth:`scrapy.dupefilters.RFPDupeFilter.log`):
       the same message, the referer with ``DUPEFILTER_DEBUG``, and it counts
       ``dupefilter/filtered`` (scrapy-redis's counts nothing).
@@ -47,6 +56,9 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
     :param key: the set's key, e.g. ``{quotes}:dupefilter``.
     :param fingerprinter: Scrapy's request fingerprinter.
     :param debug: log every filtered request (``DUPEFILTER_DEBUG``).
+    :param spider: the spider's name (needed with ``shards`` > 1: it names
+        the shards' keys).
+    :param shards: the crawl's ``FRONTIER_SHARDS`` (default 1).
     """
 
     logger = logger
@@ -62,16 +74,23 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
         debug: bool = False,
         *,
         fingerprinter: RequestFingerprinterProtocol,
+        spider: str | None = None,
+        shards: int = 1,
     ) -> None:
         super().__init__(server, key, debug)
         self.fingerprinter = fingerprinter
+        if shards > 1 and spider is None:
+            raise ValueError("a sharded dupefilter (FRONTIER_SHARDS > 1) needs the spider's name")
+        self.spider_name = spider
+        self.shards = max(1, shards)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the filter for ``crawler`` without any Redis I/O.
 
         The key starts as ``SCHEDULER_DUPEFILTER_KEY`` with ``%(spider)s``
-        filled from ``crawler.spidercls.name``.
+        filled from ``crawler.spidercls.name``; ``FRONTIER_SHARDS`` gives the
+        shards.
         """
         settings = crawler.settings
         key = settings.get("SCHEDULER_DUPEFILTER_KEY") % {
@@ -83,7 +102,28 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
             key,
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
+            spider=crawler.spidercls.name,
+            shards=settings.getint("FRONTIER_SHARDS", 1),
         )
+
+    def shard_prefix(self, index: int) -> str:
+        """The key prefix of frontier shard ``index`` (``{<spider>:<i>}:``)."""
+        assert self.spider_name is not None
+        return shard_prefix(self.spider_name, index, self.shards)
+
+    def key_for(self, site: str) -> str:
+        """The set that holds the fingerprints of ``site``'s requests:
+        ``key`` with one shard, else ``<prefix of the site's shard>dupefilter``."""
+        if self.shards == 1:
+            return str(self.key)
+        return self.shard_prefix(shard_of(site, self.shards)) + "dupefilter"
+
+    @property
+    def keys(self) -> list[str]:
+        """Every shard's set, in shard order (``[key]`` with one shard)."""
+        if self.shards == 1:
+            return [str(self.key)]
+        return [self.shard_prefix(i) + "dupefilter" for i in range(self.shards)]
 
     def request_fingerprint(self, request: Request) -> bytes:
         """Return Scrapy's fingerprint of ``request`` (20 bytes for SHA1)."""
@@ -92,9 +132,16 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
     def request_seen(self, request: Request) -> bool:
         """Record ``request`` as seen; return whether it had been seen before.
 
-        One ``SADD`` round trip.
+        One ``SADD`` round trip, to the set of the request's site's shard
+        (:meth:`key_for`).
         """
-        return int(self.server.sadd(self.key, self.request_fingerprint(request))) == 0
+        key = self.key_for(site_of(request)) if self.shards > 1 else self.key
+        return int(self.server.sadd(key, self.request_fingerprint(request))) == 0
+
+    def clear(self) -> None:
+        """Delete every shard's set: every request is forgotten."""
+        for key in self.keys:
+            self.server.delete(key)  # one key per call: shards are in other slots
 
     def log(self, request: Request, spider: Spider) -> None:
         """Log that ``request`` was filtered as a duplicate, and count it.

@@ -726,7 +726,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             waits: LeaseWaitLog | None = getattr(self, "_lease_waits", None)
             if waits is None:
                 waits = LeaseWaitLog(
-                    self.queue.frontier, self.holder, self.lease_timeout, self.spider
+                    self.queue.shards, self.holder, self.lease_timeout, self.spider
                 )
                 self._lease_waits = waits
             waits.check()  # never raises

@@ -176,7 +176,8 @@ class FrontierShards:
             raise ShardCountError(
                 f"FRONTIER_SHARDS is {n} but the crawl of spider {self.spider!r} was started "
                 f"with {int(old)} shards ({key} = {int(old)}): set FRONTIER_SHARDS = "
-                f"{int(old)}, or clear the crawl (scrapy frontier clear) to change it"
+                f"{int(old)}, or clear the crawl (scrapy frontier clear {self.spider} --yes) "
+                "to change it"
             )
 
     def load_scripts(self) -> None:

@@ -1,7 +1,18 @@
 """The frontier's Redis data model and its atomic operations.
 
 One crawl (one spider) keeps these keys, all with the hash tag ``{<spider>}``
-so that each Lua script touches a single Redis Cluster slot:
+so that each Lua script touches a single Redis Cluster slot. ``{s}:`` below
+is the key prefix of one frontier (:attr:`Frontier.prefix`): ``{<spider>}:``
+with one shard. With ``FRONTIER_SHARDS`` = N > 1 the crawl has N frontiers
+(:class:`crawler.frontier.shards.FrontierShards`), shard ``i`` with the
+prefix ``{<spider>:<i>}:`` or ``{<spider>:<i>.<salt>}:`` (a hash tag of its
+own, aimed at the ``i``-th slice of the slots:
+:func:`crawler.keys.shard_prefix`), and every key of this table exists once
+per shard under it; a site's keys and fields (queues, ``due``, leases,
+retries, dead letters, fingerprints, robots.txt, overrides) are in the shard
+``crc32(site) % N`` (:func:`crawler.keys.shard_of`). The crawl-wide keys
+(seeds, ``stats``, ``workers``, ``control``, ``shards``) are listed in
+:mod:`crawler.keys`; they stay ``{<spider>}:``.
 
 ==================================  ======  ==========================================
 key                                 type    holds
@@ -38,7 +49,10 @@ key                                 type    holds
 ``{s}:lslot``                       hash    lease id -> its site, while its download
                                             holds a slot there
 ``{s}:wactive``                     hash    ``holder\tsite`` -> slots the worker holds
-``{s}:dupefilter``                  set     request fingerprints
+``{s}:dupefilter``                  set     request fingerprints (one shard:
+                                            ``SCHEDULER_DUPEFILTER_KEY``)
+``{s}:bloom``                       string  the Bloom dupefilter's bitmap instead
+                                            (:mod:`crawler.frontier.bloom`)
 ==================================  ======  ==========================================
 
 A queued request that was handed out before and never acknowledged (its

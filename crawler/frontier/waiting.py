@@ -21,6 +21,10 @@ come every third of one) or gone from ``{s}:alive`` (lease calls drop
 holders silent for a lease's length). The leases of silent holders expire
 first (a live holder's deadlines are pushed on at every heartbeat), so the
 first ``limit`` by deadline hold them all unless there are more.
+
+With ``FRONTIER_SHARDS`` > 1 every shard has its own ``leases`` and
+``alive``: :func:`silent_holders_of` reads each shard (one round trip
+each) and adds up a holder's leases over them.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
+from crawler.frontier.shards import FrontierShards
+
 if TYPE_CHECKING:
     from crawler.frontier.store import Frontier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LeaseWaitLog", "SilentHolder", "silent_holders"]
+__all__ = ["LeaseWaitLog", "SilentHolder", "silent_holders", "silent_holders_of"]
 
 #: Most leases one reading looks at (the earliest deadlines).
 READ_LIMIT = 1000
@@ -141,18 +147,61 @@ def silent_holders(
     ]
 
 
+def silent_holders_of(
+    frontiers: Frontier | FrontierShards,
+    *,
+    silent_after: float,
+    exclude: str = "",
+    limit: int = READ_LIMIT,
+) -> tuple[int, list[SilentHolder]]:
+    """:func:`silent_holders` over every shard of a frontier: a holder's
+    leases are added up, its earliest and latest deadlines and its last
+    heartbeat taken over the shards (one round trip per shard).
+
+    :param frontiers: the crawl's :class:`~crawler.frontier.shards.FrontierShards`,
+        or one :class:`Frontier`.
+    :param limit: most leases read per shard.
+    :returns: Redis's clock (ms; the latest read) and the silent holders, by holder.
+    :raises redis.exceptions.RedisError: Redis failed.
+    """
+    shards = list(frontiers) if isinstance(frontiers, FrontierShards) else [frontiers]
+    now = 0
+    merged: dict[str, SilentHolder] = {}
+    for frontier in shards:
+        at, holders = silent_holders(
+            frontier, silent_after=silent_after, exclude=exclude, limit=limit
+        )
+        now = max(now, at)
+        for h in holders:
+            old = merged.get(h.holder)
+            if old is None:
+                merged[h.holder] = h
+                continue
+            seen = [s for s in (old.last_seen_ms, h.last_seen_ms) if s is not None]
+            merged[h.holder] = SilentHolder(
+                h.holder, old.leases + h.leases,
+                min(old.first_expiry_ms, h.first_expiry_ms),
+                max(old.last_expiry_ms, h.last_expiry_ms),
+                max(seen) if seen else None, old.more or h.more,
+            )
+    return now, [merged[holder] for holder in sorted(merged)]
+
+
 class LeaseWaitLog:
     """Logs, once per change, the leases of silent workers an idle worker
     waits for (see the module).
 
-    :param frontier: the crawl's frontier.
+    :param frontier: the crawl's frontier: every shard of
+        :class:`~crawler.frontier.shards.FrontierShards`, or one :class:`Frontier`.
     :param holder: this worker's holder (its own leases are left out).
     :param lease_timeout: ``FRONTIER_LEASE_TIMEOUT``, seconds; a holder is
         silent after half of it.
     :param spider: for the log records' ``extra``.
     """
 
-    def __init__(self, frontier: Frontier, holder: str, lease_timeout: float, spider: Any) -> None:
+    def __init__(
+        self, frontier: Frontier | FrontierShards, holder: str, lease_timeout: float, spider: Any
+    ) -> None:
         self.frontier = frontier
         self.holder = holder
         self.silent_after = lease_timeout / 2
@@ -164,7 +213,7 @@ class LeaseWaitLog:
         since the last call (count or expiry, to the second). Never raises:
         a Redis error only skips this reading (logged at debug level)."""
         try:
-            now, holders = silent_holders(
+            now, holders = silent_holders_of(
                 self.frontier, silent_after=self.silent_after, exclude=self.holder
             )
         except (RedisError, RedisClusterException) as exc:
