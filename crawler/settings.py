@@ -144,7 +144,7 @@ FRONTIER_MAX_DELIVERIES = 5
 #: Shards of the frontier (crawler/frontier/shards.py): shard i keeps its
 #: keys under {<spider>:i}: (one shard: {<spider>}:), so on a Redis Cluster
 #: one crawl spreads over the masters; a site belongs to shard
-#: crc32(site) % FRONTIER_SHARDS. Every worker of a crawl must use the same
+#: BLAKE2b-64(site) % FRONTIER_SHARDS. Every worker of a crawl must use the same
 #: count (recorded in {<spider>}:shards; another one stops a worker with a
 #: configuration error). On one Redis server shards cost nothing and give
 #: nothing; on a cluster use about 4 per master (12 on three masters: with

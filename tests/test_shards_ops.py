@@ -23,6 +23,7 @@ from crawler.commands.deadletters import MOVING, dead_letters, load_record, requ
 from crawler.config import config_error_of
 from crawler.frontier.bloom import BloomDupeFilter
 from crawler.frontier.dupefilter import FrontierDupeFilter
+from crawler.frontier.serializer import entry_fields
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit
@@ -136,7 +137,7 @@ def _assert_requeued_once(rds: redis.Redis, shards: FrontierShards, target: int)
     queued = _queued(rds, "quotes", 3)
     assert queued[target] == 1 and sum(queued) == 1
     [lease] = cast("list[Any]", shards[target].lease_many(["check#1:0"]))
-    assert json.loads(lease.data)["u"].endswith("/moved")
+    assert entry_fields(lease.data)["u"].endswith("/moved")
     assert requeue(shards) == (0, 0)
 
 

@@ -4,7 +4,7 @@ Each shard is a :class:`~crawler.frontier.store.Frontier` with a key prefix
 of its own, ``{<spider>:<i>}:`` (``{<spider>}:`` when there is one shard:
 the keys of an unsharded crawl), so that on a Redis Cluster the shards
 spread over the masters while every script call still touches one hash
-slot. A site belongs to shard ``crc32(site) % N``
+slot. A site belongs to shard ``BLAKE2b-64(site) % N``
 (:func:`crawler.keys.shard_of`); its queues, leases, retries, dead letters,
 fingerprints, robots.txt and per-site settings live there.
 

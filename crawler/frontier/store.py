@@ -10,7 +10,7 @@ own, aimed at the ``i``-th slice of the slots:
 :func:`crawler.keys.shard_prefix`), and every key of this table exists once
 per shard under it; a site's keys and fields (queues, ``due``, leases,
 retries, dead letters, fingerprints, robots.txt, overrides) are in the shard
-``crc32(site) % N`` (:func:`crawler.keys.shard_of`). The crawl-wide keys
+``BLAKE2b-64(site) % N`` (:func:`crawler.keys.shard_of`). The crawl-wide keys
 (seeds, ``stats``, ``workers``, ``control``, ``shards``) are listed in
 :mod:`crawler.keys`; they stay ``{<spider>}:``.
 
