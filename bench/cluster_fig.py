@@ -13,7 +13,8 @@ robin), in one pipeline per Redis node that holds one of those shards
 (:meth:`FrontierShards.groups`), the lease's pipeline last; on one plain
 Redis that is one pipeline, one round trip. A shard with nothing due is
 followed, as ``next_request`` follows it, by a lease call on the next one
-in turn (one more round trip each) until one leases. The requests spread over
+in turn (one more round trip each) until one leases; one found empty is
+skipped for a second unless the cycle pushes to it, as the scheduler does. The requests spread over
 ``sites`` sites (120 by default, so that they spread over the shards), and
 the frontier is prefilled with 20,000 of them. Every push, lease and ack
 counts as one op.
@@ -36,6 +37,7 @@ from redis.cluster import RedisCluster
 from scrapy import Request
 
 from bench.frontier_figs import OPS_BATCH, _crawler, _ours
+from crawler.frontier.scheduler import EMPTY_SHARD_RECHECK
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, NotDue, Push
@@ -100,6 +102,21 @@ def _send(
     return leased
 
 
+def _pick(
+    turn: int, asked: set[int], batches: dict[int, Commit], empty_at: list[float]
+) -> int | None:
+    """The shard to lease from next, as the scheduler's ``_next_shard``
+    chooses: in turn from ``turn``, not asked yet, and not found empty within
+    ``EMPTY_SHARD_RECHECK`` seconds unless ``batches`` writes to it; the
+    first ask of a cycle always goes out. None: stop asking."""
+    n, now = len(empty_at), time.monotonic()
+    for j in range(n):
+        k = (turn + j) % n
+        if k not in asked and (k in batches or now - empty_at[k] >= EMPTY_SHARD_RECHECK):
+            return k
+    return None if asked else turn
+
+
 def _ops_client(
     url: str, cluster: bool, shards_n: int, sites: int, *,
     index: int, seconds: float, barrier: Any, results: Any,
@@ -115,6 +132,7 @@ def _ops_client(
     lease_ids = (f"{holder}:{n}" for n in range(10**9))
     held: dict[int, list[str]] = {}
     turn = index % shards_n
+    empty_at = [float("-inf")] * shards_n
     ops, seq, i = 0, 0, 0
     barrier.wait()
     start, cpu = time.monotonic(), time.process_time()
@@ -135,12 +153,22 @@ def _ops_client(
         i = (i + OPS_BATCH) % (len(pool) - OPS_BATCH)
         held = {}
         # As next_request: a shard with nothing due is followed by the next
-        # in turn (one more round trip each) until one leases or all said no.
+        # in turn (one more round trip each) until one leases or all said
+        # no; a shard found empty is skipped for EMPTY_SHARD_RECHECK seconds
+        # unless this cycle pushes to it.
+        asked: set[int] = set()
         for _ in range(shards_n):
+            nxt = _pick(turn, asked, batches, empty_at)
+            if nxt is None:
+                break
+            turn = nxt
+            asked.add(turn)
             ids = [next(lease_ids) for _ in range(OPS_BATCH)]
             result = Frontier.leases_of(_send(shards, batches, (turn, ids)), ids)
             batches = {}
             if isinstance(result, NotDue):
+                if result.wait is None:
+                    empty_at[turn] = time.monotonic()
                 turn = (turn + 1) % shards_n
                 continue
             for lease in result:

@@ -80,6 +80,10 @@ _NOT_REVISITED = frozenset({
 _CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
 #: Longest pause, in seconds, between attempts to reach Redis during an outage.
 OUTAGE_BACKOFF_CAP = 30.0
+#: Seconds after which a shard found without queued work is asked again (the
+#: requests other workers queue there since are found within this time).
+EMPTY_SHARD_RECHECK = 1.0
+
 #: Seconds a worker stopped by a configuration error waits before any other
 #: frontier call (it closes meanwhile).
 CONFIG_ERROR_PAUSE = 3600.0
@@ -325,6 +329,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: Per shard, ``time.monotonic()`` before which it said nothing is
         #: due (0: ask it; None: nothing queued when last asked).
         self._shard_due: list[float | None] = []
+        #: Per shard, ``time.monotonic()`` when it last said nothing is queued.
+        self._shard_empty_at: list[float] = []
 
     # -- life cycle --------------------------------------------------------------
 
@@ -361,6 +367,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             spider.server = get_redis(self.crawler.settings)
         shards = self.queue.shards
         self._shard_due = [0.0] * len(shards)
+        self._shard_empty_at = [0.0] * len(shards)
         overrides = self._site_settings()
         self._hook_engine()
         try:
@@ -523,6 +530,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             fingerprint = self.df.request_fingerprint(request)
         push = Push(data, site, priority, fingerprint, request.dont_filter)
         self._write("pushes", item=push, request=request, shard=shard)
+        if self._shard_due and self._shard_due[shard] is None:
+            self._shard_due[shard] = 0.0  # it has work now: ask it again
         self._remember(fingerprint)
         return True
 
@@ -578,6 +587,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._housekeeping(result, shard)
                 now = time.monotonic()
                 self._shard_due[shard] = None if result.wait is None else now + result.wait
+                if result.wait is None:
+                    self._shard_empty_at[shard] = now
                 asked.add(shard)
                 if len(self._shard_due) == 1:
                     self._due_at = None if result.wait is None else now + result.wait
@@ -591,21 +602,35 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _next_shard(self, asked: set[int]) -> int | None:
         """The shard the next lease call goes to: the next in turn not
-        asked in this :meth:`next_request` that may have work due (never
-        asked, asked when nothing was queued, or past the wait it gave); the
-        first call of a :meth:`next_request` asks the earliest due shard when
-        none is, as a single frontier is always asked. None: every shard was
-        asked and none has work due."""
+        asked in this :meth:`next_request` that may have work due: never
+        asked, past the wait it gave, or found empty more than
+        :data:`EMPTY_SHARD_RECHECK` seconds ago (other workers' requests
+        may have reached it since; this worker's own pushes make it due at
+        once). So shards without work cost about one lease call a second
+        each, not one per :meth:`next_request`. The first call of a
+        :meth:`next_request` asks the shard that has waited longest when
+        none is due, as a single frontier is always asked. None: every
+        shard was asked, or none may have work due."""
         n = len(self._shard_due)
         now = time.monotonic()
         for j in range(n):
             i = (self._turn + j) % n
             due = self._shard_due[i]
-            if i not in asked and (due is None or due <= now):
+            if i in asked:
+                continue
+            if due is None:
+                if now - self._shard_empty_at[i] >= EMPTY_SHARD_RECHECK:
+                    return i
+            elif due <= now:
                 return i
         if asked:
             return None
-        return min(range(n), key=lambda i: self._shard_due[i] or 0.0)
+
+        def waited(i: int) -> float:
+            due = self._shard_due[i]
+            return self._shard_empty_at[i] + EMPTY_SHARD_RECHECK if due is None else due
+
+        return min(range(n), key=waited)
 
     def _earliest_due(self) -> float | None:
         """``time.monotonic()`` when the first shard that has work becomes
