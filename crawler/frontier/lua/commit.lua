@@ -270,4 +270,5 @@ end
 if ARGV[6] ~= '' then
   redis.call('SET', KEYS[14], ARGV[6], 'PX', tonumber(ARGV[7]))
 end
+save_turns()
 return {pushed, freed, ended, given, problems, 1}

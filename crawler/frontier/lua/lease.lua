@@ -14,7 +14,8 @@
 --   outage);
 -- * KEYS[19] (ready) once it is due, scored by its best queued request:
 --   -priority * 2^32 + turn, where the turn comes from the counter KEYS[20]
---   (INCR when the site joins the index, is raised or is served). The top
+--   (one more each time a site joins the index, is raised or is served;
+--   counted locally and written back once per call). The top
 --   of ready is the highest priority of all due sites; among equal
 --   priorities, the site that has waited longest for its turn (joined or
 --   was raised earliest, or was served longest ago). A request queued at a
@@ -257,30 +258,48 @@ end
 -- among equals. A site where this worker holds its fair share is passed
 -- over (it stays for the other workers); at most ARGV[6] + ARGV[12] sites
 -- are passed over or found stale per call, on top of the ones leased from.
+-- What the call learns of a site (its concurrency, slots, pace, best
+-- level) is kept for its next request in the same call: nothing else
+-- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
 local a = 13
 local pos = 0 -- sites at the top of K.ready passed over in this call
 local looks = move_max + #ids + math.max(0, tonumber(ARGV[12]) or 0)
+local known = {}
 while a <= #ARGV and looks > 0 do
   local top = redis.call('ZRANGE', K.ready, pos, pos)
   if #top == 0 then break end
   looks = looks - 1
   local site, id = top[1], ARGV[a]
   local lv = K.P .. 'lv:' .. site
-  local cap = cap_of(site)
-  local active = hnum(K.active, site, INT, 0, 'not an integer: counted as 0')
-  local level, member, not_before
-  if active < cap and
-     hnum(K.wactive, holder .. '\t' .. site, INT, 0, 'not an integer: counted as 0') >=
-     math.ceil(cap / live) then
+  local s = known[site]
+  if not s then
+    local cap = cap_of(site)
+    s = {cap = cap, share = math.ceil(cap / live),
+         active = hnum(K.active, site, INT, 0, 'not an integer: counted as 0')}
+    known[site] = s
+  end
+  if s.active < s.cap and not s.mine then
+    s.mine = hnum(K.wactive, holder .. '\t' .. site, INT, 0, 'not an integer: counted as 0')
+  end
+  if s.active < s.cap and s.mine >= s.share then
     -- this worker has its share of the site; others may take the rest
     pos = pos + 1
   else
-    if active < cap then
-      level, member = best_prio(site)
-      not_before = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
+    local level, member, not_before = nil, nil, 0
+    if s.active < s.cap then
+      if s.level then
+        level, member = s.level, s.member
+      else
+        level, member = best_prio(site)
+      end
+      -- (a site this call served without a delay is due)
+      if not s.due then
+        not_before = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
+      end
     end
+    s.level = nil
     if not level then
       -- no work, or at its concurrency: commit.lua wakes it
       redis.call('ZREM', K.ready, site)
@@ -300,28 +319,34 @@ while a <= #ARGV and looks > 0 do
         -- a level without entries (removed by hand): forget it, look again
         redis.call('ZREM', lv, member)
       else
-        local best = level
         if redis.call('LLEN', qkey) == 0 then
           redis.call('ZREM', lv, member)
-          best = best_prio(site)
+        else
+          s.level, s.member = level, member
         end
         redis.call('DECR', K.count)
         hadd(K.prio, member, -1)
         local d, data = deliveries_of(entry)
         d = d + 1
-        active = hadd(K.active, site, 1)
-        hadd(K.wactive, holder .. '\t' .. site, 1)
-        local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
-                           'delay must be whole ms >= 0: default used')
-        delay = math.max(delay, hnum(KEYS[13], site, NAT, 0, 'not whole ms: ignored'))
-        delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
-        local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
+        s.active = hadd(K.active, site, 1)
+        s.mine = hadd(K.wactive, holder .. '\t' .. site, 1)
+        if not s.pace then
+          local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
+                             'delay must be whole ms >= 0: default used')
+          delay = math.max(delay, hnum(KEYS[13], site, NAT, 0, 'not whole ms: ignored'))
+          delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
+          s.pace = math.floor(delay * (1 + tonumber(ARGV[10])))
+        end
+        local due = now + s.pace
         redis.call('HSET', K.due, site, due)
-        if best and active < cap and due <= now then
+        s.due = due <= now
+        if not s.level then s.level, s.member = best_prio(site) end
+        local best = s.level
+        if best and s.active < s.cap and s.due then
           make_ready(site, best) -- behind the sites of its priority
         else
           redis.call('ZREM', K.ready, site)
-          if best and active < cap then redis.call('ZADD', K.wait, due, site) end
+          if best and s.active < s.cap then redis.call('ZADD', K.wait, due, site) end
         end
         redis.call('ZADD', leases, now + lease_ms, id)
         redis.call('HSET', K.lslot, id, site)
@@ -336,6 +361,7 @@ while a <= #ARGV and looks > 0 do
   end
 end
 out[1] = n
+save_turns()
 if n > 0 then return out end
 
 -- Nothing leased: how long until it is worth asking again. Never 0 unless

@@ -199,8 +199,8 @@ local function enqueue(site, prio, data, front)
 end
 
 -- The ready index (K.ready) scores a site by its best queued priority and
--- its turn: -priority * TURN + turn, where turn is K.seq (INCR each time a
--- site joins the index or is served) modulo TURN. Priorities are clamped to
+-- its turn: -priority * TURN + turn, where turn is K.seq (one more each
+-- time a site joins the index, is raised or is served) modulo TURN. Priorities are clamped to
 -- +-1,000,000 (< 2^20), so a score stays below 2^52: an exact double.
 local TURN = 4294967296 -- 2^32
 
@@ -228,11 +228,20 @@ local function best_prio(site)
   end
 end
 
+-- The turns given in this call: K.seq is read at the first and written
+-- back by save_turns(), which every script calls before it returns.
+local last_turn = nil
+
 -- Put `site` (due, under its concurrency, not in K.wait) in K.ready at
 -- priority `prio`, behind the sites of that priority there already.
 local function make_ready(site, prio)
-  local turn = redis.call('INCR', K.seq) % TURN
-  redis.call('ZADD', K.ready, -prio * TURN + turn, site)
+  if not last_turn then last_turn = tonumber(redis.call('GET', K.seq) or '0') end
+  last_turn = last_turn + 1
+  redis.call('ZADD', K.ready, -prio * TURN + last_turn % TURN, site)
+end
+
+local function save_turns()
+  if last_turn then redis.call('SET', K.seq, last_turn) end
 end
 
 -- A site in K.ready with score `score` got a request at priority `prio`:
