@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 
     from scrapy.crawler import Crawler
 
-__all__ = ["bytes_per_site", "frontier_ops", "redis_memory", "typical_requests"]
+__all__ = [
+    "bytes_per_site", "frontier_ops", "lease_ops_on_due_sites", "redis_memory",
+    "typical_requests",
+]
 
 #: Requests pushed and leased per cycle in figure d: a worker's
 #: CONCURRENT_REQUESTS, i.e. what one reactor turn's outbox carries at most.
@@ -407,3 +410,93 @@ def bytes_per_site(redis_url: str, sites: int = 10_000, *, compact: bool = True)
         "robots_stored": len(stored),
         "robots_full": len(TYPICAL_ROBOTS),
     }
+
+
+# -- lease operations on many due sites ---------------------------------------------
+
+
+def _due_sites_ops(
+    server: redis.Redis, redis_url: str, sites: int, per_site: int, seconds: float
+) -> dict[str, Any]:
+    """Prefill ``sites`` sites with ``per_site`` requests each (all due at
+    once), then lease and ack as a worker does for ``seconds``."""
+    server.flushall()
+    crawler, spider = _crawler(redis_url)
+    queue = _ours(server, spider)
+    frontier = queue.frontier
+    frontier.load_scripts()
+    fingerprint = crawler.request_fingerprinter.fingerprint
+    batch: list[Push] = []
+    for n in range(sites * per_site):
+        request = Request(
+            f"https://www.site{n % sites:06d}.example/item-{n:07d}.html",
+            callback=spider.parse_item, meta={"depth": 2},
+        )
+        batch.append(Push(queue.encode(request), site_of(request), 0, fingerprint(request),
+                          False))
+        if len(batch) == 5_000:
+            frontier.push_many(batch)
+            batch = []
+    frontier.push_many(batch)
+    server.config_resetstat()
+    lease_ids = (f"w:{n}" for n in range(10**9))
+    held: list[str] = []
+    leases = acks = calls = 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        # As the scheduler's next_request: the previous leases' acks
+        # (commit.lua) and a lease of up to OPS_BATCH (lease.lua), one
+        # round trip.
+        ids = [next(lease_ids) for _ in range(OPS_BATCH)]
+        with server.pipeline(transaction=False) as pipe:
+            if held:
+                frontier.commit(Commit(acks=held), client=pipe)
+            frontier.lease_many(ids, client=pipe)
+            reply = pipe.execute()[-1]
+        calls += 1
+        acks += len(held)
+        result = frontier.leases_of(reply, ids)
+        if isinstance(result, NotDue):
+            break  # drained: the figure covers what ran
+        held = [lease.lease_id for lease in result]
+        leases += len(held)
+    elapsed = time.monotonic() - start
+    stats = server.info("commandstats").get("cmdstat_evalsha", {})
+    server.flushall()
+    return {
+        "sites": sites, "requests": sites * per_site, "seconds": elapsed,
+        "lease_calls": calls, "leases": leases, "acks": acks,
+        "ops_per_s": (leases + acks) / elapsed if elapsed else float("nan"),
+        "script_usec_per_call": float(stats.get("usec_per_call", float("nan"))),
+    }
+
+
+def lease_ops_on_due_sites(
+    redis_url: str, sites: int = 100_000, seconds: float = 2.0, baseline_sites: int = 100
+) -> dict[str, Any]:
+    """Lease and ack operations per second on a frontier of ``sites`` due sites.
+
+    Each site holds one request, all due at once (no delay); one client then
+    leases up to 16 requests per call and acks them in its next call (one
+    pipeline of ``commit.lua`` and ``lease.lua``, as the scheduler sends
+    them) for ``seconds``. The same runs on ``baseline_sites`` sites holding
+    as many requests in all, for comparison: a lease's work must not grow
+    with the number of due sites. Encoding is done before the clock starts;
+    decoding is left out.
+
+    :returns: ``{"sites": ..., "baseline": ..., "ratio": ...}``: each run's
+        ``ops_per_s`` (leases plus acks per second), ``lease_calls``,
+        ``leases``, ``acks``, ``seconds``, and ``script_usec_per_call`` (the
+        mean time Redis spent in one script call, µs, from ``INFO
+        commandstats``); ``ratio`` is the ops/s on ``sites`` over those on
+        ``baseline_sites``.
+    """
+    server = redis.Redis.from_url(redis_url)
+    try:
+        many = _due_sites_ops(server, redis_url, sites, 1, seconds)
+        few = _due_sites_ops(
+            server, redis_url, baseline_sites, max(1, sites // baseline_sites), seconds
+        )
+    finally:
+        server.close()
+    return {"sites": many, "baseline": few, "ratio": many["ops_per_s"] / few["ops_per_s"]}

@@ -249,6 +249,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     ``frontier/redis/outages``, ``frontier/redis/refused`` (calls a script
     refused), ``frontier/redis/in_doubt`` (calls whose reply was lost),
     ``frontier/lease_calls`` (Redis calls that leased at least one request),
+    ``frontier/lease_calls/not_due`` (lease calls that found nothing to
+    lease: each tells how long to wait, never 0 without progress),
     ``frontier/problems`` (bad values met in Redis),
     ``frontier/revisits/scheduled`` (fetched requests committed as revisits),
     ``frontier/revisits/leased`` (revisits this worker leased).
@@ -584,6 +586,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._take(result)
                 self._turn = (shard + 1) % len(self._shard_due)
             elif isinstance(result, NotDue):
+                self.stats.inc_value("frontier/lease_calls/not_due")
                 self._housekeeping(result, shard)
                 now = time.monotonic()
                 self._shard_due[shard] = None if result.wait is None else now + result.wait
@@ -702,7 +705,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
         lease_id = self._leases.get(request)
         if lease_id is not None:
-            self._write("slots", item=lease_id, shard=self._lease_shards.get(lease_id, 0))
+            shard = self._lease_shards.get(lease_id, 0)
+            self._write("slots", item=lease_id, shard=shard)
+            # Its slot frees, and with it this worker's share of the site:
+            # worth a lease of its shard now, not when the last NotDue said.
+            now = time.monotonic()
+            due = self._shard_due[shard] if shard < len(self._shard_due) else None
+            if due is not None and due > now:
+                self._shard_due[shard] = now
+            if self._due_at is not None and self._due_at > now:
+                self._due_at = now
 
     def _finished(self, request: Request) -> None:
         self._entries.pop(request, None)
@@ -1071,7 +1083,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         shards[i].commit(batches[i], client=pipe)
                         calls.append(("commit", i))
                     if lease is not None and i == lease[0]:
-                        shards[i].lease_many(lease[1], client=pipe)
+                        # (the slots it holds there: lease.lua passes over
+                        # at most that many sites where it has its share)
+                        held = sum(1 for s in self._lease_shards.values() if s == i)
+                        shards[i].lease_many(lease[1], client=pipe, held=held)
                         calls.append(("lease", i))
                 replies = self._execute(pipe)
             for (call, i), reply in zip(calls, replies, strict=True):

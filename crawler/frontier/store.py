@@ -21,8 +21,16 @@ key                                 type    holds
                                             oldest at the right (FIFO)
 ``{s}:lv:<site>``                   zset    the site's non-empty priorities, score
                                             ``-priority``
-``{s}:wait``                        zset    sites with work and a free slot, scored by
-                                            the time (ms) they may be served next
+``{s}:wait``                        zset    sites with work and a free slot, not due
+                                            yet, scored by the time (ms) they may be
+                                            served next
+``{s}:ready``                       zset    due sites with work and a free slot,
+                                            scored ``-priority * 2**32 + turn`` by
+                                            their best queued request (the top is
+                                            served first; see ``lua/lease.lua``)
+``{s}:seq``                         string  the last turn given in ``{s}:ready``
+``{s}:prio``                        hash    priority -> requests queued at it, all
+                                            sites (fields at 0 are deleted)
 ``{s}:due``                         hash    site -> ms before which it is not served
 ``{s}:active``                      hash    site -> requests leased now
 ``{s}:count``                       string  requests queued, all sites
@@ -301,7 +309,9 @@ class Frontier:
     :param max_deliveries: a request handed out this many times without
         being acknowledged (its worker died each time) goes to the
         dead-letter list when its last lease expires; 0: no limit.
-    :param candidates: due sites compared for priority per lease.
+    :param candidates: due sites moved into the ready index per lease call,
+        and sites passed over there at most per call (those where this
+        worker holds its fair share, or found stale); bounds a call's work.
     :param housekeeping: expired leases and due retries handled per lease.
     :param delay_margin: a site's delay is stretched by this fraction, so that
         the jitter between a lease and its request reaching the site never
@@ -351,8 +361,10 @@ class Frontier:
         self.delay_margin = delay_margin
         self.robots_gate = robots_gate
         #: ms to wait before leasing again when every site with queued work
-        #: is at its concurrency (an ack elsewhere frees a slot).
-        self.recheck_ms = 50
+        #: is at its concurrency or has this worker's fair share taken, and
+        #: none waits for its delay (an ack elsewhere frees a slot; the
+        #: scheduler asks at once when one of its own downloads ends).
+        self.recheck_ms = 1000
         self._commit = _Lua(redis, "commit.lua", lib=True)
         self._lease = _Lua(redis, "lease.lua", lib=True)
         self._extend = _Lua(redis, "extend.lua")
@@ -421,7 +433,7 @@ class Frontier:
                 k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
                 k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
                 k("retries"), k("dead"), self.marker_key(holder),
-                k("revisits"), k("rdata"), k("revisit"),
+                k("revisits"), k("rdata"), k("revisit"), k("ready"), k("seq"), k("prio"),
             ],
             args=args,
             client=client,
@@ -540,13 +552,15 @@ class Frontier:
         return result[0] if isinstance(result, list) else result
 
     @overload
-    def lease_many(self, lease_ids: Sequence[str]) -> list[Lease] | NotDue: ...
+    def lease_many(self, lease_ids: Sequence[str], *, held: int = 0) -> list[Lease] | NotDue: ...
 
     @overload
-    def lease_many(self, lease_ids: Sequence[str], client: Any) -> list[Lease] | NotDue | None: ...
+    def lease_many(
+        self, lease_ids: Sequence[str], client: Any, *, held: int = 0
+    ) -> list[Lease] | NotDue | None: ...
 
     def lease_many(
-        self, lease_ids: Sequence[str], client: Any = None
+        self, lease_ids: Sequence[str], client: Any = None, *, held: int = 0
     ) -> list[Lease] | NotDue | None:
         """Lease up to ``len(lease_ids)`` due requests in one call.
 
@@ -558,6 +572,10 @@ class Frontier:
 
         :param client: a redis-py pipeline to queue the call on; this then
             returns None, and :meth:`leases_of` reads the reply.
+        :param held: download slots the holder holds now (e.g. its leases
+            not acknowledged yet): the call passes over up to that many due
+            sites where the holder has its fair share, besides
+            ``candidates``, to reach the next one it may lease from.
         :returns: the leases (at least one; housekeeping counts on the
             first), or :class:`NotDue` when nothing can be leased now.
         :raises ValueError: ``lease_ids`` is empty.
@@ -573,7 +591,7 @@ class Frontier:
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
                 k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
-                k("dead"), k("revisits"), k("rdata"),
+                k("dead"), k("revisits"), k("rdata"), k("ready"), k("seq"), k("prio"),
             ],
             args=[
                 self.prefix,
@@ -587,6 +605,7 @@ class Frontier:
                 self.recheck_ms,
                 self.delay_margin,
                 "1" if self.robots_gate else "0",
+                max(0, held),
                 *lease_ids,
             ],
             client=client,
@@ -688,7 +707,8 @@ class Frontier:
             ``leases`` (lease ids still held), ``lslot`` (leases holding a
             slot), ``active`` / ``wactive`` (slot counters above zero, by
             site or ``worker\tsite``), ``count`` (``{s}:count``) against
-            ``queued`` (entries in ``{s}:q:*`` lists).
+            ``queued`` (entries in ``{s}:q:*`` lists), ``prio`` (``{s}:prio``)
+            against ``queued_by_priority``.
         """
         r = self.redis
         problems: dict[str, Any] = {}
@@ -704,11 +724,19 @@ class Frontier:
             if held:
                 problems[name] = held
         pattern = self.prefix.replace("{", "\\{").replace("}", "\\}") + "q:*"
-        queued = sum(int(r.llen(k)) for k in r.scan_iter(match=pattern, count=1000))
+        by_priority: dict[str, int] = {}
+        for key in r.scan_iter(match=pattern, count=1000):
+            priority = _text(key).rsplit(":", 1)[1]
+            by_priority[priority] = by_priority.get(priority, 0) + int(r.llen(key))
+        queued = sum(by_priority.values())
         count = int(r.get(self.key("count")) or 0)
         if count != queued:
             problems["count"] = count
             problems["queued"] = queued
+        counted = {_text(k): int(v) for k, v in r.hgetall(self.key("prio")).items()}
+        if counted != {p: n for p, n in by_priority.items() if n}:
+            problems["prio"] = counted
+            problems["queued_by_priority"] = by_priority
         return problems
 
     def clear(self) -> None:

@@ -24,6 +24,10 @@
 -- KEYS[16] {s}:rdata        hash fingerprint -> "priority\tsite\trequest"
 -- KEYS[17] {s}:revisit      hash site -> revisit interval override, ms
 --                           (integer >= 0; 0: the site is not revisited)
+-- KEYS[18] {s}:ready        zset due sites under their concurrency, scored
+--                           by their best queued request (see lease.lua)
+-- KEYS[19] {s}:seq          string: the last turn given in KEYS[18]
+-- KEYS[20] {s}:prio         hash priority -> requests queued at it (all sites)
 -- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
 -- ARGV[2]  default concurrency per site
 -- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
@@ -66,6 +70,7 @@ K.cap = tonumber(ARGV[2])
 K.gate = ARGV[5] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[9], KEYS[10], KEYS[11], KEYS[8]
+K.ready, K.seq, K.prio = KEYS[18], KEYS[19], KEYS[20]
 local leases, ldata, retries, dead = KEYS[7], KEYS[8], KEYS[12], KEYS[13]
 local bloom = ARGV[3] == 'bloom'
 local size = tonumber(ARGV[4])
@@ -81,7 +86,11 @@ local first = 17
 -- type too; SET replaces the marker whatever it holds).
 local spec = {}
 if n_push > 0 and not bloom then spec[#spec + 1] = {KEYS[1], 'set'} end
-if n_push + n_slot + n_ack + n_give > 0 then spec[#spec + 1] = {KEYS[2], 'zset'} end
+if n_push + n_slot + n_ack + n_give > 0 then
+  spec[#spec + 1] = {KEYS[2], 'zset'}
+  spec[#spec + 1] = {KEYS[18], 'zset'}
+end
+if n_push + n_give > 0 then spec[#spec + 1] = {KEYS[20], 'hash'} end
 if n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {KEYS[3], 'hash'}
   spec[#spec + 1] = {KEYS[7], 'zset'}
@@ -95,7 +104,7 @@ if n_revisit > 0 then
   spec[#spec + 1] = {KEYS[16], 'hash'}
 end
 if n_push + n_dead + n_give > 0 or ARGV[8] ~= '' then spec[#spec + 1] = {KEYS[13], 'list'} end
-local err = check_types(spec) or check_counter(KEYS[6])
+local err = check_types(spec) or check_counter(KEYS[6]) or check_counter(KEYS[19])
 if err then return err end
 -- Bloom mode: every bitmap is checked (and created) before anything is
 -- written, so a size mismatch fails the whole call.
@@ -164,12 +173,19 @@ for _ = 1, n_push do
   if added == 0 and dont_filter ~= '1' then
     pushed[#pushed + 1] = 0
   else
-    local why = enqueue(K.P, K.count, site, prio, data, false)
+    local why = enqueue(site, prio, data, false)
     if why then
       problem(why .. ': request dead-lettered')
       bury(dead, 'could not be queued: ' .. why, site, prio, data, 0, K.now)
-    elseif redis.call('ZSCORE', K.wait, site) == false then
-      wake(site)
+    else
+      -- (wake, with its cheapest checks first: most pushes are on sites
+      -- in one of the two indexes already)
+      local score = redis.call('ZSCORE', K.ready, site)
+      if score then
+        raise(site, tonumber(score), tonumber(prio))
+      elseif redis.call('ZSCORE', K.wait, site) == false then
+        wake(site, nil, prio)
+      end
     end
     pushed[#pushed + 1] = 1
   end
@@ -222,7 +238,7 @@ for _ = 1, n_give do
     -- Not a failed delivery: it goes back with the count it came with.
     local why = 'malformed lease data'
     if prio_ok(prio) then
-      why = enqueue(K.P, K.count, site, prio, with_deliveries(math.max(0, d - 1), data), true)
+      why = enqueue(site, prio, with_deliveries(math.max(0, d - 1), data), true)
     end
     if why then
       problem(ldata .. ' ' .. id .. ': ' .. why .. ': request dead-lettered')
@@ -231,7 +247,7 @@ for _ = 1, n_give do
     redis.call('HDEL', ldata, id)
     redis.call('ZREM', leases, id)
     local freed_site = free_slot(id)
-    if site then wake(site) end
+    if site then wake(site, nil, not why and prio or nil) end
     if freed_site and freed_site ~= site then wake(freed_site) end
   end
 end
@@ -254,4 +270,5 @@ end
 if ARGV[6] ~= '' then
   redis.call('SET', KEYS[14], ARGV[6], 'PX', tonumber(ARGV[7]))
 end
+save_turns()
 return {pushed, freed, ended, given, problems, 1}

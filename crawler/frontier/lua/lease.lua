@@ -7,15 +7,46 @@
 -- expired ARGV[2] times (its worker died each time it was handed out: a
 -- poison request) goes to the dead-letter list instead, with its count.
 --
--- A site is a candidate when its due time has passed, it has fewer leases
--- than its concurrency, and this worker holds fewer than its fair share of
--- them (the concurrency divided among the live workers, rounded up). Each
--- request goes to the candidate, among the first ARGV[6] in due order,
--- whose best queued priority is highest (ties: earliest due); a site stays
--- a candidate for the next request of the same call only while it still
--- is one (a site with a delay is not due again at once). In a site, a
--- higher priority pops first, and equal priorities pop first in, first out
--- (one list per site and priority).
+-- Choosing among all due sites, with bounded work however many are due.
+-- A site with queued work and a free slot is in one of two indexes:
+-- * KEYS[1] (wait), scored by the time it may be served next, while that
+--   time is ahead (its delay after a lease, a Crawl-delay, a robots.txt
+--   outage);
+-- * KEYS[19] (ready) once it is due, scored by its best queued request:
+--   -priority * 2^32 + turn, where the turn comes from the counter KEYS[20]
+--   (one more each time a site joins the index, is raised or is served;
+--   counted locally and written back once per call). The top
+--   of ready is the highest priority of all due sites; among equal
+--   priorities, the site that has waited longest for its turn (joined or
+--   was raised earliest, or was served longest ago). A request queued at a
+--   better priority than its site's best raises the site with a new turn
+--   (commit.lua, and here for expired leases, retries and revisits): its
+--   turn is that request's place in line. So when each site has one best
+--   request at a time, requests of equal priority are served first in,
+--   first out across sites; a site with several takes turns with the
+--   others after each one (its next request's place in line is not
+--   stored: that would cost bytes per queued request).
+-- A site at its concurrency or without work is in neither (commit.lua
+-- wakes it when a slot frees or a request is pushed). Each call first
+-- moves up to ARGV[6] sites whose due time has passed, earliest first, from
+-- wait to ready (O(log N) each), then leases from the top of ready: a site
+-- where this worker holds its fair share (its concurrency divided among
+-- the live workers, rounded up) is passed over and stays for the others.
+-- The sites passed over are among the ones this worker holds slots of, and
+-- at most ARGV[6] are looked at besides those leased from: the work per call
+-- is O((ARGV[6] + leases) log N) whatever N, the number of sites. After
+-- each lease the site goes back in ready behind the sites of its priority
+-- (no delay), in wait (a delay), or leaves both (no work left, or at its
+-- concurrency). In a site, a higher priority pops first, and equal
+-- priorities pop first in, first out (one list per site and priority).
+-- Sites in wait from before ready existed are moved like any other.
+--
+-- When nothing can be leased, the reply's wait is never 0 unless this call
+-- did all the moving or housekeeping it may (more is due at once): with
+-- due sites all passed over, or work only on sites at their concurrency,
+-- it is the time until the next site in wait comes due, else ARGV[9], and
+-- at most a lease's length (the worker also asks again when one of its own
+-- downloads ends: that frees its share).
 --
 -- Lease ids are "<holder>:<n>", where the holder is the worker's id and a
 -- nonce of its process, so a worker restarted under the same id never
@@ -42,24 +73,33 @@
 -- KEYS[16] {s}:dead     list of dead letters (JSON)
 -- KEYS[17] {s}:revisits zset fingerprint -> ms when its revisit is due
 -- KEYS[18] {s}:rdata    hash fingerprint -> "priority\tsite\trequest"
+-- KEYS[19] {s}:ready    zset site -> -best priority * 2^32 + turn: due sites
+--                       under their concurrency
+-- KEYS[20] {s}:seq      string: the last turn given (a counter)
+-- KEYS[21] {s}:prio     hash priority -> requests queued at it (all sites)
 -- ARGV[1]  key prefix "{s}:"
 -- ARGV[2]  most deliveries without acknowledgement (FRONTIER_MAX_DELIVERIES);
 --          0: no limit
 -- ARGV[3]  lease duration, ms
 -- ARGV[4]  default delay per site, ms
 -- ARGV[5]  default concurrency per site
--- ARGV[6]  most candidate sites compared per call
+-- ARGV[6]  most due sites moved from wait to ready per call, and most
+--          sites passed over or found stale in ready per call
 -- ARGV[7]  most expired leases, due retries and due revisits handled per
 --          call (each)
 -- ARGV[8]  the holder (lease ids are "<holder>:<n>")
 -- ARGV[9]  ms to wait before asking again when all queued work is on sites
---          at their concurrency
+--          at their concurrency or where this worker holds its share, and no
+--          site is in wait (at most a lease's length is waited)
 -- ARGV[10] pacing margin: a site's delay is stretched by this fraction, so
 --          that jitter between lease and request never brings two requests
 --          closer than the delay
 -- ARGV[11] "1" when robots.txt is obeyed: a site whose robots.txt is not
 --          known yet is served one request at a time
--- ARGV[12..] lease ids, one per request wanted
+-- ARGV[12] download slots the worker holds now, as it counts them (at
+--          most that many sites are passed over for its fair share, on top
+--          of ARGV[6]); 0 when it does not count them
+-- ARGV[13..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -72,6 +112,7 @@ K.cap = tonumber(ARGV[5])
 K.gate = ARGV[11] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[1], KEYS[4], KEYS[5], KEYS[8], KEYS[9]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[12], KEYS[14], KEYS[15], KEYS[3]
+K.ready, K.seq, K.prio = KEYS[19], KEYS[20], KEYS[21]
 local leases, ldata, retries, dead = KEYS[2], KEYS[3], KEYS[6], KEYS[16]
 local max_deliveries = tonumber(ARGV[2])
 local batch = tonumber(ARGV[7])
@@ -85,10 +126,11 @@ local lease_ms = tonumber(ARGV[3])
 -- there is reported and ignored.
 local err = check_types({
   {KEYS[1], 'zset'}, {KEYS[4], 'hash'}, {KEYS[5], 'hash'}, {KEYS[12], 'hash'},
-  {KEYS[14], 'hash'}, {KEYS[16], 'list'}, {KEYS[18], 'hash'},
-}) or check_counter(KEYS[9])
+  {KEYS[14], 'hash'}, {KEYS[16], 'list'}, {KEYS[18], 'hash'}, {KEYS[19], 'zset'},
+  {KEYS[21], 'hash'},
+}) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 12)}
+local ids = {unpack(ARGV, 13)}
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -132,7 +174,7 @@ for i = #expired, 1, -1 do
       why = 'delivered ' .. d .. ' times without acknowledgement ' ..
             '(FRONTIER_MAX_DELIVERIES=' .. max_deliveries .. '): its worker died each time'
     else
-      local bad = enqueue(K.P, K.count, site, prio, with_deliveries(d, data), true)
+      local bad = enqueue(site, prio, with_deliveries(d, data), true)
       if bad then
         why = 'could not be requeued: ' .. bad
         problem(bad .. ': request dead-lettered')
@@ -143,7 +185,7 @@ for i = #expired, 1, -1 do
       buried = buried + 1
     end
     local freed_site = free_slot(id)
-    if site then wake(site) end
+    if site then wake(site, nil, not why and prio or nil) end
     if freed_site and freed_site ~= site then wake(freed_site) end
   end
   redis.call('HDEL', ldata, id)
@@ -160,12 +202,12 @@ local function requeue(entry, what, where)
     why = 'malformed ' .. what .. ' entry'
     problem(where .. ' holds a malformed entry: dead-lettered')
   else
-    local bad = enqueue(K.P, K.count, site, prio, data, false)
+    local bad = enqueue(site, prio, data, false)
     if bad then
       why = 'could not be queued: ' .. bad
       problem(bad .. ': ' .. what .. ' dead-lettered')
     else
-      wake(site)
+      wake(site, nil, prio)
     end
   end
   if why then
@@ -195,117 +237,146 @@ for _, fp in ipairs(due_revisits) do
   redis.call('HDEL', KEYS[18], fp)
 end
 
--- 3. Due sites, in due order, with what choosing among them needs.
-local function best_level(site)
-  local head = redis.pcall('ZRANGE', K.P .. 'lv:' .. site, 0, 0, 'WITHSCORES')
-  if type(head) == 'table' and head['err'] then
-    problem(K.P .. 'lv:' .. site .. ' is not a sorted set: site skipped')
-    return {}
-  end
-  return head
-end
-
-local cands = {}
-for _, site in ipairs(redis.call('ZRANGEBYSCORE', K.wait, '-inf', now, 'LIMIT', 0,
-                                 tonumber(ARGV[6]))) do
-  local head = best_level(site)
-  if #head == 0 then
-    redis.call('ZREM', K.wait, site)
-  else
-    local cap = cap_of(site)
-    if hnum(K.active, site, INT, 0, 'not an integer: counted as 0') >= cap then
-      -- At its concurrency (lowered while the crawl runs, or still gated
-      -- on robots.txt): commit.lua wakes it when a slot frees.
-      redis.call('ZREM', K.wait, site)
-    else
-      local share = math.ceil(cap / live)
-      local mine = hnum(K.wactive, holder .. '\t' .. site, INT, 0, 'not an integer: counted as 0')
-      if mine < share then
-        cands[#cands + 1] = {site = site, level = head[1], score = tonumber(head[2]),
-                             cap = cap, mine = mine, share = share}
-      end
-      -- else this worker has its share of the site; others may take the rest
-    end
+-- 3. Due sites move from K.wait to K.ready, the earliest due first, up to
+-- ARGV[6] per call (more than a call leases, so the index keeps up with the
+-- sites that lease calls put in K.wait; a due site waits its turn, never
+-- longer). A site without work, or at its concurrency (lowered while the
+-- crawl runs, or still gated on robots.txt), leaves K.wait: commit.lua
+-- wakes it when a push or a freed slot makes it a candidate again.
+local move_max = tonumber(ARGV[6])
+local due_sites = redis.call('ZRANGEBYSCORE', K.wait, '-inf', now, 'LIMIT', 0, move_max)
+for _, site in ipairs(due_sites) do
+  redis.call('ZREM', K.wait, site)
+  local best = best_prio(site)
+  if best and hnum(K.active, site, INT, 0, 'not an integer: counted as 0') < cap_of(site) then
+    make_ready(site, best)
   end
 end
 
--- 4. Lease, one request per lease id, each from the candidate whose best
--- queued priority is highest (ties: earliest due); a site stays a candidate
--- while it is still due, under its concurrency and this worker's share.
+-- 4. Lease, one request per lease id, each from the top of K.ready: the
+-- site whose best queued request has the highest priority, first in turn
+-- among equals. A site where this worker holds its fair share is passed
+-- over (it stays for the other workers); at most ARGV[6] + ARGV[12] sites
+-- are passed over or found stale per call, on top of the ones leased from.
+-- What the call learns of a site (its concurrency, slots, pace, best
+-- level) is kept for its next request in the same call: nothing else
+-- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 12
-while a <= #ARGV do
-  local bi = nil
-  for ci, c in ipairs(cands) do
-    if bi == nil or c.score < cands[bi].score then bi = ci end
+local a = 13
+local pos = 0 -- sites at the top of K.ready passed over in this call
+local looks = move_max + #ids + math.max(0, tonumber(ARGV[12]) or 0)
+local known = {}
+while a <= #ARGV and looks > 0 do
+  local top = redis.call('ZRANGE', K.ready, pos, pos)
+  if #top == 0 then break end
+  looks = looks - 1
+  local site, id = top[1], ARGV[a]
+  local lv = K.P .. 'lv:' .. site
+  local s = known[site]
+  if not s then
+    local cap = cap_of(site)
+    s = {cap = cap, share = math.ceil(cap / live),
+         active = hnum(K.active, site, INT, 0, 'not an integer: counted as 0')}
+    known[site] = s
   end
-  if bi == nil then break end
-  local c = cands[bi]
-  local site, level, id = c.site, c.level, ARGV[a]
-  local qkey = K.P .. 'q:' .. site .. ':' .. level
-  local entry = redis.pcall('RPOP', qkey)
-  local head = nil
-  if type(entry) == 'table' then
-    problem(qkey .. ' is not a list: site skipped')
-    table.remove(cands, bi)
-  elseif not entry then
-    -- a level without entries (removed by hand): forget it, try the next
-    redis.call('ZREM', K.P .. 'lv:' .. site, level)
-    head = best_level(site)
-    if #head == 0 then
-      redis.call('ZREM', K.wait, site)
-      table.remove(cands, bi)
-    else
-      c.level, c.score = head[1], tonumber(head[2])
-    end
+  if s.active < s.cap and not s.mine then
+    s.mine = hnum(K.wactive, holder .. '\t' .. site, INT, 0, 'not an integer: counted as 0')
+  end
+  if s.active < s.cap and s.mine >= s.share then
+    -- this worker has its share of the site; others may take the rest
+    pos = pos + 1
   else
-    if redis.call('LLEN', qkey) == 0 then
-      redis.call('ZREM', K.P .. 'lv:' .. site, level)
-      head = best_level(site)
+    local level, member, not_before = nil, nil, 0
+    if s.active < s.cap then
+      if s.level then
+        level, member = s.level, s.member
+      else
+        level, member = best_prio(site)
+      end
+      -- (a site this call served without a delay is due)
+      if not s.due then
+        not_before = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
+      end
     end
-    redis.call('DECR', K.count)
-    local d, data = deliveries_of(entry)
-    d = d + 1
-    local active = hadd(K.active, site, 1)
-    hadd(K.wactive, holder .. '\t' .. site, 1)
-    local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
-                       'delay must be whole ms >= 0: default used')
-    delay = math.max(delay, hnum(KEYS[13], site, NAT, 0, 'not whole ms: ignored'))
-    delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
-    local due = now + math.floor(delay * (1 + tonumber(ARGV[10])))
-    redis.call('HSET', K.due, site, due)
-    local more = head == nil or #head > 0
-    if active < c.cap and more then
-      redis.call('ZADD', K.wait, due, site)
+    s.level = nil
+    if not level then
+      -- no work, or at its concurrency: commit.lua wakes it
+      redis.call('ZREM', K.ready, site)
+    elseif not_before > now then
+      -- its due time was pushed back meanwhile (robots.txt's Crawl-delay)
+      redis.call('ZREM', K.ready, site)
+      redis.call('ZADD', K.wait, not_before, site)
     else
-      redis.call('ZREM', K.wait, site)
-    end
-    redis.call('ZADD', leases, now + lease_ms, id)
-    redis.call('HSET', K.lslot, id, site)
-    redis.call('HSET', ldata, id, level .. '\t' .. site .. '\t#' .. d .. '#' .. data)
-    out[#out + 1] = data
-    out[#out + 1] = site
-    out[#out + 1] = d
-    n = n + 1
-    a = a + 1
-    c.mine = c.mine + 1
-    if due > now or active >= c.cap or not more or c.mine >= c.share then
-      table.remove(cands, bi)
-    elseif head ~= nil then
-      c.level, c.score = head[1], tonumber(head[2])
+      local qkey = K.P .. 'q:' .. site .. ':' .. member
+      local entry = redis.pcall('RPOP', qkey)
+      if type(entry) == 'table' then
+        -- looked at again a lease's length from now
+        problem(qkey .. ' is not a list: site skipped')
+        redis.call('ZREM', K.ready, site)
+        redis.call('ZADD', K.wait, now + lease_ms, site)
+      elseif not entry then
+        -- a level without entries (removed by hand): forget it, look again
+        redis.call('ZREM', lv, member)
+      else
+        if redis.call('LLEN', qkey) == 0 then
+          redis.call('ZREM', lv, member)
+        else
+          s.level, s.member = level, member
+        end
+        redis.call('DECR', K.count)
+        hadd(K.prio, member, -1)
+        local d, data = deliveries_of(entry)
+        d = d + 1
+        s.active = hadd(K.active, site, 1)
+        s.mine = hadd(K.wactive, holder .. '\t' .. site, 1)
+        if not s.pace then
+          local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
+                             'delay must be whole ms >= 0: default used')
+          delay = math.max(delay, hnum(KEYS[13], site, NAT, 0, 'not whole ms: ignored'))
+          delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
+          s.pace = math.floor(delay * (1 + tonumber(ARGV[10])))
+        end
+        local due = now + s.pace
+        redis.call('HSET', K.due, site, due)
+        s.due = due <= now
+        if not s.level then s.level, s.member = best_prio(site) end
+        local best = s.level
+        if best and s.active < s.cap and s.due then
+          make_ready(site, best) -- behind the sites of its priority
+        else
+          redis.call('ZREM', K.ready, site)
+          if best and s.active < s.cap then redis.call('ZADD', K.wait, due, site) end
+        end
+        redis.call('ZADD', leases, now + lease_ms, id)
+        redis.call('HSET', K.lslot, id, site)
+        redis.call('HSET', ldata, id, member .. '\t' .. site .. '\t#' .. d .. '#' .. data)
+        out[#out + 1] = data
+        out[#out + 1] = site
+        out[#out + 1] = d
+        n = n + 1
+        a = a + 1
+      end
     end
   end
 end
 out[1] = n
+save_turns()
 if n > 0 then return out end
 
+-- Nothing leased: how long until it is worth asking again. Never 0 unless
+-- this call moved or housekept all it could (more is due at once).
 local wait = -1
 local nxt = redis.call('ZRANGE', K.wait, 0, 0, 'WITHSCORES')
 if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
-if wait < 0 and tonumber(redis.call('GET', K.count) or '0') > 0 then
-  -- work is queued on sites at their concurrency: look again soon
-  wait = tonumber(ARGV[9])
+if redis.call('ZCARD', K.ready) > 0 or
+   (wait < 0 and tonumber(redis.call('GET', K.count) or '0') > 0) then
+  -- Due sites where this worker holds its share, or work only on sites at
+  -- their concurrency: a slot frees when a download ends (the worker
+  -- leases again at once when it is one of its own) or the next site in
+  -- K.wait comes due; ask again by then, within a lease's length.
+  if wait < 0 then wait = tonumber(ARGV[9]) end
+  wait = math.min(wait, lease_ms)
 end
 for _, later in ipairs({retries, KEYS[17]}) do
   local rnext = redis.call('ZRANGE', later, 0, 0, 'WITHSCORES')
@@ -313,6 +384,9 @@ for _, later in ipairs({retries, KEYS[17]}) do
     local rwait = math.max(0, tonumber(rnext[2]) - now)
     if wait < 0 or rwait < wait then wait = rwait end
   end
+end
+if wait == 0 and #due_sites < move_max and #due_retries < batch and #due_revisits < batch then
+  wait = 1
 end
 out[2] = wait
 return out
