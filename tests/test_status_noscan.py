@@ -138,9 +138,14 @@ def test_status_reader_is_as_fast_beside_a_million_foreign_keys(server: RedisSer
             reader.close()
 
 
-def test_status_command_is_as_fast_beside_a_million_foreign_keys(
+def test_status_command_reads_no_keyspace_beside_a_million_foreign_keys(
     server: RedisServer, env: dict[str, str]
 ) -> None:
+    """The real command, beside a million foreign keys: the same answer, and
+    no SCAN or KEYS sent. Its time is the reader's (compared above, median
+    against median) plus Python starting Scrapy, 1-2 s that other jobs on a
+    busy machine stretch by seconds: timing whole processes here measured
+    the machine's load, not the command."""
     alone_url, crowded_url = urls(server)
     client: redis.Redis = redis.Redis.from_url(alone_url)
     scans_before = commands(client, "scan") + commands(client, "keys")
@@ -156,16 +161,9 @@ def test_status_command_is_as_fast_beside_a_million_foreign_keys(
         return answer
 
     try:
-        times: list[list[float]] = [[], []]
-        for _ in range(4):
-            for i, url in enumerate((alone_url, crowded_url)):
-                times[i].append(timed(lambda url=url: status(url)))
-        # A run is mostly Python starting Scrapy (1-2 s), and other jobs on
-        # the machine add up to seconds to any run: the fastest of each side
-        # is what the command costs (the reader's medians are compared above).
-        alone, crowded = (min(t) for t in times)
-        assert crowded - alone < TOLERANCE, times
-        assert status(crowded_url)["spiders"]["quotes"]["queued"] == 199
+        alone, crowded = status(alone_url), status(crowded_url)
+        assert crowded["spiders"]["quotes"]["queued"] == 199
+        assert alone["spiders"]["quotes"]["queued"] == 199
         assert commands(client, "scan") + commands(client, "keys") == scans_before
     finally:
         client.close()
