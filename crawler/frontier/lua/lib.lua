@@ -173,143 +173,10 @@ end
 
 -- The keys and settings of the crawl, filled in by the script that runs:
 -- K.wait, K.ready, K.active, K.due, K.conc, K.robots, K.wactive, K.lslot,
--- K.ldata, K.count, K.seq, K.prio (keys), K.P (the key prefix "{s}:"), K.cap
+-- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv (keys), K.P (the key
+-- prefix "{s}:", for messages only: no key is built from it), K.cap
 -- (default concurrency), K.gate (true when robots.txt is obeyed), K.now (ms).
 local K = {}
-
--- Queue `data` on `site` at priority `prio` (front: next out; else back),
--- and count it in K.count and K.prio. Returns nil, or the reason it could not
--- be queued (a per-site key of the wrong type); in that case the queue holds
--- nothing new.
-local function enqueue(site, prio, data, front)
-  local lv, q = K.P .. 'lv:' .. site, K.P .. 'q:' .. site .. ':' .. prio
-  local added = redis.pcall('ZADD', lv, -tonumber(prio), prio)
-  if type(added) == 'table' then
-    return lv .. ' is not a sorted set'
-  end
-  local pushed
-  if front then pushed = redis.pcall('RPUSH', q, data) else pushed = redis.pcall('LPUSH', q, data) end
-  if type(pushed) == 'table' then
-    if added == 1 then redis.call('ZREM', lv, prio) end
-    return q .. ' is not a list'
-  end
-  redis.call('INCR', K.count)
-  hadd(K.prio, prio, 1)
-  return nil
-end
-
--- The ready index (K.ready) scores a site by its best queued priority and
--- its turn: -priority * TURN + turn, where turn is K.seq (one more each
--- time a site joins the index, is raised or is served) modulo TURN. Priorities are clamped to
--- +-1,000,000 (< 2^20), so a score stays below 2^52: an exact double.
-local TURN = 4294967296 -- 2^32
-
--- The priority part of a ready score.
-local function prio_of(score)
-  return -math.floor(score / TURN)
-end
-
--- The best queued priority of `site` (a number, and the level's member as
--- stored), or nil when it has none. A level index of the wrong type is
--- reported and counts as none; a level that is no priority is reported and
--- forgotten (its list stays for an operator).
-local function best_prio(site)
-  local lv = K.P .. 'lv:' .. site
-  while true do
-    local head = redis.pcall('ZRANGE', lv, 0, 0)
-    if head['err'] then
-      problem(lv .. ' is not a sorted set: site skipped')
-      return nil
-    end
-    if #head == 0 then return nil end
-    if prio_ok(head[1]) then return tonumber(head[1]), head[1] end
-    problem(lv .. ' holds ' .. string.format('%q', head[1]) .. ', not a priority: forgotten')
-    redis.call('ZREM', lv, head[1])
-  end
-end
-
--- The turns given in this call: K.seq is read at the first and written
--- back by save_turns(), which every script calls before it returns.
-local last_turn = nil
-
--- Put `site` (due, under its concurrency, not in K.wait) in K.ready at
--- priority `prio`, behind the sites of that priority there already.
-local function make_ready(site, prio)
-  if not last_turn then last_turn = tonumber(redis.call('GET', K.seq) or '0') end
-  last_turn = last_turn + 1
-  redis.call('ZADD', K.ready, -prio * TURN + last_turn % TURN, site)
-end
-
-local function save_turns()
-  if last_turn then redis.call('SET', K.seq, last_turn) end
-end
-
--- A site in K.ready with score `score` got a request at priority `prio`:
--- when that is better than its best so far, that request is its best, and
--- the site takes a new turn at its priority (first in, first out).
-local function raise(site, score, prio)
-  if prio > prio_of(score) then make_ready(site, prio) end
-end
-
--- The concurrency of `site`: 1 while its robots.txt is not known (K.gate),
--- else its override in K.conc or the default.
-local function cap_of(site)
-  if K.gate then
-    local known = redis.pcall('HEXISTS', K.robots, site)
-    if type(known) == 'table' then
-      problem(K.robots .. ' is not a hash: robots.txt counted as unknown')
-      return 1
-    end
-    if known == 0 then return 1 end
-  end
-  return hnum(K.conc, site, POS, K.cap, 'concurrency must be an integer >= 1: default used')
-end
-
--- Make `site` a candidate again if it has queued work and a free slot: in
--- K.ready when it is due, else in K.wait at its due time; drop it from both
--- when it has no work. A site already in K.wait stays there (lease.lua moves
--- it to K.ready when due); one already in K.ready is raised to `prio` when
--- given (a request was just queued at that priority).
--- `active`: the site's slots taken, when the caller knows them.
-local function wake(site, active, prio)
-  if redis.call('EXISTS', K.P .. 'lv:' .. site) == 0 then
-    redis.call('ZREM', K.wait, site)
-    redis.call('ZREM', K.ready, site)
-    return
-  end
-  local score = redis.call('ZSCORE', K.ready, site)
-  if score then
-    if prio then raise(site, tonumber(score), tonumber(prio)) end
-    return
-  end
-  active = active or hnum(K.active, site, INT, 0, 'not an integer: counted as 0')
-  if active < cap_of(site) then
-    local due = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
-    if due > K.now then
-      redis.call('ZADD', K.wait, 'NX', due, site)
-    elseif not redis.call('ZSCORE', K.wait, site) then
-      local best = best_prio(site)
-      if best then make_ready(site, best) end
-    end
-  end
-end
-
--- Free the download slot lease `id` holds, if it still holds one; returns
--- the slot's site and its slots taken now (K.lslot keeps the site, so a slot is freed even when the
--- lease's data is unreadable), or nil. A slot taken before K.lslot kept
--- sites (value "1") takes its site from K.ldata.
-local function free_slot(id)
-  local site = redis.call('HGET', K.lslot, id)
-  if not site then return nil end
-  redis.call('HDEL', K.lslot, id)
-  if site == '1' then
-    local _, s = split3(redis.call('HGET', K.ldata, id) or '')
-    if not s then return nil end
-    site = s
-  end
-  hadd(K.wactive, holder_of(id) .. '\t' .. site, -1)
-  return site, hadd(K.active, site, -1)
-end
 
 -- Queues in fixed keys. Every key a script touches is one of its KEYS, so
 -- a Redis Cluster that moves the shard's slot answers ASK/TRYAGAIN instead
@@ -491,5 +358,119 @@ local function q_pop(site, prio, bad)
       return data, false
     end
   end
+end
+
+-- Queue `data` on `site` at priority `prio` (front: next out; else back),
+-- and count it in K.count and K.prio. Returns nil, or the reason it could not
+-- be queued (a malformed K.qm value); in that case the queue holds nothing
+-- new.
+local function enqueue(site, prio, data, front)
+  local why = q_push(site, prio, data, front)
+  if why then return why end
+  redis.call('INCR', K.count)
+  hadd(K.prio, prio, 1)
+  return nil
+end
+
+-- The ready index (K.ready) scores a site by its best queued priority and
+-- its turn: -priority * TURN + turn, where turn is K.seq (one more each
+-- time a site joins the index, is raised or is served) modulo TURN. Priorities are clamped to
+-- +-1,000,000 (< 2^20), so a score stays below 2^52: an exact double.
+local TURN = 4294967296 -- 2^32
+
+-- The priority part of a ready score.
+local function prio_of(score)
+  return -math.floor(score / TURN)
+end
+
+-- The best queued priority of `site` (a number, and the level as stored),
+-- or nil when it has none (see q_levels).
+local function best_prio(site)
+  local best = q_best(site)
+  if best then return tonumber(best), best end
+  return nil
+end
+
+-- The turns given in this call: K.seq is read at the first and written
+-- back by save_turns(), which every script calls before it returns.
+local last_turn = nil
+
+-- Put `site` (due, under its concurrency, not in K.wait) in K.ready at
+-- priority `prio`, behind the sites of that priority there already.
+local function make_ready(site, prio)
+  if not last_turn then last_turn = tonumber(redis.call('GET', K.seq) or '0') end
+  last_turn = last_turn + 1
+  redis.call('ZADD', K.ready, -prio * TURN + last_turn % TURN, site)
+end
+
+local function save_turns()
+  if last_turn then redis.call('SET', K.seq, last_turn) end
+end
+
+-- A site in K.ready with score `score` got a request at priority `prio`:
+-- when that is better than its best so far, that request is its best, and
+-- the site takes a new turn at its priority (first in, first out).
+local function raise(site, score, prio)
+  if prio > prio_of(score) then make_ready(site, prio) end
+end
+
+-- The concurrency of `site`: 1 while its robots.txt is not known (K.gate),
+-- else its override in K.conc or the default.
+local function cap_of(site)
+  if K.gate then
+    local known = redis.pcall('HEXISTS', K.robots, site)
+    if type(known) == 'table' then
+      problem(K.robots .. ' is not a hash: robots.txt counted as unknown')
+      return 1
+    end
+    if known == 0 then return 1 end
+  end
+  return hnum(K.conc, site, POS, K.cap, 'concurrency must be an integer >= 1: default used')
+end
+
+-- Make `site` a candidate again if it has queued work and a free slot: in
+-- K.ready when it is due, else in K.wait at its due time; drop it from both
+-- when it has no work. A site already in K.wait stays there (lease.lua moves
+-- it to K.ready when due); one already in K.ready is raised to `prio` when
+-- given (a request was just queued at that priority).
+-- `active`: the site's slots taken, when the caller knows them.
+local function wake(site, active, prio)
+  if redis.call('HEXISTS', K.lv, site) == 0 then
+    redis.call('ZREM', K.wait, site)
+    redis.call('ZREM', K.ready, site)
+    return
+  end
+  local score = redis.call('ZSCORE', K.ready, site)
+  if score then
+    if prio then raise(site, tonumber(score), tonumber(prio)) end
+    return
+  end
+  active = active or hnum(K.active, site, INT, 0, 'not an integer: counted as 0')
+  if active < cap_of(site) then
+    local due = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
+    if due > K.now then
+      redis.call('ZADD', K.wait, 'NX', due, site)
+    elseif not redis.call('ZSCORE', K.wait, site) then
+      local best = best_prio(site)
+      if best then make_ready(site, best) end
+    end
+  end
+end
+
+-- Free the download slot lease `id` holds, if it still holds one; returns
+-- the slot's site and its slots taken now (K.lslot keeps the site, so a slot is freed even when the
+-- lease's data is unreadable), or nil. A slot taken before K.lslot kept
+-- sites (value "1") takes its site from K.ldata.
+local function free_slot(id)
+  local site = redis.call('HGET', K.lslot, id)
+  if not site then return nil end
+  redis.call('HDEL', K.lslot, id)
+  if site == '1' then
+    local _, s = split3(redis.call('HGET', K.ldata, id) or '')
+    if not s then return nil end
+    site = s
+  end
+  hadd(K.wactive, holder_of(id) .. '\t' .. site, -1)
+  return site, hadd(K.active, site, -1)
 end
 
