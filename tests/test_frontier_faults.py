@@ -557,3 +557,21 @@ def test_a_call_that_outlives_the_socket_timeout_is_found_out_never_resent(
     with scheduler.queue.frontier.pipeline() as pipe:
         assert isinstance(pipe, redis.client.Pipeline)  # not a ClusterPipeline
         assert pipe.connection_pool.connection_kwargs["retry"].get_retries() == 0
+
+
+@pytest.mark.parametrize("key", ["{t}:count", "{t}:seq"])
+def test_a_counter_past_what_incr_and_lua_hold_refuses_the_call_before_any_write(
+    rds: redis.Redis, key: str
+) -> None:
+    """A 20-digit counter passed the integer check, then INCR (or Lua's
+    numbers) failed after the entry was written: the call said refused, the
+    entry was queued uncounted, and a resend queued it twice."""
+    frontier = _frontier(rds)
+    rds.set(key, "99999999999999999999")
+    for _ in range(2):
+        with pytest.raises(ResponseError, match="nothing was written"):
+            frontier.push(b"/a", site="a.example", priority=0, fingerprint=None,
+                          dont_filter=True)
+    assert rds.exists("{t}:qc", "{t}:qm", "{t}:lv", "{t}:ready", "{t}:wait") == 0
+    with pytest.raises(ResponseError, match="nothing was written"):
+        frontier.lease_many(["w#1:1"])

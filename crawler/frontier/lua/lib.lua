@@ -56,10 +56,11 @@ local function read(command, key, ...)
 end
 
 -- An error reply (or nil) when the string `key` holds something other than
--- an integer; call it before any write.
+-- an integer of at most 15 digits (INCR and DECR fail past 2^63, and Lua's
+-- numbers are exact to 2^53); call it before any write.
 local function check_counter(key)
   local v = redis.call('GET', key)
-  if v and not string.match(v, '^%-?%d+$') then
+  if v and not (#v <= 16 and string.match(v, '^%-?%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$')) then
     return redis.error_reply('ERR frontier key ' .. key .. ' holds ' ..
       string.format('%q', v) .. ', not an integer: nothing was written')
   end
