@@ -12,8 +12,9 @@ key                                 type    what it holds
                                             last refreshed (the seed list's slot)
 ``{<spider>:start_urls}:intake:*``  list    one batch of seeds taken, until their
                                             requests are in the frontier
-``{<spider>}:q:<site>:<priority>``  list    queued requests of one site and priority
-                                            (JSON), oldest at the right
+``{<spider>}:qc``                   hash    queued requests, in chunks per site and
+                                            priority (``{<spider>}:qm`` and ``:lv``
+                                            index them; see crawler.frontier.store)
 ``{<spider>}:count``                string  requests queued, all sites
 ``{<spider>}:wait``                 zset    sites with work and a free slot, scored
                                             by the time (ms) they may be served next
@@ -233,7 +234,8 @@ class ShardKeys:
 
     :ivar index: the shard's number, ``0 <= index < shards``.
     :ivar prefix: ``{<spider>}:`` (one shard) or ``{<spider>:<index>}:``.
-    :ivar queues: prefix of the per-site queues, ``<prefix>q:``.
+    :ivar queues: the queues' chunks, ``<prefix>qc`` (a hash; see
+        :mod:`crawler.frontier.store`).
     :ivar dupefilter: the exact dupefilter's set (``SCHEDULER_DUPEFILTER_KEY``
         for one shard; ``<prefix>dupefilter`` when sharded).
     :ivar bloom: the Bloom dupefilter's bitmap (``<prefix>bloom``).
@@ -272,7 +274,7 @@ class ShardKeys:
                          "dead", "revisits", "rdata", "alive", "bloom", "prio")
         }
         return cls(
-            index=index, prefix=prefix, queues=prefix + "q:",
+            index=index, prefix=prefix, queues=prefix + "qc",
             dupefilter=dupefilter or prefix + "dupefilter",
             dead_trimmed=prefix + "dead:trimmed", **names,
         )
@@ -287,7 +289,7 @@ class ShardKeys:
 class CrawlKeys:
     """The Redis keys of one spider's crawl (see the module table).
 
-    ``queues`` is the prefix of the per-site queues, ``{<spider>}:q:``;
+    ``queues`` is the hash of the queues' chunks, ``{<spider>}:qc``;
     ``bloom`` the Bloom dupefilter's bitmap, which exists only when that
     dupefilter is used (``dupefilter`` is then absent). The frontier keys
     among these (``count``, ``wait``, ``queues``, ``dupefilter``, ``bloom``,

@@ -6,6 +6,7 @@ faults, through a proxy that loses replies: tests/test_faults.py.)"""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -190,17 +191,57 @@ def test_a_frontier_key_of_the_wrong_type_refuses_the_call_and_writes_nothing(
     assert after == {**before, key.encode(): bad}
 
 
-def test_a_queue_key_of_the_wrong_type_dead_letters_the_push_instead_of_losing_it(
+def test_a_malformed_queue_index_dead_letters_the_push_instead_of_losing_it(
     rds: redis.Redis,
 ) -> None:
     frontier = _frontier(rds)
-    rds.set("{t}:q:a.example:0", "not a list")
+    rds.hset("{t}:qm", "a.example\t0", "not chunk numbers")
     assert frontier.push_many([Push(b'{"u":"/x"}', "a.example", 0, b"1", False)]) == [True]
     [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
-    assert "{t}:q:a.example:0 is not a list" in dead["reason"]
+    assert '{t}:qm a.example\t0 = "not chunk numbers" is malformed' in dead["reason"]
     assert dead["url"] == "https://a.example/x"
     assert int(rds.get("{t}:count") or 0) == 0
-    assert rds.zcard("{t}:lv:a.example") == 0
+    assert not rds.hexists("{t}:lv", "a.example")
+    assert rds.hlen("{t}:qc") == 0
+
+
+@pytest.mark.parametrize("key", ["{t}:qm", "{t}:qc", "{t}:lv"])
+def test_a_queue_hash_of_the_wrong_type_refuses_the_call_before_any_write(
+    rds: redis.Redis, key: str
+) -> None:
+    frontier = _frontier(rds)
+    rds.set(key, "not a hash")
+    with pytest.raises(redis.ResponseError, match=f"frontier key {re.escape(key)} holds a string"):
+        frontier.push_many([Push(b"/x", "a.example", 0, b"1", False)])
+    with pytest.raises(redis.ResponseError, match="nothing was written"):
+        frontier.lease_many(["w#1:1"])
+    assert rds.exists("{t}:count", "{t}:dupefilter", "{t}:leases") == 0
+
+
+def test_queued_entries_survive_an_unreadable_chunk_and_it_is_dead_lettered(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    entries = [f"/page/{i:04d}".encode() + b"x" * 200 for i in range(30)]
+    frontier.push_many([Push(e, "a.example", 0, str(i).encode(), False)
+                        for i, e in enumerate(entries)])
+    assert rds.hlen("{t}:qc") > 2
+    rds.hset("{t}:qc", "a.example\t0\t0", "garbage, not entries")
+    got = []
+    for n in range(40):
+        result = frontier.lease_many([f"w#1:{n}"])
+        if isinstance(result, NotDue):
+            break
+        got += [lease.data for lease in result]
+        frontier.ack([lease.lease_id for lease in result])
+    [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
+    assert "holds an entry that cannot be read" in dead["reason"]
+    assert dead["entry"] == "garbage, not entries"
+    assert got and got == entries[len(entries) - len(got):]  # the rest, in order
+    # The entries of the unreadable chunk were counted: the counters are
+    # reset once every queue is empty, so idle workers see the crawl done.
+    assert frontier.pending() == 0
+    assert not rds.exists("{t}:prio")
 
 
 @pytest.mark.parametrize(
@@ -222,7 +263,7 @@ def test_a_dead_letter_names_the_url_of_its_entry(
     rds: redis.Redis, entry: bytes, url: str | None
 ) -> None:
     frontier = _frontier(rds)
-    rds.set("{t}:q:a.example:0", "not a list")  # so the push is dead-lettered at once
+    rds.hset("{t}:qm", "a.example\t0", "x")  # so the push is dead-lettered at once
     assert frontier.push_many([Push(entry, "a.example", 0, b"1", False)]) == [True]
     [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
     assert dead.get("url") == url  # none when it cannot be read
@@ -235,7 +276,7 @@ def test_a_dead_letter_of_an_encoded_request_names_its_url(rds: redis.Redis) -> 
     entry = serializer.dumps(request.to_dict(spider=spider), "a.example:8080")
     assert entry == b"!/p?q=1\tparse\t1"
     frontier = _frontier(rds)
-    rds.set("{t}:q:a.example:8080:0", "not a list")
+    rds.hset("{t}:qm", "a.example:8080\t0", "x")
     assert frontier.push_many([Push(entry, "a.example:8080", 0, b"1", False)]) == [True]
     [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
     assert dead["url"] == request.url
@@ -516,3 +557,21 @@ def test_a_call_that_outlives_the_socket_timeout_is_found_out_never_resent(
     with scheduler.queue.frontier.pipeline() as pipe:
         assert isinstance(pipe, redis.client.Pipeline)  # not a ClusterPipeline
         assert pipe.connection_pool.connection_kwargs["retry"].get_retries() == 0
+
+
+@pytest.mark.parametrize("key", ["{t}:count", "{t}:seq"])
+def test_a_counter_past_what_incr_and_lua_hold_refuses_the_call_before_any_write(
+    rds: redis.Redis, key: str
+) -> None:
+    """A 20-digit counter passed the integer check, then INCR (or Lua's
+    numbers) failed after the entry was written: the call said refused, the
+    entry was queued uncounted, and a resend queued it twice."""
+    frontier = _frontier(rds)
+    rds.set(key, "99999999999999999999")
+    for _ in range(2):
+        with pytest.raises(ResponseError, match="nothing was written"):
+            frontier.push(b"/a", site="a.example", priority=0, fingerprint=None,
+                          dont_filter=True)
+    assert rds.exists("{t}:qc", "{t}:qm", "{t}:lv", "{t}:ready", "{t}:wait") == 0
+    with pytest.raises(ResponseError, match="nothing was written"):
+        frontier.lease_many(["w#1:1"])

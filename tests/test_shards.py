@@ -97,6 +97,24 @@ def test_requests_of_every_site_are_leased_once_across_shards(
     assert int(rds.get("{t}:shards") or 0) == shards
 
 
+def test_an_undecodable_entry_is_acked_and_dead_lettered_in_its_own_shard(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Its lease was acked on shard 0 (no such lease there): the real lease
+    held the site's slot until it expired and the entry came back, one more
+    dead letter each time."""
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=3)
+    site = next(f"s{i}.example" for i in range(100) if shard_of(f"s{i}.example", 3) == 2)
+    shards = scheduler.queue.shards
+    shards.for_site(site).push(b"/\x00not-a-request\tgarbage", site=site, priority=0,
+                               fingerprint=None, dont_filter=True)
+    assert scheduler.next_request() is None
+    assert scheduler.flush_outbox()
+    prefixes = shard_prefixes("t", 3)
+    assert [rds.llen(p + "dead") for p in prefixes] == [0, 0, 1]
+    assert shards.audit() == {}
+
+
 def test_a_worker_with_another_shard_count_stops_with_a_configuration_error(
     redis_url: str, rds: redis.Redis
 ) -> None:

@@ -20,7 +20,7 @@ Three keys of a crawl would otherwise grow for as long as it runs:
   fields in ``{s}:due``, ``{s}:slow``, ``{s}:rdelay``, ``{s}:robots``,
   ``{s}:robots:down`` and zero counters in ``{s}:active``
   (``lua/forget_sites.lua``). A site is idle when it is in neither
-  ``{s}:wait`` nor ``{s}:ready``, has no queued request (no ``{s}:lv:<site>``),
+  ``{s}:wait`` nor ``{s}:ready``, has no queued request (no field in ``{s}:lv``),
   no download slot taken, and its due time is older than the bound; the
   check and the deletes are one atomic call, so a site that gets work in
   between is never touched. The sites are visited with ``HSCAN`` of
@@ -287,7 +287,7 @@ class Housekeeper:
                 "forget",
             )
         ]
-        keys += [self.key("lv:" + site, shard) for site in sites]
+        keys.append(self.key("lv", shard))
         forgotten, problems = self._forget_sites(
             keys=keys, args=[cursor, self.site_forget_after_ms, *sites]
         )

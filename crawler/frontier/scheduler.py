@@ -665,13 +665,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Decode leased requests into the local buffer (undecodable ones
         become dead letters)."""
         for lease in leases:
+            # (first: an undecodable entry's ack and dead letter go to its shard)
+            self._lease_shards[lease.lease_id] = self.queue.shards.index_of(lease.site)
             try:
                 request = self.queue.decode(lease.data, lease.site)
             except Exception as exc:  # whatever Redis held, never crash the worker
                 self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
                 continue
             self._leases[request] = lease.lease_id
-            self._lease_shards[lease.lease_id] = self.queue.shards.index_of(lease.site)
             if self.queue.frontier.revisit_after_ms:
                 self._entries[request] = (lease.data, lease.site)
             self._ready.append(request)

@@ -1,7 +1,11 @@
 """The frontier's Redis data model and its atomic operations.
 
 One crawl (one spider) keeps these keys, all with the hash tag ``{<spider>}``
-so that each Lua script touches a single Redis Cluster slot. ``{s}:`` below
+so that each Lua script touches a single Redis Cluster slot. Their names are
+fixed: every key a script touches is one of its ``KEYS`` (no key is built
+from a site's name inside a script), so a Redis Cluster moving the slot
+answers ``ASK``/``TRYAGAIN`` rather than letting a script see half-moved
+data. ``{s}:`` below
 is the key prefix of one frontier (:attr:`Frontier.prefix`): ``{<spider>}:``
 with one shard. With ``FRONTIER_SHARDS`` = N > 1 the crawl has N frontiers
 (:class:`crawler.frontier.shards.FrontierShards`), shard ``i`` with the
@@ -17,10 +21,15 @@ retries, dead letters, fingerprints, robots.txt, overrides) are in the shard
 ==================================  ======  ==========================================
 key                                 type    holds
 ==================================  ======  ==========================================
-``{s}:q:<site>:<priority>``         list    queued requests of one site and priority,
-                                            oldest at the right (FIFO)
-``{s}:lv:<site>``                   zset    the site's non-empty priorities, score
-                                            ``-priority``
+``{s}:qm``                          hash    ``site\tpriority`` -> ``<head> <tail>``: the
+                                            numbers of the first and last chunk of
+                                            that queue (one queue per site and
+                                            priority, first in, first out)
+``{s}:qc``                          hash    ``site\tpriority\t<n>`` -> chunk ``n``:
+                                            entries ``<length>:<bytes>`` one after
+                                            another, up to 2 KiB a chunk
+``{s}:lv``                          hash    site -> its non-empty priorities,
+                                            highest first, space-separated
 ``{s}:wait``                        zset    sites with work and a free slot, not due
                                             yet, scored by the time (ms) they may be
                                             served next
@@ -411,11 +420,23 @@ class Frontier:
             len(batch.slots), len(batch.acks), len(batch.givebacks),
             self.revisit_after_ms, len(batch.revisits),
         ]
+        keys = [
+            k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
+            k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
+            k("retries"), k("dead"), self.marker_key(holder),
+            k("revisits"), k("rdata"), k("revisit"), k("ready"), k("seq"), k("prio"),
+            k("qm"), k("qc"), k("lv"),
+        ]
+        bitmaps: dict[str, int] = {}
         for p in batch.pushes:
             spec = b""
             if bloom is not None and p.fingerprint:
                 key, offsets = bloom.locate(p.fingerprint)
-                spec = key.encode() + b" " + offsets
+                index = bitmaps.get(key)
+                if index is None:  # a bitmap is one of KEYS, named by its index
+                    keys.append(key)
+                    index = bitmaps[key] = len(keys)
+                spec = str(index).encode() + b" " + offsets
             args += (
                 p.fingerprint or b"", b"1" if p.dont_filter else b"0", p.site,
                 _clamp(p.priority), p.data, spec,
@@ -428,16 +449,7 @@ class Frontier:
         args += batch.givebacks
         for v in batch.revisits:
             args += (v.fingerprint, v.site, _clamp(v.priority), v.data)
-        reply = self._commit(
-            keys=[
-                k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
-                k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
-                k("retries"), k("dead"), self.marker_key(holder),
-                k("revisits"), k("rdata"), k("revisit"), k("ready"), k("seq"), k("prio"),
-            ],
-            args=args,
-            client=client,
-        )
+        reply = self._commit(keys=keys, args=args, client=client)
         return None if client is not None else Committed.of(reply)
 
     def pipeline(self) -> Any:
@@ -592,6 +604,7 @@ class Frontier:
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
                 k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
                 k("dead"), k("revisits"), k("rdata"), k("ready"), k("seq"), k("prio"),
+                k("qm"), k("qc"), k("lv"),
             ],
             args=[
                 self.prefix,
@@ -700,14 +713,14 @@ class Frontier:
         Meant for the end of a crawl (tests, the soak, an operator's check):
         with no worker running, a consistent frontier has no lease, no
         download slot taken, and a pending count equal to the requests in
-        its queues. Reads with ``SCAN`` for the per-site queues: not for a
-        hot path.
+        its queues. Reads every queue chunk (``HSCAN`` of ``{s}:qc``): not
+        for a hot path.
 
         :returns: the problems found, by name (empty when consistent):
             ``leases`` (lease ids still held), ``lslot`` (leases holding a
             slot), ``active`` / ``wactive`` (slot counters above zero, by
             site or ``worker\tsite``), ``count`` (``{s}:count``) against
-            ``queued`` (entries in ``{s}:q:*`` lists), ``prio`` (``{s}:prio``)
+            ``queued`` (entries in the chunks of ``{s}:qc``), ``prio`` (``{s}:prio``)
             against ``queued_by_priority``.
         """
         r = self.redis
@@ -723,11 +736,10 @@ class Frontier:
             }
             if held:
                 problems[name] = held
-        pattern = self.prefix.replace("{", "\\{").replace("}", "\\}") + "q:*"
         by_priority: dict[str, int] = {}
-        for key in r.scan_iter(match=pattern, count=1000):
-            priority = _text(key).rsplit(":", 1)[1]
-            by_priority[priority] = by_priority.get(priority, 0) + int(r.llen(key))
+        for name_, chunk in r.hscan_iter(self.key("qc"), count=1000):
+            priority = _text(name_).split("\t")[1]
+            by_priority[priority] = by_priority.get(priority, 0) + len(chunk_entries(chunk))
         queued = sum(by_priority.values())
         count = int(r.get(self.key("count")) or 0)
         if count != queued:
@@ -747,6 +759,23 @@ class Frontier:
         doomed = [key for key in keys if key != keep]
         for i in range(0, len(doomed), 500):
             self.redis.delete(*doomed[i : i + 500])
+
+
+def chunk_entries(chunk: bytes) -> list[bytes]:
+    """The entries of a queue chunk (``{s}:qc``): ``<length>:<bytes>`` one
+    after another (``lua/lib.lua``).
+
+    :raises ValueError: the chunk is not made of such entries.
+    """
+    out, i = [], 0
+    while i < len(chunk):
+        colon = chunk.index(b":", i)
+        size = int(chunk[i:colon])
+        if colon + 1 + size > len(chunk):
+            raise ValueError(f"chunk entry of {size} bytes runs past the chunk's end")
+        out.append(chunk[colon + 1 : colon + 1 + size])
+        i = colon + 1 + size
+    return out
 
 
 def holder_of(lease_id: str) -> str:

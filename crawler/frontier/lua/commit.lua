@@ -28,6 +28,11 @@
 --                           by their best queued request (see lease.lua)
 -- KEYS[19] {s}:seq          string: the last turn given in KEYS[18]
 -- KEYS[20] {s}:prio         hash priority -> requests queued at it (all sites)
+-- KEYS[21] {s}:qm           hash "site\tpriority" -> "<head> <tail>" chunk numbers
+-- KEYS[22] {s}:qc           hash "site\tpriority\t<n>" -> chunk n of that queue
+-- KEYS[23] {s}:lv           hash site -> its non-empty priorities, highest first
+--                           (KEYS[21..23]: the queues, see lib.lua)
+-- KEYS[24..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
 -- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
 -- ARGV[2]  default concurrency per site
 -- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
@@ -47,7 +52,8 @@
 --          that order:
 --   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
 --          queue even if seen (dont_filter) else "0", site, priority, encoded
---          request, bloom spec ("bitmap-key offsets", decimal offsets
+--          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 24;
+--          decimal offsets
 --          separated by spaces; "" in set mode)
 --   retry (4 each): priority, site, encoded request, delay ms
 --   dead (1 each): the dead letter, JSON
@@ -71,6 +77,7 @@ K.gate = ARGV[5] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[9], KEYS[10], KEYS[11], KEYS[8]
 K.ready, K.seq, K.prio = KEYS[18], KEYS[19], KEYS[20]
+K.qm, K.qc, K.lv = KEYS[21], KEYS[22], KEYS[23]
 local leases, ldata, retries, dead = KEYS[7], KEYS[8], KEYS[12], KEYS[13]
 local bloom = ARGV[3] == 'bloom'
 local size = tonumber(ARGV[4])
@@ -91,6 +98,11 @@ if n_push + n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {KEYS[18], 'zset'}
 end
 if n_push + n_give > 0 then spec[#spec + 1] = {KEYS[20], 'hash'} end
+if n_push + n_slot + n_ack + n_give > 0 then
+  spec[#spec + 1] = {KEYS[21], 'hash'}
+  spec[#spec + 1] = {KEYS[22], 'hash'}
+  spec[#spec + 1] = {KEYS[23], 'hash'}
+end
 if n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {KEYS[3], 'hash'}
   spec[#spec + 1] = {KEYS[7], 'zset'}
@@ -113,7 +125,7 @@ if bloom then
   for i = first, first + 6 * n_push - 1, 6 do
     local spec = ARGV[i + 5]
     if spec ~= '' then
-      local key = string.sub(spec, 1, string.find(spec, ' ', 1, true) - 1)
+      local key = KEYS[tonumber(string.sub(spec, 1, string.find(spec, ' ', 1, true) - 1))]
       if not bitmaps[key] then
         bitmaps[key] = true
         local kind = redis.call('TYPE', key)['ok']
@@ -145,7 +157,7 @@ end
 -- 1 when the bits of spec ("key offsets") were not all set before.
 local function bloom_add(spec)
   local sp = string.find(spec, ' ', 1, true)
-  local key = string.sub(spec, 1, sp - 1)
+  local key = KEYS[tonumber(string.sub(spec, 1, sp - 1))]
   local args = {}
   for o in string.gmatch(string.sub(spec, sp + 1), '%d+') do
     local j = #args

@@ -4,7 +4,7 @@
 -- that got work in between is never touched.
 --
 -- A site is idle when it is in neither KEYS[2] nor KEYS[3], has no queued
--- request (KEYS[10 + i] absent), no download slot taken (KEYS[4]: no field,
+-- request (no field in KEYS[10]), no download slot taken (KEYS[4]: no field,
 -- or one of 0 or less), and its due time (KEYS[1]) is more than ARGV[2] ms
 -- ago. Its fields in KEYS[1], [4], [5], [6], [7] and [8] are then deleted.
 -- The operator's overrides ({s}:delay, {s}:conc, {s}:revisit) are kept.
@@ -18,8 +18,8 @@
 -- KEYS[7]  {s}:robots       hash site -> robots.txt
 -- KEYS[8]  {s}:robots:down  hash site -> robots.txt unreachable state
 -- KEYS[9]  {s}:forget       string: the HSCAN cursor over KEYS[1]
--- KEYS[10..] {s}:lv:<site>  zset: the site's non-empty priorities, one per
---                           site of ARGV[3..], in the same order
+-- KEYS[10] {s}:lv           hash site -> its non-empty priorities (a site
+--                           with queued requests has a field)
 -- ARGV[1]  the cursor to store for the next run ("0": start over)
 -- ARGV[2]  ms without work after which a site is forgotten
 -- ARGV[3..] the sites to look at (from HSCAN of KEYS[1])
@@ -28,7 +28,7 @@
 -- Checks that may refuse the call come first: nothing is written then.
 local spec = {
   {KEYS[1], 'hash'}, {KEYS[2], 'zset'}, {KEYS[3], 'zset'}, {KEYS[4], 'hash'},
-  {KEYS[9], 'string'},
+  {KEYS[9], 'string'}, {KEYS[10], 'hash'},
 }
 for _, kt in ipairs(spec) do
   local t = redis.call('TYPE', kt[1])['ok']
@@ -36,9 +36,6 @@ for _, kt in ipairs(spec) do
     return redis.error_reply('ERR frontier key ' .. kt[1] .. ' holds a ' .. t ..
       ', not a ' .. kt[2] .. ': nothing was written')
   end
-end
-if #KEYS ~= 9 + #ARGV - 2 then
-  return redis.error_reply('ERR one {s}:lv:<site> key per site expected: nothing was written')
 end
 local after = tonumber(ARGV[2])
 if not after or after < 0 then
@@ -66,7 +63,7 @@ for i = 3, #ARGV do
   local idle = due ~= false
     and redis.call('ZSCORE', KEYS[2], site) == false
     and redis.call('ZSCORE', KEYS[3], site) == false
-    and redis.call('EXISTS', KEYS[10 + i - 3]) == 0
+    and redis.call('HEXISTS', KEYS[10], site) == 0
   if idle and not (#due <= 15 and string.match(due, INT)) then
     problems[#problems + 1] = KEYS[1] .. ' ' .. site .. ' = ' .. string.format('%q', due) ..
       ' is not whole ms: counted as 0'

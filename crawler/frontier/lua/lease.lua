@@ -77,6 +77,10 @@
 --                       under their concurrency
 -- KEYS[20] {s}:seq      string: the last turn given (a counter)
 -- KEYS[21] {s}:prio     hash priority -> requests queued at it (all sites)
+-- KEYS[22] {s}:qm       hash "site\tpriority" -> "<head> <tail>" chunk numbers
+-- KEYS[23] {s}:qc       hash "site\tpriority\t<n>" -> chunk n of that queue
+-- KEYS[24] {s}:lv       hash site -> its non-empty priorities, highest first
+--                       (KEYS[22..24]: the queues, see lib.lua)
 -- ARGV[1]  key prefix "{s}:"
 -- ARGV[2]  most deliveries without acknowledgement (FRONTIER_MAX_DELIVERIES);
 --          0: no limit
@@ -113,6 +117,7 @@ K.gate = ARGV[11] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[1], KEYS[4], KEYS[5], KEYS[8], KEYS[9]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[12], KEYS[14], KEYS[15], KEYS[3]
 K.ready, K.seq, K.prio = KEYS[19], KEYS[20], KEYS[21]
+K.qm, K.qc, K.lv = KEYS[22], KEYS[23], KEYS[24]
 local leases, ldata, retries, dead = KEYS[2], KEYS[3], KEYS[6], KEYS[16]
 local max_deliveries = tonumber(ARGV[2])
 local batch = tonumber(ARGV[7])
@@ -127,7 +132,7 @@ local lease_ms = tonumber(ARGV[3])
 local err = check_types({
   {KEYS[1], 'zset'}, {KEYS[4], 'hash'}, {KEYS[5], 'hash'}, {KEYS[12], 'hash'},
   {KEYS[14], 'hash'}, {KEYS[16], 'list'}, {KEYS[18], 'hash'}, {KEYS[19], 'zset'},
-  {KEYS[21], 'hash'},
+  {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
 local ids = {unpack(ARGV, 13)}
@@ -272,7 +277,6 @@ while a <= #ARGV and looks > 0 do
   if #top == 0 then break end
   looks = looks - 1
   local site, id = top[1], ARGV[a]
-  local lv = K.P .. 'lv:' .. site
   local s = known[site]
   if not s then
     local cap = cap_of(site)
@@ -308,22 +312,17 @@ while a <= #ARGV and looks > 0 do
       redis.call('ZREM', K.ready, site)
       redis.call('ZADD', K.wait, not_before, site)
     else
-      local qkey = K.P .. 'q:' .. site .. ':' .. member
-      local entry = redis.pcall('RPOP', qkey)
-      if type(entry) == 'table' then
-        -- looked at again a lease's length from now
-        problem(qkey .. ' is not a list: site skipped')
-        redis.call('ZREM', K.ready, site)
-        redis.call('ZADD', K.wait, now + lease_ms, site)
-      elseif not entry then
-        -- a level without entries (removed by hand): forget it, look again
-        redis.call('ZREM', lv, member)
+      local entry, empty = q_pop(site, member, function(chunk, why)
+        problem(why .. ': dead-lettered')
+        bury(dead, why, site, member, chunk, 0, now)
+        buried = buried + 1
+      end)
+      if not entry then
+        -- a level without entries (a chunk that could not be read, a
+        -- malformed K.qm value): it is forgotten; look again
+        s.level = nil
       else
-        if redis.call('LLEN', qkey) == 0 then
-          redis.call('ZREM', lv, member)
-        else
-          s.level, s.member = level, member
-        end
+        if not empty then s.level, s.member = level, member end
         redis.call('DECR', K.count)
         hadd(K.prio, member, -1)
         local d, data = deliveries_of(entry)
@@ -367,6 +366,15 @@ if n > 0 then return out end
 -- Nothing leased: how long until it is worth asking again. Never 0 unless
 -- this call moved or housekept all it could (more is due at once).
 local wait = -1
+if redis.call('HLEN', K.qm) == 0 and tonumber(redis.call('GET', K.count) or '0') ~= 0 then
+  -- No queue holds anything: the counters are off (entries of a chunk
+  -- that could not be read, a key edited by hand). Reset them, so that idle
+  -- workers can tell the crawl is done.
+  problem(K.count .. ' counted ' .. redis.call('GET', K.count) ..
+          ' queued requests with every queue empty: reset to 0')
+  redis.call('SET', K.count, 0)
+  redis.call('DEL', K.prio)
+end
 local nxt = redis.call('ZRANGE', K.wait, 0, 0, 'WITHSCORES')
 if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
 if redis.call('ZCARD', K.ready) > 0 or

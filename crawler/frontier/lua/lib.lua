@@ -56,10 +56,11 @@ local function read(command, key, ...)
 end
 
 -- An error reply (or nil) when the string `key` holds something other than
--- an integer; call it before any write.
+-- an integer of at most 15 digits (INCR and DECR fail past 2^63, and Lua's
+-- numbers are exact to 2^53); call it before any write.
 local function check_counter(key)
   local v = redis.call('GET', key)
-  if v and not string.match(v, '^%-?%d+$') then
+  if v and not (#v <= 16 and string.match(v, '^%-?%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$')) then
     return redis.error_reply('ERR frontier key ' .. key .. ' holds ' ..
       string.format('%q', v) .. ', not an integer: nothing was written')
   end
@@ -173,26 +174,200 @@ end
 
 -- The keys and settings of the crawl, filled in by the script that runs:
 -- K.wait, K.ready, K.active, K.due, K.conc, K.robots, K.wactive, K.lslot,
--- K.ldata, K.count, K.seq, K.prio (keys), K.P (the key prefix "{s}:"), K.cap
+-- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv (keys), K.P (the key
+-- prefix "{s}:", for messages only: no key is built from it), K.cap
 -- (default concurrency), K.gate (true when robots.txt is obeyed), K.now (ms).
 local K = {}
 
+-- Queues in fixed keys. Every key a script touches is one of its KEYS, so
+-- a Redis Cluster that moves the shard's slot answers ASK/TRYAGAIN instead
+-- of letting the script read half-moved data: no key is built from a
+-- site's name. One queue per site and priority, first in, first out,
+-- stored in chunks of entries:
+-- K.qm  hash "site\tprio" -> "<head> <tail>": the numbers of the queue's
+--       first and last chunk (no field: the queue is empty)
+-- K.qc  hash "site\tprio\t<n>" -> chunk n: entries one after another, each
+--       "<length in bytes>:<bytes>" (a netstring without its comma)
+-- K.lv  hash site -> the site's non-empty priorities, highest first,
+--       separated by spaces ("9 0 -3")
+-- A chunk grows to CHUNK_BYTES, then the next one starts, so a push or a
+-- pop copies at most one chunk whatever the queue's length, and an entry
+-- costs its length plus a few bytes.
+local CHUNK_BYTES = 2048
+
+-- The site's queues found in K.qm (for a K.lv value that cannot be read):
+-- their priorities, highest first.
+local function q_scan_levels(site)
+  local pattern = string.gsub(site, '[%[%]%*%?\\]', '\\%0') .. '\t*'
+  local found, cursor = {}, '0'
+  repeat
+    local r = redis.call('HSCAN', K.qm, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = r[1]
+    for i = 1, #r[2], 2 do
+      local p = string.sub(r[2][i], #site + 2)
+      if prio_ok(p) then found[#found + 1] = p end
+    end
+  until cursor == '0'
+  table.sort(found, function(a, b) return tonumber(a) > tonumber(b) end)
+  return found
+end
+
+local function q_set_levels(site, levels)
+  if #levels == 0 then
+    redis.call('HDEL', K.lv, site)
+  else
+    redis.call('HSET', K.lv, site, table.concat(levels, ' '))
+  end
+end
+
+-- The site's non-empty priorities, highest first (strings). A malformed
+-- value is reported and rebuilt from the queues in K.qm.
+local function q_levels(site)
+  local v = redis.call('HGET', K.lv, site)
+  local out = {}
+  if not v then return out end
+  for p in string.gmatch(v, '%S+') do
+    if not prio_ok(p) then
+      problem(K.lv .. ' ' .. site .. ' = ' .. string.format('%q', v) ..
+              ' is malformed: rebuilt from ' .. K.qm)
+      out = q_scan_levels(site)
+      q_set_levels(site, out)
+      return out
+    end
+    out[#out + 1] = p
+  end
+  return out
+end
+
+-- The site's best (highest) non-empty priority, or nil.
+local function q_best(site)
+  return q_levels(site)[1]
+end
+
+local function q_add_level(site, prio)
+  local levels = q_levels(site)
+  local p = tonumber(prio)
+  for i, l in ipairs(levels) do
+    if l == prio then return end
+    if tonumber(l) < p then
+      table.insert(levels, i, prio)
+      q_set_levels(site, levels)
+      return
+    end
+  end
+  levels[#levels + 1] = prio
+  q_set_levels(site, levels)
+end
+
+local function q_drop_level(site, prio)
+  local levels = q_levels(site)
+  for i, l in ipairs(levels) do
+    if l == prio then
+      table.remove(levels, i)
+      q_set_levels(site, levels)
+      return
+    end
+  end
+end
+
+-- "<head> <tail>" -> head, tail (nil when malformed).
+local function q_bounds(v)
+  local h, t = string.match(v, '^(%-?%d+) (%-?%d+)$')
+  if not h or #h > 15 or #t > 15 then return nil end
+  h, t = tonumber(h), tonumber(t)
+  if h > t then return nil end
+  return h, t
+end
+
+-- Queue `data` on `site` at priority `prio` (front: next out; else last).
+-- Returns nil, or the reason it could not be queued (then nothing was
+-- written).
+local function q_push(site, prio, data, front)
+  local f = site .. '\t' .. prio
+  local b = redis.call('HGET', K.qm, f)
+  local head, tail = 0, 0
+  if b then
+    head, tail = q_bounds(b)
+    if not head then
+      return K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) .. ' is malformed'
+    end
+  end
+  local n = tail
+  if front then n = head end
+  local piece = #data .. ':' .. data
+  local cur = ''
+  if b then cur = redis.call('HGET', K.qc, f .. '\t' .. n) or '' end
+  local moved = not b
+  if #cur > 0 and #cur + #piece > CHUNK_BYTES then
+    if front then head = head - 1; n = head else tail = tail + 1; n = tail end
+    cur, moved = '', true
+  end
+  if front then cur = piece .. cur else cur = cur .. piece end
+  redis.call('HSET', K.qc, f .. '\t' .. n, cur)
+  if moved then redis.call('HSET', K.qm, f, head .. ' ' .. tail) end
+  if not b then q_add_level(site, prio) end
+  return nil
+end
+
+-- Take the next entry of `site`'s queue at priority `prio`. Returns the
+-- entry (nil when the queue is empty: its priority is dropped from K.lv)
+-- and whether the queue is empty now. A chunk whose entries cannot be
+-- read is given to `bad(chunk, why)` (a dead letter) and dropped; a
+-- malformed K.qm value is reported and the queue skipped (its chunks stay
+-- in K.qc for an operator).
+local function q_pop(site, prio, bad)
+  local f = site .. '\t' .. prio
+  local b = redis.call('HGET', K.qm, f)
+  if not b then
+    q_drop_level(site, prio)
+    return nil, true
+  end
+  local head, tail = q_bounds(b)
+  if not head then
+    problem(K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) ..
+            ' is malformed: queue skipped, its chunks left in ' .. K.qc)
+    q_drop_level(site, prio)
+    return nil, true
+  end
+  local first = head
+  while true do
+    local ck = f .. '\t' .. head
+    local cur = redis.call('HGET', K.qc, ck) or ''
+    local data, rest = nil, ''
+    if cur ~= '' then
+      local c = string.find(cur, ':', 1, true)
+      local len = c and c <= 11 and tonumber(string.sub(cur, 1, c - 1))
+      if len and string.match(string.sub(cur, 1, c - 1), '^%d+$') and c + len <= #cur then
+        data, rest = string.sub(cur, c + 1, c + len), string.sub(cur, c + len + 1)
+      else
+        bad(cur, K.qc .. ' ' .. ck .. ' holds an entry that cannot be read')
+      end
+    end
+    if rest ~= '' then
+      redis.call('HSET', K.qc, ck, rest)
+    else
+      redis.call('HDEL', K.qc, ck)
+      if head >= tail then
+        redis.call('HDEL', K.qm, f)
+        q_drop_level(site, prio)
+        return data, true
+      end
+      head = head + 1
+    end
+    if data then
+      if head ~= first then redis.call('HSET', K.qm, f, head .. ' ' .. tail) end
+      return data, false
+    end
+  end
+end
+
 -- Queue `data` on `site` at priority `prio` (front: next out; else back),
 -- and count it in K.count and K.prio. Returns nil, or the reason it could not
--- be queued (a per-site key of the wrong type); in that case the queue holds
--- nothing new.
+-- be queued (a malformed K.qm value); in that case the queue holds nothing
+-- new.
 local function enqueue(site, prio, data, front)
-  local lv, q = K.P .. 'lv:' .. site, K.P .. 'q:' .. site .. ':' .. prio
-  local added = redis.pcall('ZADD', lv, -tonumber(prio), prio)
-  if type(added) == 'table' then
-    return lv .. ' is not a sorted set'
-  end
-  local pushed
-  if front then pushed = redis.pcall('RPUSH', q, data) else pushed = redis.pcall('LPUSH', q, data) end
-  if type(pushed) == 'table' then
-    if added == 1 then redis.call('ZREM', lv, prio) end
-    return q .. ' is not a list'
-  end
+  local why = q_push(site, prio, data, front)
+  if why then return why end
   redis.call('INCR', K.count)
   hadd(K.prio, prio, 1)
   return nil
@@ -209,23 +384,12 @@ local function prio_of(score)
   return -math.floor(score / TURN)
 end
 
--- The best queued priority of `site` (a number, and the level's member as
--- stored), or nil when it has none. A level index of the wrong type is
--- reported and counts as none; a level that is no priority is reported and
--- forgotten (its list stays for an operator).
+-- The best queued priority of `site` (a number, and the level as stored),
+-- or nil when it has none (see q_levels).
 local function best_prio(site)
-  local lv = K.P .. 'lv:' .. site
-  while true do
-    local head = redis.pcall('ZRANGE', lv, 0, 0)
-    if head['err'] then
-      problem(lv .. ' is not a sorted set: site skipped')
-      return nil
-    end
-    if #head == 0 then return nil end
-    if prio_ok(head[1]) then return tonumber(head[1]), head[1] end
-    problem(lv .. ' holds ' .. string.format('%q', head[1]) .. ', not a priority: forgotten')
-    redis.call('ZREM', lv, head[1])
-  end
+  local best = q_best(site)
+  if best then return tonumber(best), best end
+  return nil
 end
 
 -- The turns given in this call: K.seq is read at the first and written
@@ -272,7 +436,7 @@ end
 -- given (a request was just queued at that priority).
 -- `active`: the site's slots taken, when the caller knows them.
 local function wake(site, active, prio)
-  if redis.call('EXISTS', K.P .. 'lv:' .. site) == 0 then
+  if redis.call('HEXISTS', K.lv, site) == 0 then
     redis.call('ZREM', K.wait, site)
     redis.call('ZREM', K.ready, site)
     return
@@ -310,3 +474,4 @@ local function free_slot(id)
   hadd(K.wactive, holder_of(id) .. '\t' .. site, -1)
   return site, hadd(K.active, site, -1)
 end
+
