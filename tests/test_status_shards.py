@@ -22,7 +22,7 @@ from scrapy.settings import Settings
 from crawler.commands.frontier import render
 from crawler.frontier.bloom import BloomFilter
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.store import Commit, Lease, Revisit
+from crawler.frontier.store import Commit, Lease, Revisit, chunk_entries
 from crawler.keys import CrawlKeys, shard_prefixes
 from crawler.metrics import StatusCollector
 from crawler.status import StatusReader
@@ -76,28 +76,19 @@ def fill(client: Any, spider: str, shards: int) -> dict[str, Any]:
 
 
 def keep_prio(client: Any, frontier: FrontierShards, *, skip: int | None = None) -> None:
-    """Write each shard's ``prio`` hash (priority -> requests queued) as the
-    frontier's scripts keep it, from the queues of the sites (of every
-    shard but ``skip``): what a frontier that keeps it holds."""
-    for index, shard in enumerate(frontier):
-        key = shard.key("prio")
-        client.delete(key)
-        if index == skip:
-            continue
-        for i, site in enumerate(SITES):
-            if frontier.index_of(site) == index:
-                n = client.llen(shard.key(f"q:{site}:{i % 4}"))
-                if n:
-                    client.hincrby(key, str(i % 4), n)
+    """The frontier's scripts keep each shard's ``prio`` hash; with ``skip``,
+    that shard's is deleted: a frontier written by a version before it."""
+    if skip is not None:
+        client.delete(frontier[skip].key("prio"))
 
 
 def queued_by_priority(client: Any, frontier: FrontierShards) -> dict[int, int]:
-    """Requests queued per priority, counted from the queues themselves."""
+    """Requests queued per priority, counted from the queues' chunks."""
     out: dict[int, int] = {}
-    for i, site in enumerate(SITES):
-        n = int(client.llen(frontier.for_site(site).key(f"q:{site}:{i % 4}")))
-        if n:
-            out[i % 4] = out.get(i % 4, 0) + n
+    for shard in frontier:
+        for name, chunk in client.hgetall(shard.key("qc")).items():
+            priority = int(name.split(b"\t")[1])
+            out[priority] = out.get(priority, 0) + len(chunk_entries(chunk))
     return dict(sorted(out.items(), reverse=True))
 
 
