@@ -24,7 +24,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)
     figures = {row["figure"][0] for row in summary["rows"]}
-    assert figures == set("abcdefghi")
+    assert figures == set("abcdefghij")
     assert summary["machine"]["cores"] >= 1
     text = report.read_text()
     assert "| figure | ours | baseline |" in text

@@ -115,6 +115,33 @@ def test_an_undecodable_entry_is_acked_and_dead_lettered_in_its_own_shard(
     assert shards.audit() == {}
 
 
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_the_best_priority_is_served_first_across_shards(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """A priority-9 request on the 41st due site, in another shard than the
+    first in turn, comes before every priority-0 request; the shards were
+    asked in turn, so it came after a batch or two of each other shard's."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    for i in range(40):
+        for j in range(3):
+            scheduler.enqueue_request(Request(f"https://s{i}.example/{j}"))
+    last = shards - 1
+    top = next(f"h{i}.example" for i in range(100) if shard_of(f"h{i}.example", shards) == last)
+    scheduler.enqueue_request(Request(f"https://{top}/top", priority=9))
+    assert scheduler.flush_outbox()
+    got = []
+    for _ in range(12):
+        request = scheduler.next_request()
+        assert request is not None
+        got.append(request.priority)
+        finish(scheduler, request)
+    assert got[0] == 9, got
+    assert got[1:] == [0] * 11
+
+
 def test_a_worker_with_another_shard_count_stops_with_a_configuration_error(
     redis_url: str, rds: redis.Redis
 ) -> None:

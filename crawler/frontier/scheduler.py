@@ -7,6 +7,7 @@ import importlib
 import itertools
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -333,6 +334,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._shard_due: list[float | None] = []
         #: Per shard, ``time.monotonic()`` when it last said nothing is queued.
         self._shard_empty_at: list[float] = []
+        #: Per shard, the best priority due there as last learnt (inf: not
+        #: known; -inf: nothing due), and ``time.monotonic()`` when learnt.
+        self._shard_best: list[float] = []
+        self._shard_best_at: list[float] = []
 
     # -- life cycle --------------------------------------------------------------
 
@@ -370,6 +375,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         shards = self.queue.shards
         self._shard_due = [0.0] * len(shards)
         self._shard_empty_at = [0.0] * len(shards)
+        self._shard_best = [math.inf] * len(shards)
+        self._shard_best_at = [-math.inf] * len(shards)
         overrides = self._site_settings()
         self._hook_engine()
         try:
@@ -534,6 +541,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._write("pushes", item=push, request=request, shard=shard)
         if self._shard_due and self._shard_due[shard] is None:
             self._shard_due[shard] = 0.0  # it has work now: ask it again
+        if self._shard_best:
+            self._shard_best[shard] = max(self._shard_best[shard], priority)
         self._remember(fingerprint)
         return True
 
@@ -572,6 +581,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """
         if self._ready:
             return self._hand_out()
+        self._peek_stale()
         asked: set[int] = set()
         while True:
             shard = self._next_shard(asked)
@@ -583,11 +593,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
                 self._housekeeping(result[0], shard)
+                self._learn_best(shard, result[0].best)
                 self._take(result)
                 self._turn = (shard + 1) % len(self._shard_due)
             elif isinstance(result, NotDue):
                 self.stats.inc_value("frontier/lease_calls/not_due")
                 self._housekeeping(result, shard)
+                self._learn_best(shard, result.best)
                 now = time.monotonic()
                 self._shard_due[shard] = None if result.wait is None else now + result.wait
                 if result.wait is None:
@@ -604,36 +616,86 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 return None
 
     def _next_shard(self, asked: set[int]) -> int | None:
-        """The shard the next lease call goes to: the next in turn not
-        asked in this :meth:`next_request` that may have work due: never
-        asked, past the wait it gave, or found empty more than
-        :data:`EMPTY_SHARD_RECHECK` seconds ago (other workers' requests
-        may have reached it since; this worker's own pushes make it due at
-        once). So shards without work cost about one lease call a second
-        each, not one per :meth:`next_request`. The first call of a
-        :meth:`next_request` asks the shard that has waited longest when
-        none is due, as a single frontier is always asked. None: every
-        shard was asked, or none may have work due."""
+        """The shard the next lease call goes to: of the shards not asked
+        in this :meth:`next_request` that may have work due (never asked,
+        past the wait it gave, or found empty more than
+        :data:`EMPTY_SHARD_RECHECK` seconds ago: other workers' requests may
+        have reached it since; this worker's own pushes make it due at
+        once), the one whose best due priority is highest as last learnt
+        (:meth:`_peek_stale`, lease replies, this worker's pushes), the next
+        in turn among equals. So a sharded crawl serves its best priority
+        first across shards, as one frontier does across its sites (within
+        what was learnt at most :data:`EMPTY_SHARD_RECHECK` seconds ago),
+        and shards without work cost about one call a second each. The
+        first call of a :meth:`next_request` asks the shard that has waited
+        longest when none is due, as a single frontier is always asked.
+        None: every shard was asked, or none may have work due."""
         n = len(self._shard_due)
         now = time.monotonic()
+        best: int | None = None
         for j in range(n):
             i = (self._turn + j) % n
             due = self._shard_due[i]
             if i in asked:
                 continue
-            if due is None:
-                if now - self._shard_empty_at[i] >= EMPTY_SHARD_RECHECK:
-                    return i
-            elif due <= now:
-                return i
-        if asked:
-            return None
+            if (due is None and now - self._shard_empty_at[i] >= EMPTY_SHARD_RECHECK) or (
+                due is not None and due <= now
+            ):
+                if best is None or self._shard_best[i] > self._shard_best[best]:
+                    best = i
+        if best is not None or asked:
+            return best
 
         def waited(i: int) -> float:
             due = self._shard_due[i]
             return self._shard_empty_at[i] + EMPTY_SHARD_RECHECK if due is None else due
 
         return min(range(n), key=waited)
+
+    def _learn_best(self, shard: int, best: int | None) -> None:
+        """Note the best priority due on ``shard`` (None: nothing due)."""
+        if self._shard_best:
+            self._shard_best[shard] = -math.inf if best is None else best
+            self._shard_best_at[shard] = time.monotonic()
+
+    def _peek_stale(self) -> None:
+        """With several shards, learn the best priority due on each shard not
+        heard from for :data:`EMPTY_SHARD_RECHECK` seconds: one round trip
+        (one pipeline per Redis node) of ``lease.lua`` calls that lease
+        nothing (:meth:`Frontier.peek`), at most once a second, never on the
+        hot path of every lease. They take nothing, so a lost reply needs no
+        recovery; a failure leaves the shards to be asked in turn."""
+        n = len(self._shard_best)
+        if n <= 1 or self._unreachable or self._in_doubt is not None:
+            return
+        now = time.monotonic()
+        stale = [i for i in range(n) if now - self._shard_best_at[i] >= EMPTY_SHARD_RECHECK]
+        if not stale:
+            return
+        for i in stale:
+            self._shard_best_at[i] = now
+        shards = self.queue.shards
+        try:
+            for pipe, indices in shards.groups(stale):
+                with pipe:
+                    for i in indices:
+                        shards[i].peek(self.holder, pipe)
+                    replies = pipe.execute(raise_on_error=False)
+                for i, reply in zip(indices, replies, strict=True):
+                    if isinstance(reply, Exception):
+                        continue
+                    result = Frontier.leases_of(reply, [])
+                    if isinstance(result, NotDue):
+                        self._housekeeping(result, i)
+                        self._learn_best(i, result.best)
+                        if result.best is not None:  # (its wait: it was asked for nothing)
+                            self._shard_due[i] = 0.0
+                        elif result.wait is None:
+                            self._shard_due[i], self._shard_empty_at[i] = None, now
+                        else:
+                            self._shard_due[i] = now + result.wait
+        except RedisError as exc:
+            logger.debug("peek at the shards failed: %s", exc, extra={"spider": self.spider})
 
     def _earliest_due(self) -> float | None:
         """``time.monotonic()`` when the first shard that has work becomes

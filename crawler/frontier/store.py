@@ -272,6 +272,8 @@ class Lease:
     :ivar dead: requests this call moved to the dead-letter list (past their
         deliveries, or unreadable).
     :ivar problems: bad values the call met in Redis (see :class:`Committed`).
+    :ivar best: the best priority among the sites due after the call, or
+        None when none is (set on a call's first lease).
     """
 
     data: bytes
@@ -282,6 +284,7 @@ class Lease:
     retried: int = 0
     dead: int = 0
     problems: tuple[str, ...] = ()
+    best: int | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,8 @@ class NotDue:
 
     :ivar wait: seconds until a site or a retry becomes due, or None when
         nothing is queued or waiting to be retried.
+    :ivar best: the best priority among the sites due now (held back by
+        this worker's fair share or a concurrency), or None when none is.
     """
 
     wait: float | None
@@ -297,6 +302,7 @@ class NotDue:
     retried: int
     dead: int = 0
     problems: tuple[str, ...] = ()
+    best: int | None = None
 
 
 class Frontier:
@@ -597,8 +603,22 @@ class Frontier:
         """
         if not lease_ids:
             raise ValueError("lease_many needs at least one lease id")
+        reply = self._lease_call(holder_of(lease_ids[0]), lease_ids, held, client)
+        return None if client is not None else self.leases_of(reply, lease_ids)
+
+    def peek(self, holder: str, client: Any) -> None:
+        """Queue a ``lease.lua`` call that leases nothing on ``client`` (a
+        pipeline): it moves the due sites into ``{s}:ready`` and does its
+        housekeeping, and its reply (:meth:`leases_of` with no ids: a
+        :class:`NotDue`) tells the best priority due and the wait. Taking
+        nothing, it needs no recovery when its reply is lost."""
+        self._lease_call(holder, (), 0, client)
+
+    def _lease_call(
+        self, holder: str, lease_ids: Sequence[str], held: int, client: Any
+    ) -> Any:
         k = self.key
-        reply = self._lease(
+        return self._lease(
             keys=[
                 k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
@@ -614,7 +634,7 @@ class Frontier:
                 self.default_concurrency,
                 self.candidates,
                 self.housekeeping,
-                holder_of(lease_ids[0]),
+                holder,
                 self.recheck_ms,
                 self.delay_margin,
                 "1" if self.robots_gate else "0",
@@ -623,20 +643,22 @@ class Frontier:
             ],
             client=client,
         )
-        return None if client is not None else self.leases_of(reply, lease_ids)
 
     @staticmethod
     def leases_of(reply: list[Any], lease_ids: Sequence[str]) -> list[Lease] | NotDue:
         """Read ``lease.lua``'s reply to a call with ``lease_ids``."""
         n, wait, expired, retried, dead = (int(v) for v in reply[:5])
         problems = tuple(_text(p) for p in reply[5])
+        tail = reply[6 + 3 * n] if len(reply) > 6 + 3 * n else b""
+        best = int(tail) if tail not in (b"", "") else None
         if n == 0:
-            return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems)
+            return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems,
+                          best)
         return [
             Lease(reply[6 + 3 * i], reply[7 + 3 * i].decode(), lease_ids[i], int(reply[8 + 3 * i]))
             if i else
             Lease(reply[6], reply[7].decode(), lease_ids[0], int(reply[8]),
-                  expired, retried, dead, problems)
+                  expired, retried, dead, problems, best)
             for i in range(n)
         ]
 

@@ -111,6 +111,11 @@
 -- is queued. (Revisits not due are not queued: they do not count as work.)
 -- expired and retried count the housekeeping done, dead the requests it
 -- dead-lettered; problems lists the bad values met, a line of text each.
+-- The reply ends with one more value: the best priority among the sites
+-- due now after the call (the top of KEYS[19]), or "" when none is, so a
+-- worker of a sharded crawl can ask the shard with the best work next. A
+-- call without lease ids leases nothing: it moves due sites and does its
+-- housekeeping, and tells that priority and the wait (a peek).
 K.P = ARGV[1]
 K.cap = tonumber(ARGV[5])
 K.gate = ARGV[11] == '1'
@@ -361,7 +366,18 @@ while a <= #ARGV and looks > 0 do
 end
 out[1] = n
 save_turns()
-if n > 0 then return out end
+
+-- The best priority due now, appended to the reply.
+local function best_due()
+  local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+  if #top == 0 then return '' end
+  return tostring(prio_of(tonumber(top[2])))
+end
+
+if n > 0 then
+  out[#out + 1] = best_due()
+  return out
+end
 
 -- Nothing leased: how long until it is worth asking again. Never 0 unless
 -- this call moved or housekept all it could (more is due at once).
@@ -397,4 +413,5 @@ if wait == 0 and #due_sites < move_max and #due_retries < batch and #due_revisit
   wait = 1
 end
 out[2] = wait
+out[#out + 1] = best_due()
 return out
