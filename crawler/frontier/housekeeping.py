@@ -133,8 +133,8 @@ class Housekeeper:
         self.batch = batch
         self._workers_cursor = 0
         self._forget_workers = _Lua(redis, "forget_workers.lua")
-        self._trim_dead = _Lua(redis, "trim_dead.lua")
-        self._forget_sites = _Lua(redis, "forget_sites.lua")
+        self._trim_dead = _Lua(redis, "trim_dead.lua", lib=True)
+        self._forget_sites = _Lua(redis, "forget_sites.lua", lib=True)
 
     def key(self, name: str, shard: int = 0) -> str:
         """``<prefix of shard>name``: ``{<spider>}:<name>`` with one shard."""

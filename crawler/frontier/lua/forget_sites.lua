@@ -25,18 +25,14 @@
 -- ARGV[3..] the sites to look at (from HSCAN of KEYS[1])
 -- Returns {forgotten, problems}: how many sites were forgotten, and one line
 -- per bad value met (the site is then left alone).
--- Checks that may refuse the call come first: nothing is written then.
+-- lib.lua is prepended (check_types). Checks that may refuse the call
+-- come first: nothing is written then.
 local spec = {
   {KEYS[1], 'hash'}, {KEYS[2], 'zset'}, {KEYS[3], 'zset'}, {KEYS[4], 'hash'},
   {KEYS[9], 'string'}, {KEYS[10], 'hash'},
 }
-for _, kt in ipairs(spec) do
-  local t = redis.call('TYPE', kt[1])['ok']
-  if t ~= 'none' and t ~= kt[2] then
-    return redis.error_reply('ERR frontier key ' .. kt[1] .. ' holds a ' .. t ..
-      ', not a ' .. kt[2] .. ': nothing was written')
-  end
-end
+local err = check_types(spec)
+if err then return err end
 local after = tonumber(ARGV[2])
 if not after or after < 0 then
   return redis.error_reply('ERR forget-after must be ms >= 0, not ' .. tostring(ARGV[2]))

@@ -10,14 +10,10 @@
 -- KEYS[2]  {s}:dead:trimmed  string: dead letters trimmed off KEYS[1] so far
 -- ARGV[1]  most entries kept (integer >= 1)
 -- Returns the number of entries trimmed by this call.
--- Checks that may refuse the call come first: nothing is written then.
-for _, kt in ipairs({{KEYS[1], 'list'}, {KEYS[2], 'string'}}) do
-  local t = redis.call('TYPE', kt[1])['ok']
-  if t ~= 'none' and t ~= kt[2] then
-    return redis.error_reply('ERR frontier key ' .. kt[1] .. ' holds a ' .. t ..
-      ', not a ' .. kt[2] .. ': nothing was written')
-  end
-end
+-- lib.lua is prepended (check_types). Checks that may refuse the call
+-- come first: nothing is written then.
+local err = check_types({{KEYS[1], 'list'}, {KEYS[2], 'string'}})
+if err then return err end
 local keep = tonumber(ARGV[1])
 if not keep or keep < 1 or keep ~= math.floor(keep) then
   return redis.error_reply('ERR most dead letters kept must be a whole number >= 1, not ' ..
