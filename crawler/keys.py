@@ -71,12 +71,13 @@ import hashlib
 import itertools
 from binascii import crc_hqx
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 __all__ = [
+    "MAX_SHARDS",
     "CrawlKeys",
     "ShardKeys",
     "bloom_key",
@@ -85,6 +86,7 @@ __all__ = [
     "dead_key",
     "dupefilter_key",
     "leases_key",
+    "recorded_shards",
     "retries_key",
     "seeds_key",
     "shard_of",
@@ -155,6 +157,27 @@ def control_key(spider: str) -> str:
     return f"{{{spider}}}:control"
 
 
+#: Most shards a crawl may have (``FRONTIER_SHARDS``): 64 slots a shard's
+#: slice, enough for 64 masters at 4 shards each; finding the tags of the
+#: shards (:func:`shard_prefix`) takes well under a second at this count.
+MAX_SHARDS = 256
+
+
+def recorded_shards(redis: Any, spider: str, configured: int = 1) -> int:
+    """The shard count the crawl recorded in ``{<spider>}:shards`` (by its
+    first worker), or ``configured`` when none is recorded (or the value is
+    not a count up to :data:`MAX_SHARDS`): what commands that act on a
+    crawl's keys use, so that they need no ``-s FRONTIER_SHARDS``.
+
+    :raises redis.exceptions.RedisError: Redis failed.
+    """
+    raw = redis.get(shards_key(spider))
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw or "")
+    if text.isdigit() and 1 <= int(text) <= MAX_SHARDS:
+        return int(text)
+    return max(1, configured)
+
+
 def shards_key(spider: str) -> str:
     """``{<spider>}:shards``: the crawl's ``FRONTIER_SHARDS``, set by its first worker."""
     return f"{{{spider}}}:shards"
@@ -202,6 +225,8 @@ def shard_prefix(spider: str, index: int, shards: int) -> str:
     """
     if shards <= 1:
         return f"{{{spider}}}:"
+    if shards > MAX_SHARDS:
+        raise ValueError(f"{shards} shards: at most {MAX_SHARDS} (MAX_SHARDS)")
     # The middle half of the slice: a master's run may end a slot off a
     # slice's edge.
     low, high = SLOTS * (4 * index + 1) // (4 * shards), SLOTS * (4 * index + 3) // (4 * shards)

@@ -141,14 +141,16 @@ FRONTIER_LEASE_TIMEOUT = 60.0
 #: instead of handing it out again. Leases given back at a graceful stop do
 #: not count. 0: no limit. Default: 5.
 FRONTIER_MAX_DELIVERIES = 5
-#: Shards of the frontier (crawler/frontier/shards.py): shard i keeps its
-#: keys under {<spider>:i}: (one shard: {<spider>}:), so on a Redis Cluster
+#: Shards of the frontier (crawler/frontier/shards.py), 1 to 256: shard i
+#: keeps its keys under {<spider>:i}: or {<spider>:i.<salt>}: (the salt aims
+#: the tag at the i-th slice of the hash slots; one shard: {<spider>}:), so on a Redis Cluster
 #: one crawl spreads over the masters; a site belongs to shard
 #: BLAKE2b-64(site) % FRONTIER_SHARDS. Every worker of a crawl must use the same
 #: count (recorded in {<spider>}:shards; another one stops a worker with a
 #: configuration error). On one Redis server shards cost nothing and give
-#: nothing; on a cluster use about 4 per master (12 on three masters: with
-#: fewer, the hash slots of the shards' tags spread unevenly). Default: 1.
+#: nothing; on a cluster use about 4 per master (12 on three masters). The
+#: scrapy frontier and deadletters commands read the recorded count.
+#: Default: 1.
 FRONTIER_SHARDS = 1
 #: Most seeds a worker moves from <spider>:start_urls into the frontier at
 #: once, in one transaction (only while it has free download slots).

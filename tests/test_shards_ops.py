@@ -12,6 +12,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -87,7 +88,8 @@ def test_deadletters_list_requeue_and_purge_act_on_every_shard(
     assert scheduler.flush_outbox()
     per_shard = _dead(rds, "quotes", shards)
     assert per_shard == [2] * shards  # each in its site's shard
-    option = ("-s", f"FRONTIER_SHARDS={shards}")
+    # No -s FRONTIER_SHARDS: the commands read the count the crawl recorded.
+    option: tuple[str, ...] = ()
 
     listed = _scrapy(env, "deadletters", "list", "quotes", "--json", *option)
     assert listed.returncode == 0, listed.stderr
@@ -310,3 +312,48 @@ def test_frontier_clear_deletes_every_shard_so_the_crawl_can_start_with_another_
     _, crawler = harness.open_scheduler(redis_url, _Quotes, FRONTIER_SHARDS=2)
     assert config_error_of(crawler) is None
     assert rds.get("{quotes}:shards") == b"2"
+
+
+def test_clear_is_refused_while_a_worker_of_the_crawl_is_live(
+    redis_url: str, rds: redis.Redis, env: dict[str, str]
+) -> None:
+    """A live worker writes the keys again as they are deleted (and records
+    no shard count): clear waits for the crawl to stop."""
+    scheduler, _ = harness.open_scheduler(redis_url, _Quotes, FRONTIER_SHARDS=3)
+    scheduler.enqueue_request(Request("https://a.example/x"))
+    assert scheduler.flush_outbox()
+    rds.hset("{quotes}:workers", "host:1", json.dumps({"last_heartbeat": time.time()}))
+    refused = _scrapy(env, "frontier", "clear", "quotes", "--yes")
+    assert refused.returncode == 2
+    assert "1 worker(s) of quotes are live (host:1)" in refused.stderr
+    assert rds.get("{quotes}:shards") == b"3"
+    rds.hset("{quotes}:workers", "host:1", json.dumps({"last_heartbeat": time.time() - 600}))
+    done = _scrapy(env, "frontier", "clear", "quotes", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert not rds.exists("{quotes}:shards")
+
+
+def test_override_commands_use_the_recorded_shard_count(
+    redis_url: str, rds: redis.Redis, env: dict[str, str]
+) -> None:
+    harness.open_scheduler(redis_url, _Quotes, FRONTIER_SHARDS=3)
+    site = next(s for s in _sites(3) if shard_of(s, 3) == 2)
+    done = _scrapy(env, "frontier", "delay", "quotes", site, "2")
+    assert done.returncode == 0, done.stderr
+    key = shard_prefixes("quotes", 3)[2] + "delay"
+    assert rds.hget(key, site) == b"2000"
+    assert not rds.exists("{quotes}:delay")
+    listed = _scrapy(env, "frontier", "overrides", "quotes")
+    assert key in listed.stdout and site in listed.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "1000"])
+def test_commands_refuse_a_bad_shard_count_before_touching_redis(
+    rds: redis.Redis, env: dict[str, str], value: str
+) -> None:
+    rds.set("{quotes}:count", 5)
+    for args in (("frontier", "clear", "quotes", "--yes"), ("deadletters", "purge", "quotes")):
+        done = _scrapy(env, *args, "-s", f"FRONTIER_SHARDS={value}")
+        assert done.returncode == 2
+        assert f"Bad setting: FRONTIER_SHARDS={value}" in done.stderr
+    assert rds.get("{quotes}:count") == b"5"

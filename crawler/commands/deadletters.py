@@ -31,6 +31,7 @@ from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, 
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, Push
+from crawler.keys import recorded_shards
 
 if TYPE_CHECKING:
     import argparse
@@ -337,9 +338,10 @@ class Command(ScrapyCommand):
         check_spider(self.settings, spider)
         requeued = 0
         try:
-            frontier = FrontierShards.build(
-                get_redis(self.settings), spider, self.settings.getint("FRONTIER_SHARDS", 1)
-            )
+            redis = get_redis(self.settings)
+            frontier = FrontierShards.build(redis, spider, recorded_shards(
+                redis, spider, self.settings.getint("FRONTIER_SHARDS", 1)
+            ))
             if action == "list":
                 self._list(frontier, opts)
             elif action == "requeue":

@@ -39,6 +39,7 @@ from rich.text import Text
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.overrides import (
@@ -53,7 +54,13 @@ from crawler.frontier.overrides import (
     stored_value_ok,
 )
 from crawler.frontier.store import frontier_prefix
-from crawler.keys import CrawlKeys, shard_prefixes, shards_key, site_prefix
+from crawler.keys import (
+    CrawlKeys,
+    recorded_shards,
+    shard_prefixes,
+    shards_key,
+    site_prefix,
+)
 from crawler.status import ClusterStatus, SpiderStatus, StatusReader
 
 if TYPE_CHECKING:
@@ -209,13 +216,38 @@ def project_spiders(settings: BaseSettings) -> list[str]:
     return sorted(get_spider_loader(settings).list())
 
 
+def live_workers(redis: Any, spider: str, timeout: float) -> list[str]:
+    """The ids of ``spider``'s workers whose heartbeat in ``{<spider>}:workers``
+    is at most ``timeout`` seconds old (``FRONTIER_WORKER_TIMEOUT``); a record
+    that cannot be read counts as not live.
+
+    :raises redis.exceptions.RedisError: Redis failed.
+    """
+    now = time.time()
+    live = []
+    for worker, raw in redis.hgetall(CrawlKeys.for_spider(spider).workers).items():
+        try:
+            beat = float(json.loads(raw).get("last_heartbeat") or 0.0)
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if now - beat <= timeout:
+            live.append(worker.decode("utf-8", "replace") if isinstance(worker, bytes) else worker)
+    return live
+
+
 def check_spider(settings: BaseSettings, name: str) -> str:
     """``name`` if the project has that spider.
 
     :raises UsageError: it has not (exit status 2): a typo would read an
         empty crawl, or write keys no worker reads. The message lists the
-        spiders the project has.
+        spiders the project has. Also when a setting is bad
+        (:func:`crawler.config.validate_settings`), as ``scrapy crawl``
+        refuses it: a command would act on keys the crawl does not use.
     """
+    try:
+        validate_settings(settings, warn_unknown=False)
+    except SettingsError as exc:  # a command acts on keys the settings name
+        raise UsageError("Bad setting: " + "; ".join(exc.problems), print_help=False) from None
     known = project_spiders(settings)
     if name not in known:
         raise UsageError(
@@ -520,9 +552,9 @@ class Command(ScrapyCommand):
                 value = parse(args[2])
             except ValueError as exc:
                 raise UsageError(f"refused: {exc}", print_help=False) from None
-        key = override_key(spider, kind, site, self.settings.getint("FRONTIER_SHARDS", 1))
         redis = get_redis(self.settings)
         try:
+            key = override_key(spider, kind, site, self._shards(redis, spider))
             if unset:
                 removed = int(redis.hdel(key, site))
                 sys.stdout.write(
@@ -598,6 +630,16 @@ class Command(ScrapyCommand):
             )
         redis = get_redis(self.settings)
         try:
+            live = live_workers(
+                redis, spider, self.settings.getfloat("FRONTIER_WORKER_TIMEOUT", 30.0)
+            )
+            if live:
+                raise UsageError(
+                    f"refused: {len(live)} worker(s) of {spider} are live "
+                    f"({', '.join(sorted(live)[:5])}): a running worker writes the keys "
+                    f"again as they are deleted; stop them first (scrapy frontier stop "
+                    f"{spider}, then wait for them to exit)", print_help=False,
+                )
             deleted = clear_frontier(redis, spider, self.settings)
         finally:
             redis.close()
@@ -612,8 +654,8 @@ class Command(ScrapyCommand):
         names = [self._spider(name) for name in spiders] or self._spiders()
         redis = get_redis(self.settings)
         try:
-            shards = self.settings.getint("FRONTIER_SHARDS", 1)
-            found = [o for name in names for o in read_overrides(redis, name, shards)]
+            shards = {name: self._shards(redis, name) for name in names}
+            found = [o for name in names for o in read_overrides(redis, name, shards[name])]
         finally:
             redis.close()
         bad = [o for o in found if not o.ok]
@@ -625,9 +667,7 @@ class Command(ScrapyCommand):
             # One line per override (grep-able): key, site, value.
             width = max((len(o.site) for o in found), default=0)
             for o in found:
-                key = override_key(
-                    o.spider, o.kind, o.site, self.settings.getint("FRONTIER_SHARDS", 1)
-                )
+                key = override_key(o.spider, o.kind, o.site, shards[o.spider])
                 sys.stdout.write(f"{key:<{len(o.spider) + 8}} {o.site:<{width}}  {o.describe()}\n")
             if not found:
                 sys.stdout.write(f"no overrides for {', '.join(names)}\n")
@@ -643,6 +683,12 @@ class Command(ScrapyCommand):
         """The project's spider names."""
         assert self.settings is not None
         return project_spiders(self.settings)
+
+    def _shards(self, redis: Any, spider: str) -> int:
+        """The crawl's recorded shard count, else ``FRONTIER_SHARDS``
+        (:func:`crawler.keys.recorded_shards`)."""
+        assert self.settings is not None
+        return recorded_shards(redis, spider, self.settings.getint("FRONTIER_SHARDS", 1))
 
     def _spider(self, name: str) -> str:
         """``name`` if the project has that spider (:func:`check_spider`)."""
