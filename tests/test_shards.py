@@ -263,3 +263,32 @@ def test_a_crawl_of_120_sites_spreads_over_the_masters_of_a_cluster(
         assert max(per_master) <= 0.6 * sum(per_master), per_master
     finally:
         rc.close()
+
+
+def test_shards_found_empty_are_not_asked_on_every_lease(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Work on one shard of eight: the others answered "nothing queued" once
+    and are skipped (for EMPTY_SHARD_RECHECK, 1 s), so a lease costs its own
+    round trip's calls, not one call per empty shard."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=8, CONCURRENT_REQUESTS=1
+    )
+    for j in range(30):
+        scheduler.enqueue_request(Request(f"https://one.example/{j}"))
+    assert scheduler.flush_outbox()
+    first = scheduler.next_request()  # learns which shards are empty
+    assert first is not None
+    finish(scheduler, first)
+
+    def calls() -> int:
+        return int(rds.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = calls()
+    for _ in range(10):
+        request = scheduler.next_request()
+        assert request is not None
+        finish(scheduler, request)
+    # Per lease: the outbox's commit and the lease call (plus one peek of
+    # the 8 shards should a second pass); 9 per lease if every shard were asked.
+    assert calls() - before <= 10 * 3 + 8
