@@ -56,14 +56,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Self, cast
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
-from crawler.config import stop_on_config_error
-from crawler.frontier.connection import config_error, config_error_message, get_redis
+from crawler.frontier.connection import config_error, get_redis, report_redis_failure
 from crawler.frontier.store import _Lua
 from crawler.keys import ShardKeys, shard_prefixes, workers_key
 
@@ -381,17 +380,10 @@ class FrontierHousekeeping:
 
     def _failed(self, failure: Any) -> None:
         self._inflight = None
-        message = config_error_message(failure.value, self.crawler.settings)
-        if message is not None:
-            stop_on_config_error(self.crawler, message)
-            return
-        if failure.check(RedisError):
-            logger.warning("Frontier housekeeping failed (will retry): %s", failure.value)
-            return
-        logger.error(
-            "Frontier housekeeping failed: %s",
-            failure.getErrorMessage(),
-            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+        report_redis_failure(
+            self.crawler, failure, logger,
+            retrying="Frontier housekeeping failed (will retry): %s",
+            failed="Frontier housekeeping failed: %s",
         )
 
 
