@@ -664,7 +664,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         (one pipeline per Redis node) of ``lease.lua`` calls that lease
         nothing (:meth:`Frontier.peek`), at most once a second, never on the
         hot path of every lease. They take nothing, so a lost reply needs no
-        recovery; a failure leaves the shards to be asked in turn."""
+        recovery: what they learnt is lost, and the shards are asked in
+        turn. A reply that is an error (``NOSCRIPT``, ``MOVED``, a refusal)
+        is passed over: the lease call meets it and deals with it. A
+        connection that fails is an outage (:meth:`_failed`: logged, the
+        usual backoff; a configuration error stops the crawl), so no lease
+        call follows it into a Redis that is down (it would be left in
+        doubt); the next lease call after the backoff finds Redis again."""
         n = len(self._shard_best)
         if n <= 1 or self._unreachable or self._in_doubt is not None:
             return
@@ -694,8 +700,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                             self._shard_due[i], self._shard_empty_at[i] = None, now
                         else:
                             self._shard_due[i] = now + result.wait
-        except RedisError as exc:
-            logger.debug("peek at the shards failed: %s", exc, extra={"spider": self.spider})
+        except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
+            self._failed(exc)
 
     def _earliest_due(self) -> float | None:
         """``time.monotonic()`` when the first shard that has work becomes
