@@ -36,12 +36,16 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     AuthorizationError,
+    ClusterDownError,
     NoPermissionError,
+    NoScriptError,
     RedisClusterException,
     RedisError,
     ResponseError,
+    TryAgainError,
 )
 from redis.retry import Retry
 from scrapy.utils.misc import load_object
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAIL_FAST_PARAMS",
+    "NOT_RUN",
     "FrontierRedisCluster",
     "cluster_enabled",
     "config_error",
@@ -76,6 +81,14 @@ __all__ = [
 #: seconds. ``REDIS_PARAMS`` is merged over them, not instead of them: its
 #: keys win, these fill the rest. Seconds.
 FAIL_FAST_PARAMS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
+
+
+#: Replies that say a call did not run and may be sent again at once: a
+#: script Redis forgot (``NOSCRIPT``), a slot that moved or is moving
+#: (``MOVED``, ``ASK``, ``TRYAGAIN``), a cluster that is not serving yet
+#: (``CLUSTERDOWN``). Any other reply to a call whose reply was lost leaves
+#: it in doubt: it may have run.
+NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
 
 
 def cluster_enabled(settings: BaseSettings) -> bool:

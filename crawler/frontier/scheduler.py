@@ -13,16 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    NoScriptError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-    TryAgainError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -32,7 +24,7 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.config import close_at_open, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.connection import config_error_message, get_redis
+from crawler.frontier.connection import NOT_RUN, config_error_message, get_redis
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
@@ -92,10 +84,6 @@ CONFIG_ERROR_PAUSE = 3600.0
 #: too late (redis-py's cluster client raises RedisClusterException, which
 #: is no RedisError).
 UNREACHABLE = (RedisError, RedisClusterException)
-#: Replies that say a call did not run and may be sent again at once: a
-#: script Redis forgot, a slot that moved or is moving, a cluster that is
-#: not serving yet.
-NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
 
 
 #: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
