@@ -9,15 +9,13 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, Self
 
-from redis.exceptions import RedisError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.threads import deferToThread
 
-from crawler.config import stop_on_config_error
-from crawler.frontier.connection import config_error_message, get_redis
+from crawler.frontier.connection import get_redis, report_redis_failure
 from crawler.keys import CrawlKeys
 from crawler.status import ITEMS_STAT_PREFIX
 
@@ -232,22 +230,9 @@ class ClusterStats:
 
     def _sent_failed(self, failure: Any) -> None:
         self._inflight = None
-        message = config_error_message(failure.value, self.crawler.settings)
-        if message is not None:
-            # A wrong password or an ACL: no retry fixes it; the crawl stops
-            # (once, whichever component meets it first).
-            stop_on_config_error(self.crawler, message)
-            return
-        if failure.check(RedisError):
-            logger.warning(
-                "Could not send cluster stats to Redis (will retry): %s",
-                failure.value,
-                extra={"spider": self.crawler.spider},
-            )
-            return
-        logger.error(
-            "Cluster stats failed: %s",
-            failure.getErrorMessage(),
-            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+        report_redis_failure(
+            self.crawler, failure, logger,
+            retrying="Could not send cluster stats to Redis (will retry): %s",
+            failed="Cluster stats failed: %s",
             extra={"spider": self.crawler.spider},
         )

@@ -309,6 +309,12 @@ class ShardKeys:
         ``key("robots")``."""
         return self.prefix + name
 
+    def as_dict(self) -> dict[str, str]:
+        """The key names by role, e.g. ``{"prefix": "{quotes:1}:", "count":
+        "{quotes:1}:count", ...}`` (without :attr:`index`: a shard's place
+        in :attr:`CrawlKeys.shards`)."""
+        return {k: v for k, v in asdict(self).items() if k != "index"}
+
 
 @dataclass(frozen=True)
 class CrawlKeys:

@@ -153,7 +153,18 @@ class SpiderStatus:
 
     :ivar keys: the spider's key names by role (:meth:`CrawlKeys.as_dict`,
         and ``prio``: :func:`prio_key`, ``shards``: ``{<spider>}:shards``);
-        the frontier keys are shard 0's.
+        the frontier keys (``count``, ``wait``, ``queues``, ``dupefilter``,
+        ``bloom``, ``dead``, ``leases``, ``retries``, ``prio``) are shard
+        0's, as they were before shards.
+    :ivar shard_keys: every shard's frontier keys, in shard order (the
+        recorded ``shards`` of them; one entry, the same names as
+        ``keys``, for an unsharded crawl): role -> key name
+        (:meth:`ShardKeys.as_dict`: ``prefix``, ``count``, ``wait``,
+        ``due``, ``active``, ``queues``, ``leases``, ``ldata``,
+        ``retries``, ``dead``, ``revisits``, ``rdata``, ``alive``,
+        ``dupefilter``, ``bloom``, ``prio``, ``dead_trimmed``), e.g.
+        ``[{"prefix": "{quotes:0}:", "count": "{quotes:0}:count", ...},
+        {"prefix": "{quotes:1.3}:", ...}]``.
     :ivar shards: the frontier's shard count, as the crawl recorded it in
         ``{<spider>}:shards`` (1 when absent); every figure below is the
         sum over the shards.
@@ -196,6 +207,7 @@ class SpiderStatus:
 
     spider: str
     keys: dict[str, str]
+    shard_keys: list[dict[str, str]] = field(default_factory=list)
     started: bool = True
     shards: int = 1
     seeds: int = 0
@@ -464,6 +476,7 @@ class StatusReader:
         spider.keys = {
             **keys.as_dict(), "prio": keys.shards[0].prio, "shards": keys.shards_key,
         }
+        spider.shard_keys = [shard.as_dict() for shard in keys.shards]
         spider.shards = count
         self._read_state(spider, control)
         spider.seeds = int(seeds)

@@ -33,6 +33,7 @@ from scrapy.exceptions import CloseSpider
 from scrapy.settings import Settings, default_settings
 from scrapy.utils.project import get_project_settings
 from scrapy.utils.test import get_crawler
+from twisted.python.failure import Failure
 
 import tests.scheduler_harness as harness
 from crawler.addon import FrontierAddon
@@ -46,7 +47,9 @@ from crawler.config import (
     masked_url,
     validate_settings,
 )
+from crawler.extensions import ClusterStats
 from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redis
+from crawler.frontier.housekeeping import FrontierHousekeeping
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
 from crawler.pipelines import MongoPipeline, mongo_config_error
@@ -478,6 +481,69 @@ def test_an_outage_is_still_an_outage() -> None:
     assert config_error_of(crawler) is None
     assert crawler.stats.get_value("frontier/redis/outages") == 1
     assert not _closed_at_open(crawler)
+
+
+def _periodic_write(component: str, url: str) -> tuple[Any, Any, Any]:
+    """The crawler, the errback and the write of a component that writes to
+    Redis in a thread now and then (cluster stats, housekeeping)."""
+    crawler = get_crawler(_Spider, {"REDIS_URL": url})
+    crawler.spider = crawler._create_spider()
+    if component == "housekeeping":
+        keeper = FrontierHousekeeping.from_crawler(crawler)
+        return crawler, keeper._failed, keeper.housekeeper.run
+    stats = ClusterStats.from_crawler(crawler)
+    return crawler, stats._sent_failed, lambda: stats._write({"a": 1}, {}, False)
+
+
+@pytest.mark.parametrize(("component", "retrying", "failed"), [
+    ("housekeeping", "Frontier housekeeping failed (will retry): ",
+     "Frontier housekeeping failed: "),
+    ("stats", "Could not send cluster stats to Redis (will retry): ", "Cluster stats failed: "),
+])
+def test_periodic_writers_tell_a_configuration_error_an_outage_and_a_bug_apart(
+    component: str, retrying: str, failed: str, redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both go through one helper (report_redis_failure): a configuration
+    error stops the crawl, an outage is retried, anything else is logged
+    with its traceback. The Redis errors are real ones."""
+    def failure_of(write: Any) -> Failure:
+        try:
+            write()
+        except Exception:
+            return Failure()
+        raise AssertionError("the write did not fail")
+
+    # An outage: nothing listens there.
+    crawler, errback, write = _periodic_write(component, "redis://127.0.0.1:1/0")
+    with caplog.at_level("WARNING"):
+        errback(failure_of(write))
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.getMessage().startswith(retrying) and warning.exc_info is None
+    assert config_error_of(crawler) is None
+
+    # A configuration error: a database the server lacks.
+    caplog.clear()
+    crawler, errback, write = _periodic_write(
+        component, f"redis://{redis_server.host}:{redis_server.port}/99"
+    )
+    errback(failure_of(write))
+    message = config_error_of(crawler)
+    assert message is not None and "DB index is out of range" in message, message
+    assert not [r for r in caplog.records if r.getMessage().startswith((retrying, failed))]
+
+    # A bug: logged as an error, with its traceback.
+    caplog.clear()
+    crawler, errback, _ = _periodic_write(component, redis_server.url)
+
+    def bug() -> None:
+        raise ValueError("a bug")
+
+    errback(failure_of(bug))
+    [error] = [r for r in caplog.records if r.getMessage().startswith(failed)]
+    assert error.levelname == "ERROR" and error.exc_info is not None
+    assert error.getMessage() == failed + "a bug"
+    assert config_error_of(crawler) is None
 
 
 def _rejected_evalsha(admin: redis.Redis) -> int:

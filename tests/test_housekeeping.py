@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from scrapy.settings import Settings
 
+from crawler.frontier import housekeeping
+from crawler.frontier.connection import get_redis
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Frontier, Lease
 from crawler.keys import shard_prefixes
 from crawler.status import StatusReader
+from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
+from tests.workers import PROJECT_DIR
 
 SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down")
+PROJECT_LUA = PROJECT_DIR / "crawler" / "frontier" / "lua"
 
 
 def record(beat: float) -> str:
@@ -260,3 +267,127 @@ def test_a_sharded_crawl_is_swept_on_a_cluster(redis_cluster_url: str) -> None:
         assert (spider.shards, spider.dead_letters, spider.dead_trimmed) == (3, 6, 12)
     finally:
         cluster.close()
+
+
+# -- round trips -----------------------------------------------------------------------
+
+
+def fill_for_a_run(rds: redis.Redis, shards: int) -> FrontierShards:
+    """A dead worker's record, 25 dead letters and a site idle (due long
+    past) in every shard."""
+    rds.hset("{s}:workers", "dead", record(time.time() - 2 * 86400))
+    frontier = FrontierShards.build(rds, "s", shards)
+    for index, shard in enumerate(frontier):
+        for i in range(25):
+            shard.dead_letter({"url": f"https://d.example/{i}", "reason": "r", "attempts": 3})
+        rds.hset(shard.key("due"), f"idle{index}.example", 1)
+        rds.hset(shard.key("rdelay"), f"idle{index}.example", 100)
+    return frontier
+
+
+def sent_by_name(proxy: FaultProxy) -> dict[str, int]:
+    """Commands the client sent through ``proxy``, by name."""
+    counts: dict[str, int] = {}
+    for command in proxy.commands():
+        name = command.name.decode()
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def load_scripts(client: Any, keeper: Housekeeper) -> None:
+    for lua in (keeper._forget_workers, keeper._trim_dead, keeper._forget_sites):
+        client.script_load(lua.source)
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_run_takes_three_round_trips_whatever_the_shard_count(
+    redis_url: str, rds: redis.Redis, shards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each round sends its independent calls (every shard's) in one
+    pipeline per Redis node, every call once."""
+    fill_for_a_run(rds, shards)
+    rounds: list[int] = []
+    pipelines = housekeeping.node_pipelines
+
+    def counted(client: Any, keys: list[str]) -> Any:
+        groups = pipelines(client, keys)
+        if keys:
+            rounds.append(len(groups))
+        return groups
+
+    monkeypatch.setattr(housekeeping, "node_pipelines", counted)
+    with FaultProxy(redis_url) as proxy:  # (no fault: it records what is sent)
+        client = get_redis(Settings({"REDIS_URL": proxy.url}))
+        keeper = Housekeeper(
+            client, "s", shards=shards, dead_max=10 * shards, site_forget_after=0
+        )
+        load_scripts(client, keeper)
+        before = sent_by_name(proxy)
+        swept = keeper.run()
+        after = sent_by_name(proxy)
+        client.close()
+
+    assert swept == housekeeping.Swept(1, 15 * shards, shards, ())
+    assert rounds == [1, 1, 1]  # three round trips, one pipeline each (one Redis)
+    sent = {name: n - before.get(name, 0) for name, n in after.items()}
+    # The registry's page, then per shard: trim, cursor, page of due, sweep.
+    assert {k: n for k, n in sent.items() if n} == {
+        "EVALSHA": 1 + 2 * shards, "HSCAN": 1 + shards, "GET": shards,
+    }
+    assert not rds.hexists("{s}:workers", "dead")
+    for prefix in shard_prefixes("s", shards):
+        assert rds.llen(prefix + "dead") == 10 and rds.get(prefix + "dead:trimmed") == b"15"
+        assert rds.hlen(prefix + "due") == 0 and rds.hlen(prefix + "rdelay") == 0
+
+
+def test_scripts_redis_forgot_are_sent_again_alone_and_run_once(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """After a restart Redis has no scripts: the pipelined calls answer
+    NOSCRIPT (they did not run) and each is sent once more alone, loading
+    its script."""
+    fill_for_a_run(rds, 3)
+    rds.script_flush()
+    with FaultProxy(redis_url) as proxy:
+        client = get_redis(Settings({"REDIS_URL": proxy.url}))
+        keeper = Housekeeper(client, "s", shards=3, dead_max=30, site_forget_after=0)
+        assert keeper.run() == housekeeping.Swept(1, 45, 3, ())
+        first = sent_by_name(proxy)
+        assert keeper.run() == housekeeping.Swept(0, 0, 0, ())  # loaded now
+        second = sent_by_name(proxy)
+        client.close()
+    # Each pipelined script call met NOSCRIPT, then went alone: the first of
+    # each script loaded it (one SCRIPT LOAD per script), and each ran once.
+    assert first["SCRIPT"] == 3
+    assert [rds.get(p + "dead:trimmed") for p in shard_prefixes("s", 3)] == [b"15"] * 3
+    # The second run: trims and sweeps only (no stale worker left), once each.
+    assert second["EVALSHA"] - first["EVALSHA"] == 2 * 3
+    assert second["SCRIPT"] == first["SCRIPT"]
+
+
+def test_a_lost_reply_to_a_round_is_never_resent_by_the_client(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """The trims' pipeline ran in Redis and its reply was lost: the run
+    fails (the extension retries it at its next tick), no call was sent
+    twice, and each dead letter trimmed is counted once."""
+    fill_for_a_run(rds, 3)
+    rds.script_flush()
+    with FaultProxy(redis_url) as proxy:
+        client = get_redis(Settings({"REDIS_URL": proxy.url}))  # the workers' client
+        keeper = Housekeeper(client, "s", shards=3, dead_max=30, site_forget_after=0)
+        load_scripts(client, keeper)  # (through the proxy, which learns their SHA1s)
+        trim = (PROJECT_LUA / "trim_dead.lua").read_bytes()
+        rule = proxy.lose_replies(script=trim, skip=2)  # the last shard's trim
+        with pytest.raises(redis.ConnectionError):
+            keeper.run()
+        assert rule.acted == 1
+        assert len(proxy.commands(script=trim)) == 3  # one per shard, none resent
+        assert len(proxy.commands("GET")) == 3  # the cursors, in the same round
+        assert proxy.commands("HSCAN")[1:] == []  # (only the registry's page)
+        counted = [rds.get(p + "dead:trimmed") for p in shard_prefixes("s", 3)]
+        assert counted == [b"15"] * 3  # every trim ran once
+        swept = keeper.run()  # the next tick
+        client.close()
+    assert (swept.workers, swept.dead_trimmed, swept.sites) == (1, 0, 3)
+    assert [rds.get(p + "dead:trimmed") for p in shard_prefixes("s", 3)] == [b"15"] * 3

@@ -173,6 +173,9 @@ def test_status_json_reports_every_figure_redis_and_mongodb_hold(
     else:  # never counted by SCAN: unknown
         assert quotes["queued_by_priority"] is None
     assert quotes["started"] is True
+    # One shard: its keys are the flat ones of "keys", as before shards.
+    [shard_keys] = quotes["shard_keys"]
+    assert (shard_keys["prefix"], shard_keys["count"]) == ("{quotes}:", quotes["keys"]["count"])
     assert quotes["seen"] == 25
     assert quotes["leases"] == 3
     assert quotes["leases_by_worker"] == {"n1:1": 2, "n2:7": 1}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 from redis.cluster import RedisCluster
@@ -15,10 +17,13 @@ from scrapy import Request, Spider
 from scrapy.settings import Settings
 
 from crawler.config import config_error_of
+from crawler.frontier import scheduler as scheduler_module
+from crawler.frontier.shards import FrontierShards
 from crawler.keys import CrawlKeys, shard_of, shard_prefixes
 from tests import scheduler_harness as harness
-from tests.scheduler_harness import finish, lease_all
-from tests.workers import crawl, worker_env
+from tests.faultproxy import Command, FaultProxy
+from tests.scheduler_harness import finish, lease_all, wait_for_request
+from tests.workers import PROJECT_DIR, crawl, worker_env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -292,3 +297,125 @@ def test_shards_found_empty_are_not_asked_on_every_lease(
     # Per lease: the outbox's commit and the lease call (plus one peek of
     # the 8 shards should a second pass); 9 per lease if every shard were asked.
     assert calls() - before <= 10 * 3 + 8
+
+
+# -- faults: the peek at stale shards ---------------------------------------------------
+
+#: lease.lua as on disk (the proxy matches the script loaded with lib.lua before it).
+LEASE_LUA = (PROJECT_DIR / "crawler" / "frontier" / "lua" / "lease.lua").read_bytes()
+#: Three shards, one request leased per call (the buffer is empty before
+#: each next_request, so each one peeks first).
+FAULT_SETTINGS: dict[str, Any] = {"FRONTIER_SHARDS": 3, "FRONTIER_LEASE_BATCH": 1}
+FAULT_URLS = [f"https://s{i}.example/{j}" for i in range(12) for j in range(2)]
+
+
+@pytest.fixture
+def proxy(redis_url: str, rds: redis.Redis) -> Iterator[FaultProxy]:
+    """A fault proxy in front of this test's Redis; Redis forgets its
+    scripts first, so that the proxy learns their SHA1s as the worker loads
+    them."""
+    rds.script_flush()
+    with FaultProxy(redis_url) as fault_proxy:
+        yield fault_proxy
+
+
+@pytest.fixture
+def peek_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard is stale at once: each next_request with an empty buffer
+    peeks at all the shards before its lease call (no waiting for the
+    second of EMPTY_SHARD_RECHECK)."""
+    monkeypatch.setattr(scheduler_module, "EMPTY_SHARD_RECHECK", 0.0)
+
+
+def is_peek(command: Command, holder: str) -> bool:
+    """A lease.lua call of ``holder`` that asks for no lease id."""
+    mine = holder.encode()
+    return mine in command.args and not any(a.startswith(mine + b":") for a in command.args)
+
+
+def start_sharded_crawl(proxy: FaultProxy, **settings: Any) -> tuple[Any, Any, list[str]]:
+    """A scheduler through the proxy with FAULT_URLS queued and one of them
+    leased and handled; returns it, its crawler and the URLs handled."""
+    scheduler, crawler = harness.open_scheduler(
+        proxy.url, _Spider, **FAULT_SETTINGS, **settings
+    )
+    for url in FAULT_URLS:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    request = scheduler.next_request()
+    assert request is not None
+    finish(scheduler, request)
+    return scheduler, crawler, [request.url]
+
+
+def crawl_the_rest(scheduler: Any, done: list[str]) -> None:
+    """Lease and handle every request left (waiting out a backoff)."""
+    while len(done) < len(FAULT_URLS):
+        request = wait_for_request(scheduler)
+        finish(scheduler, request)
+        done.append(request.url)
+    assert sorted(done) == sorted(FAULT_URLS)  # each once: nothing lost, none twice
+    assert scheduler.next_request() is None
+
+
+def assert_sharded_frontier_clean(rds: redis.Redis) -> None:
+    shards = FrontierShards.build(rds, "t", 3)
+    assert shards.audit() == {}
+    prefixes = shard_prefixes("t", 3)
+    assert [rds.llen(p + "dead") for p in prefixes] == [0, 0, 0]
+    assert sum(int(rds.get(p + "count") or 0) for p in prefixes) == 0
+
+
+@pytest.mark.usefixtures("peek_always")
+@pytest.mark.parametrize("mode", ["drop", "hold"])
+def test_a_peek_whose_reply_was_lost_leases_nothing_and_the_crawl_goes_on(
+    mode: Literal["drop", "hold"], proxy: FaultProxy, rds: redis.Redis
+) -> None:
+    """The peek ran in Redis (its lease.lua call's housekeeping included);
+    its reply is lost: nothing is leased, the frontier stays consistent, no
+    lease call follows it at once, and every request is leased once."""
+    # Held: the client gives up after its socket timeout.
+    settings = {"REDIS_PARAMS": json.dumps({"socket_timeout": 0.5})} if mode == "hold" else {}
+    scheduler, crawler, done = start_sharded_crawl(proxy, **settings)
+    sent = len(proxy.commands(script=LEASE_LUA))
+    rule = proxy.lose_replies(script=LEASE_LUA, mode=mode)
+
+    assert scheduler.next_request() is None  # its peek's reply was lost
+    assert rule.acted == 1
+    [loss] = proxy.losses()
+    assert [is_peek(c, scheduler.holder) for c in loss.commands] == [True]
+    after = proxy.commands(script=LEASE_LUA)[sent:]
+    assert after and all(is_peek(c, scheduler.holder) for c in after)  # no lease call
+    assert sum(rds.zcard(p + "leases") for p in shard_prefixes("t", 3)) == 0
+    assert FrontierShards.build(rds, "t", 3).audit() == {}
+    assert crawler.stats.get_value("frontier/redis/in_doubt") is None  # nothing to find out
+
+    crawl_the_rest(scheduler, done)
+    assert_sharded_frontier_clean(rds)
+
+
+@pytest.mark.usefixtures("peek_always")
+def test_redis_down_during_a_peek_is_an_outage_and_leasing_resumes_once_it_is_back(
+    proxy: FaultProxy, rds: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler, crawler, done = start_sharded_crawl(proxy)
+    sent = len(proxy.commands(script=LEASE_LUA))
+    # Redis goes away once the first peek of the pipeline has answered.
+    rule = proxy.outage_after(script=LEASE_LUA)
+    caplog.set_level(logging.INFO, logger="crawler.frontier.scheduler")
+
+    assert scheduler.next_request() is None  # no crash
+    assert rule.acted == 1 and proxy.in_outage
+    after = proxy.commands(script=LEASE_LUA)[sent:]
+    assert after and all(is_peek(c, scheduler.holder) for c in after)
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [m for m in logged if m.startswith("Redis unreachable")], logged
+    assert crawler.stats.get_value("frontier/redis/outages") == 1
+    # No lease call was sent into the outage, so none is in doubt.
+    assert crawler.stats.get_value("frontier/redis/in_doubt") is None
+    assert scheduler.next_request() is None  # still down: still no crash
+
+    proxy.end_outage()
+    crawl_the_rest(scheduler, done)
+    assert any(r.getMessage() == "Redis reachable again" for r in caplog.records)
+    assert_sharded_frontier_clean(rds)

@@ -123,6 +123,23 @@ def test_status_sums_every_shard(rds: redis.Redis, shards: int) -> None:
         as_json = reader.read().as_dict()["spiders"]["t"]
         assert as_json["shards"] == shards
         assert as_json["keys"]["shards"] == "{t}:shards"
+        # Every shard's keys, in shard order; shard 0's are the flat ones.
+        prefixes = shard_prefixes("t", shards)
+        assert [k["prefix"] for k in as_json["shard_keys"]] == prefixes
+        for prefix, named in zip(prefixes, as_json["shard_keys"], strict=True):
+            assert named["count"] == prefix + "count" and named["leases"] == prefix + "leases"
+            assert named["dead_trimmed"] == prefix + "dead:trimmed"
+            assert rds.exists(named["count"]) == rds.exists(prefix + "count")
+        assert sum(int(rds.get(k["count"]) or 0) for k in as_json["shard_keys"]) == (
+            wrote["queued"]
+        )
+        assert sum(rds.zcard(k["leases"]) for k in as_json["shard_keys"]) == wrote["leased"]
+        first = as_json["shard_keys"][0]
+        for role in ("count", "wait", "queues", "dupefilter", "bloom", "dead", "leases",
+                     "retries", "prio"):
+            assert as_json["keys"][role] == first[role], role
+        if shards == 1:  # the keys of a crawl of the time before shards
+            assert first["count"] == "{t}:count" and first["dupefilter"] == "{t}:dupefilter"
         console = Console(width=160, record=True, file=io.StringIO())
         console.print(render(reader.read()))
         row = next(x for x in console.export_text().splitlines() if "frontier shards" in x)
@@ -168,6 +185,7 @@ def test_shard_count_defaults_to_one_when_none_is_recorded(rds: redis.Redis) -> 
         assert (spiders["t"].shards, spiders["t"].queued, spiders["t"].started) == (1, 1, True)
         assert (spiders["never"].shards, spiders["never"].started) == (1, False)
         assert spiders["t"].keys["count"] == "{t}:count"
+        assert [k["count"] for k in spiders["t"].shard_keys] == ["{t}:count"]
     finally:
         reader.close()
 
@@ -214,6 +232,7 @@ def test_status_of_a_sharded_crawl_on_a_cluster(cluster: RedisCluster) -> None:
         assert (spider.revisits, spider.seen) == (1, wrote["seen"])
         assert spider.leases_by_worker == {"w0": 2, "w1": 1}
         assert spider.keys["count"] == CrawlKeys.for_spider("t", shards=3).shards[0].count
+        assert [k["prefix"] for k in spider.shard_keys] == shard_prefixes("t", 3)
         assert status.spiders["never"].started is False
         keep_prio(cluster, frontier)
         assert reader.read().spiders["t"].queued_by_priority == queued_by_priority(

@@ -36,27 +36,35 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     AuthorizationError,
+    ClusterDownError,
     NoPermissionError,
+    NoScriptError,
     RedisClusterException,
     RedisError,
     ResponseError,
+    TryAgainError,
 )
 from redis.retry import Retry
 from scrapy.utils.misc import load_object
 from scrapy_redis import connection as scrapy_redis_connection
 from scrapy_redis import defaults
 
-from crawler.config import ConfigurationError, masked_url, scrub, secrets_of
+from crawler.config import ConfigurationError, masked_url, scrub, secrets_of, stop_on_config_error
 
 if TYPE_CHECKING:
+    import logging
+
     from redis import Redis
     from redis.commands.core import Script
+    from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
 __all__ = [
     "FAIL_FAST_PARAMS",
+    "NOT_RUN",
     "FrontierRedisCluster",
     "cluster_enabled",
     "config_error",
@@ -64,6 +72,7 @@ __all__ = [
     "get_redis",
     "no_retries",
     "redis_params",
+    "report_redis_failure",
 ]
 
 #: The project's redis-py client options, between scrapy-redis's defaults
@@ -72,6 +81,14 @@ __all__ = [
 #: seconds. ``REDIS_PARAMS`` is merged over them, not instead of them: its
 #: keys win, these fill the rest. Seconds.
 FAIL_FAST_PARAMS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
+
+
+#: Replies that say a call did not run and may be sent again at once: a
+#: script Redis forgot (``NOSCRIPT``), a slot that moved or is moving
+#: (``MOVED``, ``ASK``, ``TRYAGAIN``), a cluster that is not serving yet
+#: (``CLUSTERDOWN``). Any other reply to a call whose reply was lost leaves
+#: it in doubt: it may have run.
+NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
 
 
 def cluster_enabled(settings: BaseSettings) -> bool:
@@ -347,3 +364,48 @@ def config_error_message(exc: BaseException, settings: BaseSettings) -> str | No
         secrets.append(password)
     message = f"Redis at {redis_location(settings)}: {cause}; this is no outage: stopping"
     return scrub(message, secrets)
+
+
+def report_redis_failure(
+    crawler: Crawler,
+    failure: Any,
+    log: logging.Logger,
+    *,
+    retrying: str,
+    failed: str,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Handle the failure of a periodic Redis call that a component runs in a
+    thread (cluster stats, housekeeping): the errback of its Deferred.
+
+    - a configuration error of Redis (:func:`config_error_message`: a wrong
+      password, an ACL) stops the crawl (:func:`crawler.config.stop_on_config_error`):
+      no retry fixes it;
+    - any other Redis error (a ``RedisError``, or a cluster client's
+      ``RedisClusterException``: Redis down, a timeout, a refusal) is an
+      outage the next run retries: one warning, ``log.warning(retrying,
+      error)``;
+    - anything else is a bug: ``log.error(failed, message)`` with the
+      traceback.
+
+    :param failure: the failure (a Twisted :class:`~twisted.python.failure.Failure`).
+    :param log: the component's logger (its records keep the component's name).
+    :param retrying: the warning's format, with one ``%s`` for the error,
+        e.g. ``"Frontier housekeeping failed (will retry): %s"``.
+    :param failed: the error's format, with one ``%s`` for the message.
+    :param extra: the log records' ``extra`` (e.g. ``{"spider": spider}``).
+    """
+    message = config_error_message(failure.value, crawler.settings)
+    if message is not None:
+        # (once, whichever component meets it first)
+        stop_on_config_error(crawler, message)
+        return
+    if failure.check(RedisError, RedisClusterException):
+        log.warning(retrying, failure.value, extra=extra)
+        return
+    log.error(
+        failed,
+        failure.getErrorMessage(),
+        exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+        extra=extra,
+    )

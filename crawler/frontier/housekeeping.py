@@ -47,6 +47,19 @@ Each worker runs all three every ``FRONTIER_HOUSEKEEPING_INTERVAL`` seconds
 (default 30.0) in a thread (:class:`FrontierHousekeeping`, an extension); a
 failed run is logged and tried again at the next one. Every script declares
 its keys in KEYS (no key is built inside a script).
+
+**Round trips.** A run (:meth:`Housekeeper.run`) takes three round trips
+whatever the shard count, the independent calls of each in one pipeline
+per Redis node (``transaction=False``; on a cluster a plain pipeline of
+each master's own client, as the scheduler sends its calls): the
+registry's next page, and each shard's trim and cursor; the stale workers'
+records, and each shard's next sites of ``{s}:due``; each shard's sweep of
+those sites. No call is ever sent twice by redis-py (its retries are off,
+and a cluster pipeline's own resends are not used); a call whose reply says
+it did not run (``NOSCRIPT`` after a restart, ``MOVED``) is sent once more
+alone, as the scheduler does. A lost reply fails the run; the next run
+starts over, which every call here allows (reads, and scripts that judge
+again what they remove and count only what they removed).
 """
 
 from __future__ import annotations
@@ -54,20 +67,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple, Self, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
-from crawler.config import stop_on_config_error
-from crawler.frontier.connection import config_error, config_error_message, get_redis
+from crawler.frontier.connection import NOT_RUN, config_error, get_redis, report_redis_failure
+from crawler.frontier.shards import node_pipelines
 from crawler.frontier.store import _Lua
 from crawler.keys import ShardKeys, shard_prefixes, workers_key
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from redis import Redis
     from scrapy.crawler import Crawler
     from scrapy.utils.asyncio import AsyncioLoopingCall
@@ -77,6 +92,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["FrontierHousekeeping", "Housekeeper", "Swept"]
+
+
+class _Call(NamedTuple):
+    """One housekeeping call.
+
+    :ivar key: a key it touches (the one that routes it to its node).
+    :ivar send: queues it on the pipeline given, or (given None) sends it
+        now through the housekeeper's client and returns its reply.
+    """
+
+    key: str
+    send: Callable[[Any], Any]
 
 
 class Swept(NamedTuple):
@@ -151,31 +178,145 @@ class Housekeeper:
         return max(1, -(-self.batch // len(self.prefixes)))
 
     def run(self) -> Swept:
-        """All three steps, one after the other; the last two over every shard.
+        """All three steps, the last two over every shard, in three round
+        trips (:meth:`_round`: one pipeline per Redis node): the registry's
+        next page, each shard's trim and its cursor; the stale workers'
+        records and each shard's next sites; each shard's sites.
 
         A shard whose call Redis refused (a key of the wrong type: nothing
         was written by that call) is named in the problems; the other
         shards are swept all the same.
 
         :raises redis.exceptions.RedisError: Redis failed, refused the
-            worker registry's call, or refused a call for a reason of
-            configuration (:func:`~crawler.frontier.connection.config_error`).
+            worker registry's call (once the calls of its round have run),
+            or refused a call for a reason of configuration
+            (:func:`~crawler.frontier.connection.config_error`).
         """
-        workers, problems = self.forget_workers()
-        trimmed = sites = 0
-        for shard in range(len(self.prefixes)):
-            try:
-                trimmed += self.trim_dead_shard(shard)
-            except ResponseError as exc:
-                problems.append(_refused(exc))
-            try:
-                forgotten, site_problems = self.forget_sites_shard(shard)
-            except ResponseError as exc:
-                problems.append(_refused(exc))
-                continue
-            sites += forgotten
-            problems += site_problems
+        problems: list[str] = []
+        page, trimmed, cursors = self._trim_and_cursors(problems)
+        workers, pages = self._workers_and_sites(page, cursors, problems)
+        sites = self._forget_pages(pages, problems)
         return Swept(workers, trimmed, sites, tuple(problems))
+
+    def _trim_and_cursors(
+        self, problems: list[str]
+    ) -> tuple[tuple[int, dict[bytes, bytes]], int, dict[int, int]]:
+        """The first round trip: the registry's next page, each shard's
+        trim and the cursor of its sweep.
+
+        :returns: the page, the dead letters trimmed and each readable
+            shard's cursor; the shards' refusals are added to ``problems``.
+        """
+        trims = self.dead_max > 0
+        calls = [self._scan_workers_call()]
+        for shard in range(len(self.prefixes)):
+            if trims:
+                calls.append(self._trim_call(shard))
+            calls.append(self._cursor_call(shard))
+        replies = self._round(calls)
+        page = _raised(replies.pop(0))
+        trimmed = 0
+        cursors: dict[int, int] = {}
+        for shard in range(len(self.prefixes)):
+            if trims:
+                reply = replies.pop(0)
+                if isinstance(reply, ResponseError):
+                    problems.append(_refused(reply))
+                else:
+                    trimmed += int(reply)
+            reply = replies.pop(0)
+            if isinstance(reply, ResponseError):
+                problems.append(_refused(reply))
+            else:
+                cursors[shard] = _cursor(reply)
+        return page, trimmed, cursors
+
+    def _workers_and_sites(
+        self,
+        page: tuple[int, dict[bytes, bytes]],
+        cursors: dict[int, int],
+        problems: list[str],
+    ) -> tuple[int, dict[int, tuple[list[str], int]]]:
+        """The second round trip: the stale workers of ``page`` forgotten,
+        and the next sites of each shard of ``cursors`` read.
+
+        :returns: worker records removed, and each readable shard's sites
+            and next cursor; problems are added to ``problems``.
+        """
+        stale = self._stale_workers(page)
+        calls = [self._forget_workers_call(stale)] if stale else []
+        calls += [self._scan_due_call(shard, cursor) for shard, cursor in cursors.items()]
+        replies = self._round(calls)
+        workers = 0
+        if stale:
+            removed, found = _raised(replies.pop(0))
+            workers = int(removed)
+            problems[:0] = [_text(p) for p in found]
+        pages: dict[int, tuple[list[str], int]] = {}
+        for shard, reply in zip(cursors, replies, strict=True):
+            if isinstance(reply, ResponseError):
+                problems.append(_refused(reply))
+            else:
+                nxt, fields = reply
+                pages[shard] = ([_text(site) for site in fields], int(nxt))
+        return workers, pages
+
+    def _forget_pages(
+        self, pages: dict[int, tuple[list[str], int]], problems: list[str]
+    ) -> int:
+        """The third round trip: each shard's sites of ``pages`` swept
+        (:meth:`forget`).
+
+        :returns: sites forgotten; problems are added to ``problems``.
+        """
+        calls = [
+            self._forget_call(sites, nxt, shard) for shard, (sites, nxt) in pages.items()
+        ]
+        forgotten = 0
+        for reply in self._round(calls):
+            if isinstance(reply, ResponseError):
+                problems.append(_refused(reply))
+                continue
+            n, found = reply
+            forgotten += int(n)
+            problems += [_text(p) for p in found]
+        return forgotten
+
+    def _round(self, calls: list[_Call]) -> list[Any]:
+        """Send ``calls`` in one round trip: one pipeline per Redis node
+        (``transaction=False``, :func:`~crawler.frontier.shards.node_pipelines`:
+        redis-py never sends a pipelined call twice), each script a bare
+        ``EVALSHA``.
+
+        A call whose reply says it did not run
+        (:data:`~crawler.frontier.connection.NOT_RUN`: a script Redis forgot,
+        a slot that moved) is sent once more, alone, through the client
+        (which loads a script Redis lacks, or follows the slot): the rule of
+        the scheduler. (Every housekeeping call is safe to send again
+        anyway: reads, and scripts that judge again what they remove.)
+
+        :returns: the replies in the order of ``calls``, a
+            :class:`~redis.exceptions.ResponseError` in place of a call
+            Redis refused.
+        :raises redis.exceptions.RedisError: a connection failed.
+        """
+        replies: list[Any] = [None] * len(calls)
+        for pipe, positions in node_pipelines(self.redis, [call.key for call in calls]):
+            with pipe:
+                for n in positions:
+                    calls[n].send(pipe)
+                got = pipe.execute(raise_on_error=False)
+            for n, reply in zip(positions, got, strict=True):
+                if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+                    raise reply  # a connection error in the replies
+                replies[n] = reply
+        for n, reply in enumerate(replies):
+            if isinstance(reply, NOT_RUN):
+                try:
+                    replies[n] = calls[n].send(None)
+                except ResponseError as exc:
+                    replies[n] = exc
+        return replies
 
     def forget_workers(self) -> tuple[int, list[str]]:
         """Remove stale records among the next ``batch`` of ``{s}:workers``.
@@ -187,11 +328,23 @@ class Housekeeper:
 
         :returns: records removed, and the problems the script reported.
         """
+        stale = self._stale_workers(self._scan_workers_call().send(None))
+        if not stale:
+            return 0, []
+        removed, problems = self._forget_workers_call(stale).send(None)
+        return int(removed), [_text(p) for p in problems]
+
+    def _scan_workers_call(self) -> _Call:
+        """``HSCAN`` of the registry's next ``batch`` records."""
         key = workers_key(self.spider)
-        cursor, records = cast(
-            "tuple[int, dict[bytes, bytes]]",
-            self.redis.hscan(key, self._workers_cursor, count=self.batch),
-        )
+        return _Call(key, lambda c: self._client(c).hscan(
+            key, self._workers_cursor, count=self.batch
+        ))
+
+    def _stale_workers(self, reply: tuple[int, dict[bytes, bytes]]) -> list[bytes]:
+        """The workers of an ``HSCAN`` page of the registry whose heartbeat
+        is older than the bound by this worker's clock (the cursor moves on)."""
+        cursor, records = reply
         self._workers_cursor = int(cursor)
         bound = time.time() - self.worker_forget_after
         stale = []
@@ -202,12 +355,13 @@ class Housekeeper:
                 continue
             if beat < bound:
                 stale.append(worker)
-        if not stale:
-            return 0, []
-        removed, problems = self._forget_workers(
-            keys=[key], args=[self.worker_forget_after, *stale]
-        )
-        return int(removed), [_text(p) for p in problems]
+        return stale
+
+    def _forget_workers_call(self, stale: list[bytes]) -> _Call:
+        key = workers_key(self.spider)
+        return _Call(key, lambda c: self._forget_workers(
+            keys=[key], args=[self.worker_forget_after, *stale], client=c
+        ))
 
     def trim_dead(self) -> int:
         """Trim every shard's ``{s}:dead`` to its newest
@@ -231,11 +385,13 @@ class Housekeeper:
         """
         if self.dead_max <= 0:
             return 0
+        return int(self._trim_call(shard).send(None))
+
+    def _trim_call(self, shard: int) -> _Call:
         keys = ShardKeys.of(self.prefixes[shard], shard)
-        trimmed = self._trim_dead(
-            keys=[keys.dead, keys.dead_trimmed], args=[self.dead_max_per_shard]
-        )
-        return int(trimmed)
+        return _Call(keys.dead, lambda c: self._trim_dead(
+            keys=[keys.dead, keys.dead_trimmed], args=[self.dead_max_per_shard], client=c
+        ))
 
     def forget_sites(self) -> tuple[int, list[str]]:
         """Look at the next sites of every shard's ``{s}:due``
@@ -260,13 +416,19 @@ class Housekeeper:
 
         :returns: sites forgotten, and the problems the script reported.
         """
-        raw = cast("bytes | None", self.redis.get(self.key("forget", shard)))
-        cursor = int(raw) if raw is not None and raw.isdigit() else 0
-        nxt, fields = cast(
-            "tuple[int, dict[bytes, bytes]]",
-            self.redis.hscan(self.key("due", shard), cursor, count=self.site_batch),
-        )
+        cursor = _cursor(self._cursor_call(shard).send(None))
+        nxt, fields = self._scan_due_call(shard, cursor).send(None)
         return self.forget([_text(site) for site in fields], int(nxt), shard=shard)
+
+    def _cursor_call(self, shard: int) -> _Call:
+        """``GET`` of the shard's ``{s}:forget``, the cursor of its sweep."""
+        key = self.key("forget", shard)
+        return _Call(key, lambda c: self._client(c).get(key))
+
+    def _scan_due_call(self, shard: int, cursor: int) -> _Call:
+        """``HSCAN`` of the shard's next :attr:`site_batch` sites of ``{s}:due``."""
+        key = self.key("due", shard)
+        return _Call(key, lambda c: self._client(c).hscan(key, cursor, count=self.site_batch))
 
     def forget(
         self, sites: list[str], cursor: int = 0, *, shard: int = 0
@@ -280,6 +442,10 @@ class Housekeeper:
         :param shard: the shard whose keys are swept.
         :returns: sites forgotten, and the problems the script reported.
         """
+        forgotten, problems = self._forget_call(sites, cursor, shard).send(None)
+        return int(forgotten), [_text(p) for p in problems]
+
+    def _forget_call(self, sites: list[str], cursor: int, shard: int) -> _Call:
         keys = [
             self.key(name, shard)
             for name in (
@@ -288,10 +454,13 @@ class Housekeeper:
             )
         ]
         keys.append(self.key("lv", shard))
-        forgotten, problems = self._forget_sites(
-            keys=keys, args=[cursor, self.site_forget_after_ms, *sites]
-        )
-        return int(forgotten), [_text(p) for p in problems]
+        return _Call(keys[0], lambda c: self._forget_sites(
+            keys=keys, args=[cursor, self.site_forget_after_ms, *sites], client=c
+        ))
+
+    def _client(self, client: Any) -> Any:
+        """``client`` (a pipeline), or this housekeeper's client when None."""
+        return self.redis if client is None else client
 
 
 class FrontierHousekeeping:
@@ -381,17 +550,10 @@ class FrontierHousekeeping:
 
     def _failed(self, failure: Any) -> None:
         self._inflight = None
-        message = config_error_message(failure.value, self.crawler.settings)
-        if message is not None:
-            stop_on_config_error(self.crawler, message)
-            return
-        if failure.check(RedisError):
-            logger.warning("Frontier housekeeping failed (will retry): %s", failure.value)
-            return
-        logger.error(
-            "Frontier housekeeping failed: %s",
-            failure.getErrorMessage(),
-            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+        report_redis_failure(
+            self.crawler, failure, logger,
+            retrying="Frontier housekeeping failed (will retry): %s",
+            failed="Frontier housekeeping failed: %s",
         )
 
 
@@ -401,6 +563,18 @@ def _refused(exc: ResponseError) -> str:
     if config_error(exc) is not None:
         raise exc
     return f"refused: {exc}"
+
+
+def _raised(reply: Any) -> Any:
+    """``reply``, or raised when it is an error."""
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _cursor(raw: bytes | None) -> int:
+    """The cursor stored in a shard's ``{s}:forget`` (0: none, or not a number)."""
+    return int(raw) if raw is not None and raw.isdigit() else 0
 
 
 def _text(value: bytes | str) -> str:

@@ -13,16 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    NoScriptError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-    TryAgainError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -32,7 +24,7 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.config import close_at_open, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.connection import config_error_message, get_redis
+from crawler.frontier.connection import NOT_RUN, config_error_message, get_redis
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
@@ -92,10 +84,6 @@ CONFIG_ERROR_PAUSE = 3600.0
 #: too late (redis-py's cluster client raises RedisClusterException, which
 #: is no RedisError).
 UNREACHABLE = (RedisError, RedisClusterException)
-#: Replies that say a call did not run and may be sent again at once: a
-#: script Redis forgot, a slot that moved or is moving, a cluster that is
-#: not serving yet.
-NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
 
 
 #: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
@@ -664,7 +652,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         (one pipeline per Redis node) of ``lease.lua`` calls that lease
         nothing (:meth:`Frontier.peek`), at most once a second, never on the
         hot path of every lease. They take nothing, so a lost reply needs no
-        recovery; a failure leaves the shards to be asked in turn."""
+        recovery: what they learnt is lost, and the shards are asked in
+        turn. A reply that is an error (``NOSCRIPT``, ``MOVED``, a refusal)
+        is passed over: the lease call meets it and deals with it. A
+        connection that fails is an outage (:meth:`_failed`: logged, the
+        usual backoff; a configuration error stops the crawl), so no lease
+        call follows it into a Redis that is down (it would be left in
+        doubt); the next lease call after the backoff finds Redis again."""
         n = len(self._shard_best)
         if n <= 1 or self._unreachable or self._in_doubt is not None:
             return
@@ -694,8 +688,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                             self._shard_due[i], self._shard_empty_at[i] = None, now
                         else:
                             self._shard_due[i] = now + result.wait
-        except RedisError as exc:
-            logger.debug("peek at the shards failed: %s", exc, extra={"spider": self.spider})
+        except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
+            self._failed(exc)
 
     def _earliest_due(self) -> float | None:
         """``time.monotonic()`` when the first shard that has work becomes

@@ -59,6 +59,33 @@ def shard_bloom(bloom: BloomFilter, prefix: str, shards: int) -> BloomFilter:
     )
 
 
+def node_pipelines(redis: Any, keys: Sequence[str]) -> list[tuple[Any, list[int]]]:
+    """Non-transactional pipelines that reach the Redis nodes holding
+    ``keys``, each with the positions in ``keys`` of the keys it reaches
+    (in order): one pipeline of ``redis`` on one Redis server; on a Redis
+    Cluster one per master that holds any of them, a plain pipeline of that
+    node's own client, which never sends a command twice (redis-py's cluster
+    pipeline sends a command again on its own when its reply was lost,
+    which would run a lease or commit twice). A slot that moved answers
+    ``MOVED`` in its reply (the call did not run).
+
+    :param redis: a redis-py client, of one server or a cluster.
+    :param keys: one key per call, the one that routes it.
+    """
+    if isinstance(redis, StrictRedis):
+        return [(redis.pipeline(transaction=False), list(range(len(keys))))]
+    by_node: dict[str, tuple[Any, list[int]]] = {}
+    for n, key in enumerate(keys):
+        node = redis.get_node_from_key(key)
+        group = by_node.get(node.name)
+        if group is None:
+            group = by_node[node.name] = (
+                redis.get_redis_connection(node).pipeline(transaction=False), []
+            )
+        group[1].append(n)
+    return list(by_node.values())
+
+
 class FrontierShards:
     """The frontier shards of one crawl, in shard order.
 
@@ -122,21 +149,11 @@ class FrontierShards:
     def groups(self, indices: Sequence[int]) -> list[tuple[Any, list[int]]]:
         """The pipelines that reach the shards ``indices``, each with the
         shards it reaches (in the order given): one pipeline on one Redis
-        server; on a cluster one per master (:meth:`Frontier.pipeline`,
-        which never sends a command twice)."""
-        if isinstance(self.redis, StrictRedis):
-            return [(self.redis.pipeline(transaction=False), list(indices))]
-        cluster: Any = self.redis
-        by_node: dict[str, tuple[Any, list[int]]] = {}
-        for i in indices:
-            node = cluster.get_node_from_key(self.frontiers[i].key("wait"))
-            group = by_node.get(node.name)
-            if group is None:
-                group = by_node[node.name] = (
-                    cluster.get_redis_connection(node).pipeline(transaction=False), []
-                )
-            group[1].append(i)
-        return list(by_node.values())
+        server; on a cluster one per master (:func:`node_pipelines`, which
+        never sends a command twice)."""
+        indices = list(indices)
+        groups = node_pipelines(self.redis, [self.frontiers[i].key("wait") for i in indices])
+        return [(pipe, [indices[n] for n in positions]) for pipe, positions in groups]
 
     def _each(self, call: Any) -> list[Any]:
         """Run ``call(frontier, pipe)`` on every shard, one pipeline per node;
