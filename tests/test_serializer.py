@@ -229,3 +229,67 @@ def test_a_request_subclass_survives_the_roundtrip() -> None:
     data = serializer.dumps(JsonRequest("https://a.example/api", data={"q": 1}).to_dict())
     back = request_from_dict(serializer.loads(data))
     assert type(back) is JsonRequest
+
+
+def _fuzzed_urls(n: int, seed: int) -> list[str]:
+    """Seeded URLs, many of them ones ``Request`` would change (uppercase
+    hosts, ports with leading zeros, characters to escape, an empty query)."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = (
+        "!$%&()*+,-./0123456789:;=@ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~"
+        "?#'\"<> []\\^`{|}é\t"
+    )
+    hosts = ["ex.com", "EX.com", "127.0.0.1:8080", "u:p@h.org", "xn--bcher-kva.ch",
+             "h:65535", "h:00080", "bücher.de", "a..b"]
+    urls = []
+    for _ in range(n):
+        tail = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        urls.append(rng.choice(["http", "https"]) + "://" + rng.choice(hosts)
+                    + rng.choice(["", "/", "?", "#", "/?", "/#"]) + tail)
+    return urls
+
+
+def test_rebuild_builds_the_request_request_from_dict_builds() -> None:
+    # rebuild() skips Request's URL escaping for URLs it would not change:
+    # on fuzzed URLs, taken or not, the request equals the slow path's.
+    spider = _Spider()
+    taken = 0
+    extra = ["https://a.example/p?q=1#frag", "http://h:1/", "https://a.example"]
+    for url in [*_fuzzed_urls(4000, seed=7), *extra]:
+        try:
+            request = Request(url, callback=spider.parse_item, meta={"depth": 1})
+        except ValueError:
+            continue
+        data = serializer.dumps(request.to_dict(spider=spider), "a.example")
+        slow = request_from_dict(serializer.loads(data, "a.example"), spider=spider)
+        fast = serializer.rebuild(serializer.loads(data, "a.example"), spider)
+        assert fast.to_dict(spider=spider) == slow.to_dict(spider=spider), url
+        assert fast.meta == {"depth": 1}
+        if serializer._UNCHANGED_URL.fullmatch(request.url):
+            taken += 1
+    assert taken > 1000  # (the fast path was exercised)
+
+
+def test_rebuild_escapes_a_url_that_was_not_stored_escaped() -> None:
+    # An entry edited by hand (a dead letter) may hold any URL: it is
+    # escaped as Request escapes it.
+    fields = serializer.loads(b"https://a.example/a b/\xc3\xa9?x=<1>")
+    assert serializer.rebuild(fields).url == Request("https://a.example/a b/é?x=<1>").url
+    assert serializer.rebuild(serializer.loads(b"https://A.example/p")).url == (
+        "https://a.example/p"
+    )
+
+
+def test_rebuild_keeps_a_verbatim_url_and_subclasses() -> None:
+    from scrapy.http import JsonRequest
+
+    verbatim = Request("https://a.example/a%zz b", meta={"verbatim_url": True})
+    back = serializer.rebuild(serializer.loads(serializer.dumps(verbatim.to_dict())))
+    assert back.url == "https://a.example/a%zz b"
+    assert back.meta == {"verbatim_url": True}
+    data = serializer.dumps(JsonRequest("https://a.example/api", data={"q": 1}).to_dict())
+    back = serializer.rebuild(serializer.loads(data))
+    assert type(back) is JsonRequest
+    assert back.meta == {}

@@ -8,7 +8,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
-from scrapy.utils.request import request_from_dict
 from scrapy_redis.queue import Base
 
 from crawler.frontier import serializer as json_serializer
@@ -165,7 +164,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         if self.serializer is not json_serializer:
             request: Request = self._decode_request(data)
             return request
-        return request_from_dict(json_serializer.loads(data, site), spider=self.spider)
+        return json_serializer.rebuild(json_serializer.loads(data, site), self.spider)
 
     def push(self, request: Request, fingerprint: bytes | None = None) -> bool:
         """Queue ``request``; with a fingerprint, only if it was not seen.
