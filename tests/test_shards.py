@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,6 +20,7 @@ from scrapy.settings import Settings
 from crawler.config import config_error_of
 from crawler.frontier import scheduler as scheduler_module
 from crawler.frontier.shards import FrontierShards
+from crawler.frontier.store import Push
 from crawler.keys import CrawlKeys, shard_of, shard_prefixes
 from tests import scheduler_harness as harness
 from tests.faultproxy import Command, FaultProxy
@@ -297,6 +299,44 @@ def test_shards_found_empty_are_not_asked_on_every_lease(
     # Per lease: the outbox's commit and the lease call (plus one peek of
     # the 8 shards should a second pass); 9 per lease if every shard were asked.
     assert calls() - before <= 10 * 3 + 8
+
+
+def _push(url: str) -> Push:
+    return Push(url.encode(), url.split("/")[2], 0, url.encode(), False)
+
+
+def test_with_fair_share_filtering_every_due_site_a_worker_asks_each_shard_once_a_second(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """The call-rate test of ``test_lease_priority`` with 4 shards: a worker
+    that holds its share of every due site asks each shard about once a
+    second (FRONTIER_IDLE_WAIT), peeks included: no shard is asked again
+    and again."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_CONCURRENCY=2, FRONTIER_SHARDS=4
+    )
+    shards = scheduler.queue.shards
+    shards.alive("other#1")  # a second live worker: one slot of each site each
+    for i in range(40):
+        site = f"s{i}.example"
+        shards.for_site(site).push_many(
+            [_push(f"https://{site}/{j}") for j in range(3)]
+        )
+    held = 0
+    for k in range(4):
+        result = shards[k].lease_many([f"{scheduler.holder}:h{k}-{n}" for n in range(64)])
+        held += len(result) if isinstance(result, list) else 0
+    assert held == 40  # this worker's share of every site
+    rds.config_resetstat()
+    deadline = time.monotonic() + 2.0
+    while (now := time.monotonic()) < deadline:  # as the spider's idle loop
+        assert scheduler.next_request() is None
+        due = scheduler.next_due
+        time.sleep(min(1.0 if due is None else due, 1.0, deadline - now))
+    calls = int(rds.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    # 2 s, 4 shards: one call per shard per second, and as many peeks at most.
+    assert crawler.stats.get_value("frontier/lease_calls/not_due") <= 4 * 3
+    assert calls <= 4 * 3 * 2, calls
 
 
 # -- faults: the peek at stale shards ---------------------------------------------------
