@@ -9,13 +9,19 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request, Spider
 
+from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import finish
+from tests.waiting import wait_for
+from tests.workers import start_worker, wait_workers
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import redis
 
     from crawler.frontier.scheduler import FrontierScheduler
+    from tests.conftest import SiteFactory
 
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
@@ -68,3 +74,45 @@ def test_mixed_priorities_on_distinct_sites_are_served_best_first(
     assert scheduler.flush_outbox()
     got = [r.priority for r in _serve(scheduler, 50)]
     assert got == sorted(prios, reverse=True), str(got)
+
+
+# -- bounded state: a forgotten site crawled again ---------------------------------------
+
+ROBOTS_DELAY = b"User-agent: *\nCrawl-delay: 1\n"
+
+
+def test_a_forgotten_site_that_gets_new_work_keeps_its_crawl_delay(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
+) -> None:
+    """One worker crawls a site whose robots.txt says Crawl-delay: 1; the
+    site is idle, housekeeping forgets its state (robots.txt and Crawl-delay
+    among it); then two new pages of the site are seeded: they are fetched
+    1 s apart, as before the site was forgotten."""
+    html = [("Content-Type", "text/html")]
+    site = site_factory({
+        "/robots.txt": Page(200, [("Content-Type", "text/plain")], ROBOTS_DELAY),
+        "/": Page(200, html, b"<title>root</title>"),
+        "/a": Page(200, html, b"<title>a</title>"),
+        "/b": Page(200, html, b"<title>b</title>"),
+    })
+    name = site.url[len("http://"):]
+    log = tmp_path / "worker.log"
+    proc = start_worker("pages", env, log, {
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 5, "FRONTIER_SITE_FORGET_AFTER": 0,
+        "FRONTIER_HOUSEKEEPING_INTERVAL": 0.2, "FRONTIER_DELAY": 0, "FRONTIER_IDLE_WAIT": 0.2,
+    })
+    try:
+        rds.lpush("pages:start_urls", site.url_for("/"))
+        wait_for(lambda: rds.hexists("{pages}:rdelay", name) or None, 30, "Crawl-delay stored")
+        wait_for(lambda: not rds.hexists("{pages}:rdelay", name) or None, 30, "the site forgotten")
+        assert not rds.hexists("{pages}:robots", name)
+        rds.lpush("pages:start_urls", site.url_for("/a"), site.url_for("/b"))
+        wait_for(lambda: {"/a", "/b"} <= {h.path for h in site.hits()} or None, 30,
+                 "the new pages fetched")
+    finally:
+        [worker] = wait_workers([proc], [log])
+    assert worker.returncode == 0, worker.log[-3000:]
+    started = {h.path: h.started for h in site.hits()}
+    assert abs(started["/a"] - started["/b"]) >= 0.95, site.hits()
+    # (fetched again for the cluster: the frontier knows its rules)
+    assert [h.path for h in site.hits()].count("/robots.txt") == 2
