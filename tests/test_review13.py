@@ -76,6 +76,33 @@ def test_mixed_priorities_on_distinct_sites_are_served_best_first(
     assert got == sorted(prios, reverse=True), str(got)
 
 
+_ACROSS_SHARDS = pytest.mark.xfail(
+    strict=True,
+    reason="review 13, not fixed: turns ({s}:seq) are counted per shard, and the "
+    "scheduler picks among shards of equal best priority in turn (round robin), so "
+    "equal priorities on sites of different shards are not served first in, first out",
+)
+
+
+@pytest.mark.parametrize(
+    "shards", [1, pytest.param(2, marks=_ACROSS_SHARDS), pytest.param(5, marks=_ACROSS_SHARDS)]
+)
+def test_equal_priorities_on_distinct_sites_first_in_first_out(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """Twenty sites, one request each at priority 0, pushed one after
+    another: served in the order they were pushed."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    urls = [f"https://f{i}.example/0" for i in range(20)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+        assert scheduler.flush_outbox()
+    got = [r.url for r in _serve(scheduler, 20)]
+    assert got == urls, str([u.split("/")[2] for u in got])
+
+
 # -- bounded state: a forgotten site crawled again ---------------------------------------
 
 ROBOTS_DELAY = b"User-agent: *\nCrawl-delay: 1\n"
