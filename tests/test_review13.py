@@ -143,3 +143,31 @@ def test_a_forgotten_site_that_gets_new_work_keeps_its_crawl_delay(
     assert abs(started["/a"] - started["/b"]) >= 0.95, site.hits()
     # (fetched again for the cluster: the frontier knows its rules)
     assert [h.path for h in site.hits()].count("/robots.txt") == 2
+
+
+# -- malformed values in the new keys --------------------------------------------------
+
+
+@pytest.mark.parametrize("score", [float("inf"), float("-inf"), 1e300, -1e300])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_site_in_ready_with_a_score_no_frontier_writes_is_reported_and_nothing_lost(
+    redis_url: str, rds: redis.Redis, score: float, shards: int
+) -> None:
+    """``{s}:ready`` edited by hand: a site with an infinite or huge score.
+    Every request is still served once, the worker goes on, and the bad
+    value is reported (it was: ValueError on b'-inf' reading the reply)."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    urls = [f"https://r{i}.example/{j}" for i in range(6) for j in range(2)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    for shard in scheduler.queue.shards:
+        rds.zadd(shard.key("ready"), {"ghost.example": score})
+    got = [r.url for r in _serve(scheduler, len(urls))]
+    assert sorted(got) == sorted(urls)
+    assert scheduler.next_request() is None
+    if score > 0 or shards > 1:  # (a lease call met it first on top: it left unread)
+        assert crawler.stats.get_value("frontier/problems")
+    assert all(rds.zcard(shard.key("ready")) == 0 for shard in scheduler.queue.shards)

@@ -375,11 +375,23 @@ end
 out[1] = n
 save_turns()
 
--- The best priority due now, appended to the reply.
+-- The best priority due now, appended to the reply. A site on top of
+-- K.ready with a score no frontier writes (a priority past +-1,000,000,
+-- an infinite one: a key edited by hand) is reported and ranked again by
+-- its queued work (or leaves K.ready without any), up to ARGV[6] of them.
 local function best_due()
-  local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
-  if #top == 0 then return '' end
-  return tostring(prio_of(tonumber(top[2])))
+  for _ = 0, move_max do
+    local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+    if #top == 0 then return '' end
+    local p = prio_of(tonumber(top[2]))
+    if p >= -1000000 and p <= 1000000 then return tostring(p) end
+    problem(K.ready .. ' ' .. top[1] .. ' has the score ' .. top[2] ..
+            ', not a frontier score: ranked again')
+    local best = best_prio(top[1])
+    if best then make_ready(top[1], best) else redis.call('ZREM', K.ready, top[1]) end
+    save_turns()
+  end
+  return ''
 end
 
 if n > 0 then
