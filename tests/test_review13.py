@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request, Spider
 
+from crawler.config import config_error_of
 from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import finish
@@ -171,3 +172,18 @@ def test_a_site_in_ready_with_a_score_no_frontier_writes_is_reported_and_nothing
     if score > 0 or shards > 1:  # (a lease call met it first on top: it left unread)
         assert crawler.stats.get_value("frontier/problems")
     assert all(rds.zcard(shard.key("ready")) == 0 for shard in scheduler.queue.shards)
+
+
+@pytest.mark.parametrize("recorded", ["abc", "0", "-2", "4.5"])
+def test_a_malformed_shard_count_stops_the_worker_with_a_configuration_error(
+    redis_url: str, rds: redis.Redis, recorded: str
+) -> None:
+    """``{t}:shards`` edited by hand: the worker stops with a configuration
+    error naming the key (it raised ValueError out of the scheduler's open)."""
+    rds.set("{t}:shards", recorded)
+    scheduler, crawler = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=2)
+    message = config_error_of(crawler)
+    assert message is not None
+    assert "{t}:shards" in message and repr(recorded) in message, message
+    assert scheduler.next_request() is None  # no frontier call
+    assert rds.get("{t}:shards") == recorded.encode()  # left for the operator
