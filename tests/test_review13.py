@@ -10,6 +10,7 @@ import pytest
 from scrapy import Request, Spider
 
 from crawler.config import config_error_of
+from crawler.keys import shard_of
 from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import finish
@@ -187,3 +188,29 @@ def test_a_malformed_shard_count_stops_the_worker_with_a_configuration_error(
     assert "{t}:shards" in message and repr(recorded) in message, message
     assert scheduler.next_request() is None  # no frontier call
     assert rds.get("{t}:shards") == recorded.encode()  # left for the operator
+
+
+def test_a_better_priority_this_worker_may_not_lease_does_not_cut_its_batches(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Shard 0's best due site (priority 9) is one where this worker holds
+    its share: its batches on the other shard are not cut to one request
+    per lease call by that priority."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=2, FRONTIER_CONCURRENCY=2, CONCURRENT_REQUESTS=8
+    )
+    shards = scheduler.queue.shards
+    shards.alive("other#1")  # a second live worker: one slot of each site each
+    top = next(f"h{i}.example" for i in range(100) if shard_of(f"h{i}.example", 2) == 0)
+    low = [f"l{i}.example" for i in range(200) if shard_of(f"l{i}.example", 2) == 1][:16]
+    for j in range(3):
+        scheduler.enqueue_request(Request(f"https://{top}/{j}", priority=9))
+    for site in low:
+        scheduler.enqueue_request(Request(f"https://{site}/0"))
+    assert scheduler.flush_outbox()
+    first = scheduler.next_request()
+    assert first is not None and first.priority == 9  # its share of the top site
+    got = [first] + [r for r in iter(scheduler.next_request, None)]
+    assert [r.priority for r in got] == [9] + [0] * 16, [r.url for r in got]
+    # 16 requests of shard 1 in batches of 8, not one by one
+    assert crawler.stats.get_value("frontier/lease_calls") <= 4

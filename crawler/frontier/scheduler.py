@@ -643,9 +643,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _best_elsewhere(self, shard: int) -> int | None:
         """The best priority due on the shards other than ``shard`` as last
         learnt (None: none has work due, or it is not known), so that a
-        lease call's batch stops before lower priorities than that."""
+        lease call's batch stops before lower priorities than that. A shard
+        that told this worker to wait (its due sites are ones where it holds
+        its share, or none is due) does not count until that wait is over:
+        its best is not this worker's to lease, and would cut every batch
+        elsewhere to one request."""
+        now = time.monotonic()
         known = [
-            b for i, b in enumerate(self._shard_best) if i != shard and not math.isinf(b)
+            b for i, b in enumerate(self._shard_best)
+            if i != shard and not math.isinf(b)
+            and (due := self._shard_due[i]) is not None and due <= now
         ]
         return int(max(known)) if known else None
 
