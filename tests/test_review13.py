@@ -4,12 +4,14 @@ against real Redis servers."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
 from scrapy import Request, Spider
 
 from crawler.config import config_error_of
+from crawler.frontier.store import Push
 from crawler.keys import shard_of
 from devtools.replay import Page
 from tests import scheduler_harness as harness
@@ -214,3 +216,35 @@ def test_a_better_priority_this_worker_may_not_lease_does_not_cut_its_batches(
     assert [r.priority for r in got] == [9] + [0] * 16, [r.url for r in got]
     # 16 requests of shard 1 in batches of 8, not one by one
     assert crawler.stats.get_value("frontier/lease_calls") <= 4
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_fair_share_on_every_due_site_costs_a_few_calls_a_second_per_shard(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """Two live workers, this one holding its share of every due site (60
+    sites over the shards): for 2 s, about one call per shard a second."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_CONCURRENCY=2, FRONTIER_SHARDS=shards
+    )
+    frontier_shards = scheduler.queue.shards
+    frontier_shards.alive("other#1")
+    for i in range(60):
+        site = f"s{i}.example"
+        frontier_shards.for_site(site).push_many([
+            Push(f"https://{site}/{j}".encode(), site, 0, f"https://{site}/{j}".encode(), False)
+            for j in range(3)
+        ])
+    held = 0
+    for k in range(shards):
+        result = frontier_shards[k].lease_many([f"{scheduler.holder}:h{k}-{n}" for n in range(64)])
+        held += len(result) if isinstance(result, list) else 0
+    assert held == 60
+    rds.config_resetstat()
+    deadline = time.monotonic() + 2.0
+    while (now := time.monotonic()) < deadline:
+        assert scheduler.next_request() is None
+        due = scheduler.next_due
+        time.sleep(min(1.0 if due is None else due, 1.0, deadline - now))
+    calls = int(rds.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    assert calls <= shards * 3 * 2, calls
