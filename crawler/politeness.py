@@ -256,6 +256,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
       it one request at a time, so the hold bounces at most one request per
       attempt. A request downloaded outside the scheduler
       (``engine.download_async``) waits in the worker instead.
+    * A worker reads a site's robots.txt from Redis again after half of
+      ``FRONTIER_SITE_FORGET_AFTER`` at most (default 3600.0), so that a
+      site whose state housekeeping deleted has its robots.txt fetched
+      again (and its Crawl-delay applied) when it gets new work.
     * A stored robots.txt is fetched again after ``FRONTIER_ROBOTS_TTL``
       seconds (default 86400); while that fetch fails, the old rules are
       kept (RFC 9309 section 2.4) and fetched again with the same backoff.
@@ -280,6 +284,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         settings = crawler.settings
         self._redis: Redis | None = None
         self.ttl = settings.getfloat("FRONTIER_ROBOTS_TTL", 86400.0)
+        #: Seconds this worker uses a site's rules without reading Redis
+        #: again at most: half of FRONTIER_SITE_FORGET_AFTER, so that a site
+        #: whose state housekeeping deleted (its robots.txt and Crawl-delay
+        #: among it) has its robots.txt fetched again when it gets new work,
+        #: instead of being served by a local copy with no Crawl-delay and
+        #: no rules in the frontier.
+        self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
         self.margin = settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
         self.retry_base = settings.getfloat("FRONTIER_ROBOTS_RETRY_BASE", 2.0)
         self.retry_max = settings.getfloat("FRONTIER_ROBOTS_RETRY_MAX", 300.0)
@@ -449,10 +460,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             logger.warning("Bad value in Redis: %s", text, extra={"spider": self.crawler.spider})
 
     def _keep(self, site: str, body: bytes, seconds: float) -> RobotParser:
-        """Parse ``body`` and use it for ``site`` for ``seconds`` unread."""
+        """Parse ``body`` and use it for ``site`` for ``seconds`` unread
+        (at most :attr:`local_max`)."""
         parserimpl: Any = self._parserimpl  # the ROBOTSTXT_PARSER class
         parser: RobotParser = build_from_crawler(parserimpl, self.crawler, body)
-        self._rules[site] = (parser, time.monotonic() + max(0.0, seconds))
+        self._rules[site] = (
+            parser, time.monotonic() + max(0.0, min(seconds, self.local_max))
+        )
         return parser
 
     def _robots_maxsize(self) -> int:

@@ -640,6 +640,22 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         return min(range(n), key=waited)
 
+    def _best_elsewhere(self, shard: int) -> int | None:
+        """The best priority due on the shards other than ``shard`` as last
+        learnt (None: none has work due, or it is not known), so that a
+        lease call's batch stops before lower priorities than that. A shard
+        that told this worker to wait (its due sites are ones where it holds
+        its share, or none is due) does not count until that wait is over:
+        its best is not this worker's to lease, and would cut every batch
+        elsewhere to one request."""
+        now = time.monotonic()
+        known = [
+            b for i, b in enumerate(self._shard_best)
+            if i != shard and not math.isinf(b)
+            and (due := self._shard_due[i]) is not None and due <= now
+        ]
+        return int(max(known)) if known else None
+
     def _learn_best(self, shard: int, best: int | None) -> None:
         """Note the best priority due on ``shard`` (None: nothing due)."""
         if self._shard_best:
@@ -1143,7 +1159,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         # (the slots it holds there: lease.lua passes over
                         # at most that many sites where it has its share)
                         held = sum(1 for s in self._lease_shards.values() if s == i)
-                        shards[i].lease_many(lease[1], client=pipe, held=held)
+                        shards[i].lease_many(
+                            lease[1], client=pipe, held=held, least=self._best_elsewhere(i)
+                        )
                         calls.append(("lease", i))
                 replies = self._execute(pipe)
             for (call, i), reply in zip(calls, replies, strict=True):

@@ -176,7 +176,9 @@ class FrontierShards:
 
         :raises ShardCountError: the crawl was started with another count,
             or (no count recorded) it has an unsharded frontier and this
-            worker would shard it; the message names both values.
+            worker would shard it; the message names both values. Also
+            when the recorded count is no whole number >= 1 (a key edited
+            by hand).
         :raises redis.exceptions.RedisError: Redis failed.
         """
         n = len(self.frontiers)
@@ -189,11 +191,20 @@ class FrontierShards:
             if self.redis.exists(plain + "count", plain + "leases", plain + "retries"):
                 self.redis.delete(key)
                 old = b"1"
-        if old is not None and int(old) != n:
+        if old is None:
+            return
+        text = old.decode(errors="replace") if isinstance(old, bytes) else str(old)
+        if not (text.isascii() and text.isdigit() and int(text) >= 1):
+            raise ShardCountError(
+                f"{key} holds {text[:60]!r}, not a shard count: set it to the crawl's "
+                f"FRONTIER_SHARDS (this worker's is {n}), or clear the crawl "
+                f"(scrapy frontier clear {self.spider} --yes)"
+            )
+        if int(text) != n:
             raise ShardCountError(
                 f"FRONTIER_SHARDS is {n} but the crawl of spider {self.spider!r} was started "
-                f"with {int(old)} shards ({key} = {int(old)}): set FRONTIER_SHARDS = "
-                f"{int(old)}, or clear the crawl (scrapy frontier clear {self.spider} --yes) "
+                f"with {int(text)} shards ({key} = {int(text)}): set FRONTIER_SHARDS = "
+                f"{int(text)}, or clear the crawl (scrapy frontier clear {self.spider} --yes) "
                 "to change it"
             )
 

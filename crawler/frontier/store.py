@@ -570,15 +570,18 @@ class Frontier:
         return result[0] if isinstance(result, list) else result
 
     @overload
-    def lease_many(self, lease_ids: Sequence[str], *, held: int = 0) -> list[Lease] | NotDue: ...
+    def lease_many(
+        self, lease_ids: Sequence[str], *, held: int = 0, least: int | None = None
+    ) -> list[Lease] | NotDue: ...
 
     @overload
     def lease_many(
-        self, lease_ids: Sequence[str], client: Any, *, held: int = 0
+        self, lease_ids: Sequence[str], client: Any, *, held: int = 0, least: int | None = None
     ) -> list[Lease] | NotDue | None: ...
 
     def lease_many(
-        self, lease_ids: Sequence[str], client: Any = None, *, held: int = 0
+        self, lease_ids: Sequence[str], client: Any = None, *, held: int = 0,
+        least: int | None = None,
     ) -> list[Lease] | NotDue | None:
         """Lease up to ``len(lease_ids)`` due requests in one call.
 
@@ -594,6 +597,11 @@ class Frontier:
             not acknowledged yet): the call passes over up to that many due
             sites where the holder has its fair share, besides
             ``candidates``, to reach the next one it may lease from.
+        :param least: the best priority due on the crawl's other shards, as
+            the caller knows it (None: no other shard has work due, or it is
+            not known): after the first lease, the call leases only requests
+            of at least that priority, so that a batch does not take this
+            shard's lower priorities before another shard's better ones.
         :returns: the leases (at least one; housekeeping counts on the
             first), or :class:`NotDue` when nothing can be leased now.
         :raises ValueError: ``lease_ids`` is empty.
@@ -603,7 +611,7 @@ class Frontier:
         """
         if not lease_ids:
             raise ValueError("lease_many needs at least one lease id")
-        reply = self._lease_call(holder_of(lease_ids[0]), lease_ids, held, client)
+        reply = self._lease_call(holder_of(lease_ids[0]), lease_ids, held, client, least)
         return None if client is not None else self.leases_of(reply, lease_ids)
 
     def peek(self, holder: str, client: Any) -> None:
@@ -615,7 +623,8 @@ class Frontier:
         self._lease_call(holder, (), 0, client)
 
     def _lease_call(
-        self, holder: str, lease_ids: Sequence[str], held: int, client: Any
+        self, holder: str, lease_ids: Sequence[str], held: int, client: Any,
+        least: int | None = None,
     ) -> Any:
         k = self.key
         return self._lease(
@@ -639,6 +648,7 @@ class Frontier:
                 self.delay_margin,
                 "1" if self.robots_gate else "0",
                 max(0, held),
+                "" if least is None else least,
                 *lease_ids,
             ],
             client=client,

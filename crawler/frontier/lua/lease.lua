@@ -103,7 +103,12 @@
 -- ARGV[12] download slots the worker holds now, as it counts them (at
 --          most that many sites are passed over for its fair share, on top
 --          of ARGV[6]); 0 when it does not count them
--- ARGV[13..] lease ids, one per request wanted
+-- ARGV[13] the best priority due on the crawl's other shards as the worker
+--          knows it, or "": after its first lease, the call leases only
+--          from sites whose best priority is at least that (so a batch does
+--          not take this shard's lower priorities before another shard's
+--          better ones)
+-- ARGV[14..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -140,7 +145,7 @@ local err = check_types({
   {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 13)}
+local ids = {unpack(ARGV, 14)}
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -273,13 +278,16 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 13
+local a = 14
+local least = tonumber(ARGV[13])
 local pos = 0 -- sites at the top of K.ready passed over in this call
 local looks = move_max + #ids + math.max(0, tonumber(ARGV[12]) or 0)
 local known = {}
 while a <= #ARGV and looks > 0 do
-  local top = redis.call('ZRANGE', K.ready, pos, pos)
+  local top = redis.call('ZRANGE', K.ready, pos, pos, 'WITHSCORES')
   if #top == 0 then break end
+  -- (another shard has better work due: this call's leases end here)
+  if n > 0 and least and prio_of(tonumber(top[2])) < least then break end
   looks = looks - 1
   local site, id = top[1], ARGV[a]
   local s = known[site]
@@ -367,11 +375,23 @@ end
 out[1] = n
 save_turns()
 
--- The best priority due now, appended to the reply.
+-- The best priority due now, appended to the reply. A site on top of
+-- K.ready with a score no frontier writes (a priority past +-1,000,000,
+-- an infinite one: a key edited by hand) is reported and ranked again by
+-- its queued work (or leaves K.ready without any), up to ARGV[6] of them.
 local function best_due()
-  local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
-  if #top == 0 then return '' end
-  return tostring(prio_of(tonumber(top[2])))
+  for _ = 0, move_max do
+    local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
+    if #top == 0 then return '' end
+    local p = prio_of(tonumber(top[2]))
+    if p >= -1000000 and p <= 1000000 then return tostring(p) end
+    problem(K.ready .. ' ' .. top[1] .. ' has the score ' .. top[2] ..
+            ', not a frontier score: ranked again')
+    local best = best_prio(top[1])
+    if best then make_ready(top[1], best) else redis.call('ZREM', K.ready, top[1]) end
+    save_turns()
+  end
+  return ''
 end
 
 if n > 0 then
