@@ -118,13 +118,30 @@ def test_an_unreadable_chunk_is_dead_lettered_and_the_queue_goes_on(
     assert rest and rest[-1].startswith("039")
 
 
-def test_a_malformed_bounds_value_skips_the_queue_and_keeps_its_chunks(
-    run: Any, rds: redis.Redis
+@pytest.mark.parametrize("bad", ["x y", "5 2", "", "1e400 2", "-1 9999999999999999"])
+def test_a_malformed_bounds_value_is_rebuilt_from_the_chunks_and_nothing_is_stranded(
+    run: Any, rds: redis.Redis, bad: str
 ) -> None:
-    run("push", "a", "0", "kept")
-    rds.hset("{t}:qm", "a\t0", "x y")
+    data = [f"{i:03d}" + "q" * 300 for i in range(20)]  # several chunks
+    for entry in data:
+        run("push", "a", "0", entry)
+    rds.hset("{t}:qm", "a\t0", bad)
     out = run("pop", "a", "0")
+    assert out[:2] == [data[0], "more"]
+    assert "is malformed: rebuilt from its chunks" in out[-1][0].decode()
+    assert run("push", "a", "0", "new")[0] == "ok"  # a push repairs it as well
+    assert _pops(run, "a", "0", 20) == [*data[1:], "new"]
+    assert rds.hlen("{t}:qc") == 0 and not rds.hexists("{t}:qm", "a\t0")
+
+
+def test_a_malformed_bounds_value_without_chunks_is_dropped(run: Any, rds: redis.Redis) -> None:
+    run("push", "a[1]*", "0", "x")  # (glob characters in the site's name)
+    run("pop", "a[1]*", "0")
+    rds.hset("{t}:qm", "a[1]*\t0", "garbage")
+    rds.hset("{t}:qc", "a[1]*x\t0\t0", "1:y")  # another queue's chunk: not matched
+    out = run("pop", "a[1]*", "0")
     assert out[:2] == ["<nil>", "empty"]
-    assert "is malformed: queue skipped" in out[-1][0].decode()
-    assert rds.hget("{t}:qc", "a\t0\t0") == b"4:kept"
-    assert run("push", "a", "0", "new")[0].endswith("is malformed")
+    assert "no chunk of the queue left" in out[-1][0].decode()
+    assert not rds.hexists("{t}:qm", "a[1]*\t0")
+    assert run("push", "a[1]*", "0", "new")[0] == "ok"
+    assert _pops(run, "a[1]*", "0", 1) == ["new"]

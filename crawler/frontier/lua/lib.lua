@@ -279,18 +279,51 @@ local function q_bounds(v)
   return h, t
 end
 
+-- The bounds of queue `f` ("site\tprio") from its value `b` in K.qm; a
+-- malformed value is reported and rebuilt from the queue's chunks in K.qc
+-- (the lowest and highest chunk numbers found: a gap between them reads
+-- as empty chunks), so no queued request is stranded. Returns head, tail,
+-- or nil when no chunk of the queue is left (its K.qm field is then
+-- deleted). Only for a value that exists.
+local function q_repair(f, b)
+  local head, tail = q_bounds(b)
+  if head then return head, tail end
+  local pattern = string.gsub(f, '[%[%]%*%?\\]', '\\%0') .. '\t*'
+  local cursor = '0'
+  repeat
+    local r = redis.call('HSCAN', K.qc, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = r[1]
+    for i = 1, #r[2], 2 do
+      local n = string.sub(r[2][i], #f + 2)
+      if #n <= 15 and string.match(n, '^%-?%d+$') then
+        n = tonumber(n)
+        if not head or n < head then head = n end
+        if not tail or n > tail then tail = n end
+      end
+    end
+  until cursor == '0'
+  local what = K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) .. ' is malformed: '
+  if not head then
+    problem(what .. 'no chunk of the queue left in ' .. K.qc .. ', dropped')
+    redis.call('HDEL', K.qm, f)
+    return nil
+  end
+  problem(what .. 'rebuilt from its chunks in ' .. K.qc)
+  redis.call('HSET', K.qm, f, head .. ' ' .. tail)
+  return head, tail
+end
+
 -- Queue `data` on `site` at priority `prio` (front: next out; else last).
 -- Returns nil, or the reason it could not be queued (then nothing was
--- written).
+-- written); a malformed K.qm value is rebuilt first (q_repair), so today
+-- every push is queued.
 local function q_push(site, prio, data, front)
   local f = site .. '\t' .. prio
   local b = redis.call('HGET', K.qm, f)
   local head, tail = 0, 0
   if b then
-    head, tail = q_bounds(b)
-    if not head then
-      return K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) .. ' is malformed'
-    end
+    head, tail = q_repair(f, b)
+    if not head then b, head, tail = nil, 0, 0 end
   end
   local n = tail
   if front then n = head end
@@ -313,8 +346,8 @@ end
 -- entry (nil when the queue is empty: its priority is dropped from K.lv)
 -- and whether the queue is empty now. A chunk whose entries cannot be
 -- read is given to `bad(chunk, why)` (a dead letter) and dropped; a
--- malformed K.qm value is reported and the queue skipped (its chunks stay
--- in K.qc for an operator).
+-- malformed K.qm value is reported and rebuilt from the queue's chunks
+-- (q_repair).
 local function q_pop(site, prio, bad)
   local f = site .. '\t' .. prio
   local b = redis.call('HGET', K.qm, f)
@@ -322,10 +355,8 @@ local function q_pop(site, prio, bad)
     q_drop_level(site, prio)
     return nil, true
   end
-  local head, tail = q_bounds(b)
+  local head, tail = q_repair(f, b)
   if not head then
-    problem(K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) ..
-            ' is malformed: queue skipped, its chunks left in ' .. K.qc)
     q_drop_level(site, prio)
     return nil, true
   end
@@ -363,8 +394,7 @@ end
 
 -- Queue `data` on `site` at priority `prio` (front: next out; else back),
 -- and count it in K.count and K.prio. Returns nil, or the reason it could not
--- be queued (a malformed K.qm value); in that case the queue holds nothing
--- new.
+-- be queued (see q_push); in that case the queue holds nothing new.
 local function enqueue(site, prio, data, front)
   local why = q_push(site, prio, data, front)
   if why then return why end
