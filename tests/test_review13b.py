@@ -5,14 +5,27 @@ shards), against real Redis servers."""
 
 from __future__ import annotations
 
+import json
+import statistics
+import threading
+import time
+import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
 from redis.cluster import RedisCluster
+from scrapy.settings import Settings
 
+from crawler import metrics
 from crawler.frontier.shards import FrontierShards
-from crawler.keys import shard_prefixes
+from crawler.frontier.store import Lease
+from crawler.keys import shard_of, shard_prefixes
+from crawler.status import StatusReader
+from devtools.embedded import RedisServer
 from tests.test_shards import _assert_stored_once, _Sites
+from tests.test_status_noscan import FOREIGN_KEYS, POPULATE, TOLERANCE, commands, timed
 from tests.workers import crawl, worker_env
 
 if TYPE_CHECKING:
@@ -24,8 +37,6 @@ pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
 @pytest.fixture
 def many_sites() -> Iterator[_Sites]:
-    import threading
-
     server = _Sites()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -61,3 +72,159 @@ def test_a_crawl_of_200_sites_in_9_shards_spreads_over_the_masters_of_a_cluster(
         assert max(per_master) <= 0.6 * sum(per_master), per_master
     finally:
         rc.close()
+
+
+# -- status and the metrics exporter of a sharded crawl beside 1,000,000 foreign keys --------
+
+SHARDS = 4
+
+
+def fill_sharded_crawl(client: redis.Redis, beat: float) -> None:
+    """A crawl of spider ``quotes`` in :data:`SHARDS` shards, with keys of
+    every kind the status reads in several shards: 200 requests on 40 sites
+    (one leased), two dead letters in two shards, trimmed counts in two."""
+    client.lpush("quotes:start_urls", "https://s.example/")
+    client.set("{quotes}:shards", SHARDS)
+    shards = FrontierShards.build(client, "quotes", SHARDS)
+    for i in range(200):
+        site = f"s{i % 40}.example"
+        assert shards.for_site(site).push(
+            f'{{"u":"https://{site}/{i}"}}'.encode(), site=site, priority=i % 5,
+            fingerprint=f"f{i}".encode(), dont_filter=False,
+        )
+    assert isinstance(shards.lease("w1#n:1"), Lease)
+    used = sorted({shard_of(f"s{i}.example", SHARDS) for i in range(40)})
+    assert len(used) == SHARDS
+    for index in used[:2]:
+        shards[index].dead_letter({"url": "https://x.example/", "reason": "r", "attempts": 3})
+    prefixes = shard_prefixes("quotes", SHARDS)
+    client.set(prefixes[1] + "dead:trimmed", 5)
+    client.set(prefixes[3] + "dead:trimmed", 7)
+    client.hset("{quotes}:stats", mapping={"response_received_count": 5})
+    client.hset(
+        "{quotes}:workers", "w1",
+        json.dumps({"pid": 1, "host": "h", "last_heartbeat": beat, "pages": 5}),
+    )
+
+
+@pytest.fixture(scope="module")
+def crowded() -> Iterator[tuple[str, str]]:
+    """A redis-server of this module's own: db 0 the sharded crawl alone,
+    db 1 the crawl and a million foreign keys. Yields the two URLs."""
+    with RedisServer(appendonly=False) as srv:
+        base = srv.url.rsplit("/", 1)[0]
+        beat = time.time()
+        for number in (0, 1):
+            client: redis.Redis = redis.Redis.from_url(f"{base}/{number}")
+            try:
+                fill_sharded_crawl(client, beat)
+                if number == 1:
+                    script = client.register_script(POPULATE)
+                    step = 200_000
+                    for start in range(1, FOREIGN_KEYS + 1, step):
+                        script(args=[start, start + step - 1])
+                    assert client.dbsize() > FOREIGN_KEYS
+            finally:
+                client.close()
+        yield f"{base}/0", f"{base}/1"
+
+
+def _scans(client: redis.Redis) -> int:
+    return commands(client, "scan") + commands(client, "keys")
+
+
+def _figures(result: dict[str, Any]) -> dict[str, Any]:
+    result.pop("time")
+    for spider in result["spiders"].values():
+        for worker in spider["workers"]:
+            worker.pop("age")
+    return result
+
+
+@pytest.mark.parametrize("configured", [SHARDS, 1])
+def test_sharded_status_is_the_same_and_as_fast_beside_a_million_foreign_keys(
+    crowded: tuple[str, str], configured: int
+) -> None:
+    """Read with the crawl's FRONTIER_SHARDS, and with the default (the
+    recorded count then takes a second pipeline)."""
+    clients = [redis.Redis.from_url(u) for u in crowded]
+    settings = Settings({"FRONTIER_SHARDS": configured})
+    readers = [
+        StatusReader(c, None, "unused", ["quotes", "pages"], settings=settings) for c in clients
+    ]
+    try:
+        before = _scans(clients[0])
+        results = [_figures(r.read().as_dict()) for r in readers]
+        assert results[0] == results[1]
+        quotes = results[1]["spiders"]["quotes"]
+        assert quotes["shards"] == SHARDS
+        assert (quotes["queued"], quotes["leases"], quotes["dead_letters"]) == (199, 1, 2)
+        assert quotes["dead_trimmed"] == 12
+        assert quotes["seen"] == 200
+        assert sum(quotes["queued_by_priority"].values()) == 199
+        assert quotes["leases_by_worker"] == {"w1": 1}
+        times: list[list[float]] = [[], []]
+        for _ in range(7):
+            for i, reader in enumerate(readers):
+                times[i].append(timed(reader.read))
+        alone, crowded_time = (statistics.median(t) for t in times)
+        assert crowded_time - alone < TOLERANCE, (alone, crowded_time)
+        assert _scans(clients[0]) == before
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "crawler_status_read_seconds":
+                continue
+            if sample.name == "crawler_worker_last_heartbeat_timestamp_seconds":
+                continue
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_the_metrics_exporter_of_a_sharded_crawl_is_the_same_and_as_fast_beside_a_million_keys(
+    crowded: tuple[str, str],
+) -> None:
+    """The exporter's own scrape over HTTP: the same samples either way,
+    sums over the shards, no SCAN or KEYS, the read time within 150 ms."""
+    clients = [redis.Redis.from_url(u) for u in crowded]
+    settings = Settings({"FRONTIER_SHARDS": SHARDS})
+    readers = [
+        StatusReader(c, None, "unused", ["quotes"], settings=settings) for c in clients
+    ]
+    servers = [metrics.serve(r, "127.0.0.1", 0) for r in readers]
+    try:
+        before = _scans(clients[0])
+        ports = [server.server_address[1] for server, _ in servers]
+        scraped = [_scrape(p) for p in ports]
+        assert scraped[0] == scraped[1]
+        got = scraped[1]
+        quotes = (("spider", "quotes"),)
+        assert got[("crawler_requests_queued", quotes)] == 199
+        assert got[("crawler_requests_leased", quotes)] == 1
+        assert got[("crawler_frontier_shards", quotes)] == SHARDS
+        assert got[("crawler_urls_seen", quotes)] == 200
+        dead = [v for (name, _), v in got.items() if name == "crawler_dead_letters"]
+        assert dead == [2]
+        trimmed = "crawler_dead_letters_trimmed_total"
+        assert [v for (name, _), v in got.items() if name == trimmed] == [12]
+        times: list[list[float]] = [[], []]
+        for _ in range(7):
+            for i, port in enumerate(ports):
+                times[i].append(timed(lambda port=port: _scrape(port)))
+        alone, crowded_time = (statistics.median(t) for t in times)
+        assert crowded_time - alone < TOLERANCE, (alone, crowded_time)
+        assert _scans(clients[0]) == before
+    finally:
+        for server, _ in servers:
+            server.shutdown()
+            server.server_close()
+        for reader in readers:
+            reader.close()
