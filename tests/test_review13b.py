@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 import redis
@@ -19,14 +20,24 @@ from redis.cluster import RedisCluster
 from scrapy.settings import Settings
 
 from crawler import metrics
+from crawler.frontier.connection import get_redis
+from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Lease
 from crawler.keys import shard_of, shard_prefixes
 from crawler.status import StatusReader
 from devtools.embedded import RedisServer
+from tests.faultproxy import FaultProxy
 from tests.test_shards import _assert_stored_once, _Sites
-from tests.test_status_noscan import FOREIGN_KEYS, POPULATE, TOLERANCE, commands, timed
-from tests.workers import crawl, worker_env
+from tests.test_status_noscan import (
+    FOREIGN_KEYS,
+    POPULATE,
+    PYTHON,
+    TOLERANCE,
+    commands,
+    timed,
+)
+from tests.workers import PROJECT_DIR, crawl, worker_env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -228,3 +239,61 @@ def test_the_metrics_exporter_of_a_sharded_crawl_is_the_same_and_as_fast_beside_
             server.server_close()
         for reader in readers:
             reader.close()
+
+
+# -- the dead-letter cap with shards ---------------------------------------------------
+
+
+def _frontier_status(env: dict[str, str], *extra: str) -> str:
+    result = subprocess.run(
+        [PYTHON, "-m", "scrapy", "frontier", "status", *extra],
+        cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("mode", ["drop", "hold"])
+def test_dead_letters_trimmed_in_three_shards_are_counted_once_and_shown_summed(
+    redis_url: str, rds: redis.Redis, env: dict[str, str], mode: Literal["drop", "hold"]
+) -> None:
+    """FRONTIER_DEAD_LETTERS_MAX=7 over 3 shards (3 kept each): the reply
+    of one shard's trim is lost (the run fails), more dead letters come,
+    the next runs trim what is past the cap; every trimmed letter is
+    counted once, and ``frontier status`` (text and JSON) shows the sum of
+    the shards' counts."""
+    shards = FrontierShards.build(rds, "pages", 3)
+    shards.check_count()
+    for index, shard in enumerate(shards):
+        for i in range(10 + index):  # 10, 11, 12
+            shard.dead_letter({"url": f"https://d{index}.example/{i}", "reason": "r"})
+    params = {"socket_timeout": 0.5} if mode == "hold" else {}
+    with FaultProxy(redis_url) as proxy:
+        client = get_redis(Settings({"REDIS_URL": proxy.url, "REDIS_PARAMS": params}))
+        keeper = Housekeeper(client, "pages", shards=3, dead_max=7, site_forget_after=0)
+        assert keeper.dead_max_per_shard == 3
+        for lua in (keeper._forget_workers, keeper._trim_dead, keeper._forget_sites):
+            client.script_load(lua.source)
+        trim = (PROJECT_DIR / "crawler" / "frontier" / "lua" / "trim_dead.lua").read_bytes()
+        rule = proxy.lose_replies(script=trim, skip=1, mode=mode)  # the second shard's
+        with pytest.raises(redis.ConnectionError if mode == "drop" else redis.TimeoutError):
+            keeper.run()
+        assert rule.acted == 1
+        assert len(proxy.commands(script=trim)) == 3  # none sent twice
+        for index, shard in enumerate(shards):  # new dead letters meanwhile
+            shard.dead_letter({"url": f"https://late{index}.example/", "reason": "r"})
+        assert keeper.run().dead_trimmed == 3  # one new past the cap per shard
+        assert keeper.run().dead_trimmed == 0
+        client.close()
+    prefixes = shard_prefixes("pages", 3)
+    assert [rds.llen(p + "dead") for p in prefixes] == [3, 3, 3]
+    assert [rds.get(p + "dead:trimmed") for p in prefixes] == [b"8", b"9", b"10"]
+    # The newest kept: the late one last.
+    assert json.loads(rds.lrange(prefixes[1] + "dead", -1, -1)[0])["url"] == (
+        "https://late1.example/"
+    )
+    status_env = {**env, "REDIS_URL": redis_url, "COLUMNS": "200"}
+    answer = json.loads(_frontier_status(status_env, "--json"))["spiders"]["pages"]
+    assert (answer["shards"], answer["dead_letters"], answer["dead_trimmed"]) == (3, 9, 27)
+    text = _frontier_status(status_env)
+    assert "(27 older ones trimmed)" in text, text
