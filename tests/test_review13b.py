@@ -23,7 +23,7 @@ from crawler import metrics
 from crawler.frontier.connection import get_redis
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.store import Lease
+from crawler.frontier.store import Frontier, Lease
 from crawler.keys import shard_of, shard_prefixes
 from crawler.status import StatusReader
 from devtools.embedded import RedisServer
@@ -297,3 +297,42 @@ def test_dead_letters_trimmed_in_three_shards_are_counted_once_and_shown_summed(
     assert (answer["shards"], answer["dead_letters"], answer["dead_trimmed"]) == (3, 9, 27)
     text = _frontier_status(status_env)
     assert "(27 older ones trimmed)" in text, text
+
+
+# -- a level found empty in a lease call --------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["malformed bounds, no chunk", "unreadable chunk"])
+@pytest.mark.parametrize("least", [None, 5])
+def test_a_level_found_empty_while_leasing_does_not_let_a_lower_priority_jump_the_line(
+    rds: redis.Redis, damage: str, least: int | None
+) -> None:
+    """Site y is ranked in ready by its priority-9 queue, whose bounds value
+    is malformed with no chunk left (dropped by q_repair) or whose only
+    chunk cannot be read (dead-lettered). Its priority-0 request must not be
+    leased in that batch before a's second priority-9 request, nor after
+    the first lease of a batch told another shard has priority 5 due."""
+    frontier = Frontier(rds, "t")
+
+    def push(site: str, priority: int, tag: str) -> None:
+        assert frontier.push(
+            f'{{"u":"https://{site}/{tag}"}}'.encode(), site=site, priority=priority,
+            fingerprint=None, dont_filter=True,
+        )
+
+    push("a.example", 9, "a9")
+    push("a.example", 9, "a9b")
+    push("y.example", 9, "y9")
+    push("y.example", 0, "y0")
+    if damage == "unreadable chunk":
+        rds.hset("{t}:qc", "y.example\t9\t0", "zz:garbage")
+    else:
+        rds.hset("{t}:qm", "y.example\t9", "garbage")
+        rds.hdel("{t}:qc", "y.example\t9\t0")
+    got = frontier.lease_many([f"w#n:{i}" for i in range(3)], least=least)
+    assert isinstance(got, list)
+    urls = [json.loads(lease.data)["u"] for lease in got]
+    expected = ["https://a.example/a9", "https://a.example/a9b"]
+    if least is None:
+        expected.append("https://y.example/y0")
+    assert urls == expected
