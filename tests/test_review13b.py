@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
@@ -26,11 +27,12 @@ from crawler.frontier import serializer
 from crawler.frontier.connection import get_redis
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.store import Frontier, Lease
+from crawler.frontier.store import Frontier, Lease, chunk_entries
 from crawler.keys import shard_of, shard_prefixes
 from crawler.status import StatusReader
 from devtools.embedded import RedisServer
 from tests.faultproxy import FaultProxy
+from tests.test_chunk_queues import _DRIVER
 from tests.test_shards import _assert_stored_once, _Sites
 from tests.test_status_noscan import (
     FOREIGN_KEYS,
@@ -363,3 +365,55 @@ def test_a_followed_link_of_a_page_in_an_encoding_not_ascii_compatible_keeps_its
     slow = request_from_dict(serializer.loads(serializer.dumps(request.to_dict(), "a.example"),
                                               "a.example"))
     assert slow.url != url  # (what the fast path spares)
+
+
+# -- q_repair: a malformed {s}:qm value rebuilt from the chunks ----------------------------
+
+
+@pytest.fixture
+def queues(rds: redis.Redis) -> Iterator[Any]:
+    """``lib.lua``'s queues driven directly (``tests/test_chunk_queues.py``'s driver)."""
+    lib = resources.files("crawler.frontier").joinpath("lua/lib.lua").read_text()
+    script = rds.register_script(lib + "\n" + _DRIVER)
+    keys = ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:deadq"]
+
+    def call(*args: Any) -> list[Any]:
+        reply = script(keys=keys, args=list(args))
+        return [x.decode() if isinstance(x, bytes) else x for x in reply]
+
+    yield call
+    rds.delete(*keys)
+
+
+def _entry(i: int) -> str:
+    return f"{i:03d}" + "q" * 600  # three a chunk
+
+
+@pytest.mark.parametrize("site", ["a\\b", "a?b", "h[::1]:80", "a\\*"])
+def test_a_queue_of_negative_and_partly_deleted_chunks_is_rebuilt_and_a_front_push_comes_first(
+    queues: Any, rds: redis.Redis, site: str
+) -> None:
+    """Front pushes make chunks at and below 0, back pushes above; chunk 1
+    is lost and the bounds value is garbage (glob characters in the site's
+    name). Another queue whose name the site's is a
+    prefix of is not matched."""
+    for i in range(6):
+        queues("front", site, "0", _entry(5 - i))  # 000 first out
+    for i in range(6, 12):
+        queues("push", site, "0", _entry(i))
+    queues("push", site + "x", "0", "OTHER")
+    chunks = sorted(int(k.decode().rsplit("\t", 1)[1]) for k in rds.hkeys("{t}:qc")
+                    if k.decode().startswith(site + "\t"))
+    assert chunks[0] < 0 < chunks[-1]
+    lost = chunk_entries(rds.hget("{t}:qc", f"{site}\t0\t1") or b"")
+    assert lost
+    rds.hdel("{t}:qc", f"{site}\t0\t1")
+    rds.hset("{t}:qm", f"{site}\t0", "9 1")
+    out = queues("front", site, "0", "FRONT")
+    assert out[0] == "ok" and "rebuilt from its chunks" in out[-1][0].decode()
+    got = queues(*[a for _ in range(13) for a in ("pop", site, "0")])[:-1][0::2]
+    left = [e for e in map(_entry, range(12)) if e.encode() not in lost]
+    assert got == ["FRONT", *left] + ["<nil>"] * (12 - len(left))
+    assert not any(k.decode().startswith(site + "\t") for k in rds.hkeys("{t}:qc"))
+    assert not rds.hexists("{t}:qm", f"{site}\t0")
+    assert rds.hget("{t}:qc", f"{site}x\t0\t0") == b"5:OTHER"
