@@ -332,8 +332,16 @@ while a <= #ARGV and looks > 0 do
       end)
       if not entry then
         -- a level without entries (a chunk that could not be read, a
-        -- malformed K.qm value): it is forgotten; look again
-        s.level = nil
+        -- malformed K.qm value): it is forgotten, and the site ranked
+        -- again by its best level left (its score still named the level
+        -- forgotten: its lower priorities would jump the line, and pass
+        -- ARGV[13]); look again
+        s.level, s.member = best_prio(site)
+        if s.level then
+          make_ready(site, s.level)
+        else
+          redis.call('ZREM', K.ready, site)
+        end
       else
         if not empty then s.level, s.member = level, member end
         redis.call('DECR', K.count)
