@@ -145,3 +145,32 @@ def test_a_malformed_bounds_value_without_chunks_is_dropped(run: Any, rds: redis
     assert not rds.hexists("{t}:qm", "a[1]*\t0")
     assert run("push", "a[1]*", "0", "new")[0] == "ok"
     assert _pops(run, "a[1]*", "0", 1) == ["new"]
+
+
+def test_a_rebuilt_queue_is_renumbered_so_no_pop_walks_a_gap(run: Any, rds: redis.Redis) -> None:
+    # Chunk numbers far apart (keys edited by hand): the rebuilt queue is
+    # one chunk after another, so a pop does not loop over 10^13 missing
+    # chunks; numbers the scripts never write ("007", 15 digits) are left
+    # alone and counted.
+    rds.hset("{t}:qc", mapping={
+        "a\t0\t-5": "5:first", "a\t0\t99999999999999": "4:last", "a\t0\t3": "6:middle",
+        "a\t0\t007": "3:odd", "a\t0\t123456789012345": "3:big",
+    })
+    rds.hset("{t}:qm", "a\t0", "garbage")
+    out = run("pop", "a", "0", "pop", "a", "0", "pop", "a", "0", "pop", "a", "0")
+    assert out[:-1] == ["first", "more", "middle", "more", "last", "empty", "<nil>", "empty"]
+    problem = out[-1][0].decode()
+    assert "2 chunks with numbers the frontier never writes" in problem
+    assert "rebuilt from its chunks in {t}:qc (3 found)" in problem
+    assert set(rds.hkeys("{t}:qc")) == {b"a\t0\t007", b"a\t0\t123456789012345"}
+
+
+@pytest.mark.parametrize("bad", ["0 123456789012345", "007 9", "1e3 1e4"])
+def test_bounds_the_scripts_never_write_are_malformed(
+    run: Any, rds: redis.Redis, bad: str
+) -> None:
+    run("push", "a", "0", "kept")
+    rds.hset("{t}:qm", "a\t0", bad)
+    out = run("pop", "a", "0")
+    assert out[:2] == ["kept", "empty"]
+    assert "is malformed: rebuilt" in out[-1][0].decode()

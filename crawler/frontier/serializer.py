@@ -341,7 +341,11 @@ def rebuild(fields: dict[str, Any], spider: Any = None) -> Request:
     ``Request`` whose URL matches ``_UNCHANGED_URL`` (most crawled URLs) the
     request is built with Scrapy's ``verbatim_url`` meta key, which skips
     that step, and the key is taken out of ``meta`` again: the request is
-    the one ``request_from_dict`` builds. A subclass (``_class``), a
+    the one ``request_from_dict`` builds, but for a request in an encoding
+    that is not ASCII-compatible (utf-16, utf-32, cp037), whose query
+    ``request_from_dict`` escapes once more on every decode (the URL grows
+    and no longer matches its fingerprint): here it stays the stored URL.
+    A subclass (``_class``), a
     ``meta`` that sets ``verbatim_url`` itself, or any other URL (an edited
     dead letter, a URL with characters to escape) goes through
     ``request_from_dict`` unchanged.

@@ -270,45 +270,69 @@ local function q_drop_level(site, prio)
   end
 end
 
+-- A chunk number as the scripts write it: an integer of at most 14 digits
+-- (Lua writes 10^14 and above as "1e+14"), no leading zero.
+local function chunk_no(v)
+  if v == '0' then return 0 end
+  if #v <= 14 and string.match(v, '^[1-9]%d*$') then return tonumber(v) end
+  if #v <= 15 and string.match(v, '^%-[1-9]%d*$') then return tonumber(v) end
+  return nil
+end
+
 -- "<head> <tail>" -> head, tail (nil when malformed).
 local function q_bounds(v)
-  local h, t = string.match(v, '^(%-?%d+) (%-?%d+)$')
-  if not h or #h > 15 or #t > 15 then return nil end
-  h, t = tonumber(h), tonumber(t)
-  if h > t then return nil end
+  local h, t = string.match(v, '^(%S+) (%S+)$')
+  if not h then return nil end
+  h, t = chunk_no(h), chunk_no(t)
+  if not h or not t or h > t then return nil end
   return h, t
 end
 
 -- The bounds of queue `f` ("site\tprio") from its value `b` in K.qm; a
--- malformed value is reported and rebuilt from the queue's chunks in K.qc
--- (the lowest and highest chunk numbers found: a gap between them reads
--- as empty chunks), so no queued request is stranded. Returns head, tail,
--- or nil when no chunk of the queue is left (its K.qm field is then
--- deleted). Only for a value that exists.
+-- malformed value is reported and rebuilt from the queue's chunks in K.qc,
+-- so no queued request is stranded: their numbers in order, the chunks
+-- renumbered one after another from the lowest when there are gaps (so a
+-- pop never walks a gap). Returns head, tail, or nil when no chunk of the
+-- queue is left (its K.qm field is then deleted). Only for a value that
+-- exists. (A field of K.qc whose number the scripts never write, e.g.
+-- "007", is left where it is and counted in the problem.)
 local function q_repair(f, b)
   local head, tail = q_bounds(b)
   if head then return head, tail end
   local pattern = string.gsub(f, '[%[%]%*%?\\]', '\\%0') .. '\t*'
-  local cursor = '0'
+  local found, odd, cursor = {}, 0, '0'
   repeat
     local r = redis.call('HSCAN', K.qc, cursor, 'MATCH', pattern, 'COUNT', 1000)
     cursor = r[1]
     for i = 1, #r[2], 2 do
-      local n = string.sub(r[2][i], #f + 2)
-      if #n <= 15 and string.match(n, '^%-?%d+$') then
-        n = tonumber(n)
-        if not head or n < head then head = n end
-        if not tail or n > tail then tail = n end
-      end
+      local suffix = string.sub(r[2][i], #f + 2)
+      local n = not string.find(suffix, '\t', 1, true) and chunk_no(suffix)
+      if n then found[#found + 1] = n else odd = odd + 1 end
     end
   until cursor == '0'
   local what = K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) .. ' is malformed: '
-  if not head then
+  if odd > 0 then
+    what = what .. odd .. ' chunks with numbers the frontier never writes left in ' ..
+           K.qc .. '; '
+  end
+  if #found == 0 then
     problem(what .. 'no chunk of the queue left in ' .. K.qc .. ', dropped')
     redis.call('HDEL', K.qm, f)
     return nil
   end
-  problem(what .. 'rebuilt from its chunks in ' .. K.qc)
+  table.sort(found)
+  head = found[1]
+  -- (ascending, each to the lowest free number: never onto a chunk not
+  -- moved yet, which all have higher numbers)
+  for i, n in ipairs(found) do
+    local to = head + i - 1
+    if n ~= to then
+      redis.call('HSET', K.qc, f .. '\t' .. to, redis.call('HGET', K.qc, f .. '\t' .. n))
+      redis.call('HDEL', K.qc, f .. '\t' .. n)
+    end
+  end
+  tail = head + #found - 1
+  problem(what .. 'rebuilt from its chunks in ' .. K.qc .. ' (' .. #found .. ' found)')
   redis.call('HSET', K.qm, f, head .. ' ' .. tail)
   return head, tail
 end
