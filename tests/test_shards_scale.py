@@ -1,7 +1,7 @@
-"""Second review of issue 13: held-back variants of its acceptance (a
-cluster crawl with other parameters, status and the metrics exporter of a
+"""The sharded frontier at scale, against real Redis servers: a cluster
+crawl of 200 sites in 9 shards, status and the metrics exporter of a
 sharded crawl beside a million foreign keys, the dead-letter cap with
-shards), against real Redis servers."""
+shards, and repairs of bad values met while leasing."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Review of issue 13 (sharded frontier, priority across all due sites,
-bounded state, status without SCAN): held-back variants of its acceptance,
-against real Redis servers."""
+"""Variants of the sharded frontier's acceptance (priority across all due
+sites and shards, fair-share call rates, a forgotten site that gets work
+again, bad values in the new keys), against real Redis servers."""
 
 from __future__ import annotations
 
