@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from importlib import resources
 from typing import Any
 
 import pymongo
@@ -158,3 +159,50 @@ def stop_heartbeats() -> Iterator[None]:
     from tests.scheduler_harness import stop_opened
 
     stop_opened()
+
+
+#: Drives ``lib.lua``'s queues (``q_push``/``q_pop``/``q_best``) from ARGV:
+#: ``push|front site prio data``, ``pop site prio``, ``best site``; returns
+#: each op's result and, last, the problems reported.
+_QUEUE_DRIVER = """
+K.qm, K.qc, K.lv, K.dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local out = {}
+local i = 1
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 'push' or op == 'front' then
+    local why = q_push(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], op == 'front')
+    out[#out + 1] = why or 'ok'
+    i = i + 4
+  elseif op == 'pop' then
+    local data, empty = q_pop(ARGV[i + 1], ARGV[i + 2], function(chunk, why)
+      redis.call('RPUSH', K.dead, why)
+    end)
+    out[#out + 1] = data or '<nil>'
+    out[#out + 1] = empty and 'empty' or 'more'
+    i = i + 3
+  elseif op == 'best' then
+    out[#out + 1] = q_best(ARGV[i + 1]) or '<nil>'
+    i = i + 2
+  end
+end
+out[#out + 1] = problems
+return out
+"""
+
+
+@pytest.fixture
+def queue_lib(rds: redis.Redis) -> Iterator[Callable[..., list[Any]]]:
+    """``lib.lua``'s queues in keys ``{t}:qm``, ``{t}:qc``, ``{t}:lv`` (and
+    ``{t}:deadq`` for what they dead-letter), driven directly: call it with
+    ops (see ``_QUEUE_DRIVER``); the keys are deleted afterwards."""
+    lib = resources.files("crawler.frontier").joinpath("lua/lib.lua").read_text()
+    script = rds.register_script(lib + "\n" + _QUEUE_DRIVER)
+    keys = ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:deadq"]
+
+    def call(*args: Any) -> list[Any]:
+        reply = script(keys=keys, args=list(args))
+        return [x.decode() if isinstance(x, bytes) else x for x in reply]
+
+    yield call
+    rds.delete(*keys)

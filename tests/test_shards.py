@@ -223,6 +223,19 @@ def sites() -> Iterator[_Sites]:
     server.server_close()
 
 
+def bytes_per_master(rc: RedisCluster, spider: str) -> list[int]:
+    """The bytes (``MEMORY USAGE``) of the keys of ``spider``'s crawl on
+    each master of the cluster."""
+    per_master = []
+    for node in rc.get_primaries():
+        client = rc.get_redis_connection(node)
+        per_master.append(sum(
+            int(client.memory_usage(key) or 0)
+            for key in client.scan_iter(match=f"*{spider}*", count=1000)
+        ))
+    return per_master
+
+
 def _assert_stored_once(db: Any, sites: _Sites, n: int, workers: list[Any]) -> None:
     assert [w.returncode for w in workers] == [0] * len(workers), [w.log[-3000:] for w in workers]
     assert db.pages.count_documents({}) == n * PAGES_PER_SITE
@@ -260,13 +273,7 @@ def test_a_crawl_of_120_sites_spreads_over_the_masters_of_a_cluster(
         workers = crawl("pages", env, tmp_path, workers=2, settings={"FRONTIER_SHARDS": 6})
         _assert_stored_once(db, sites, n, workers)
         assert all("MOVED" not in w.log and "CROSSSLOT" not in w.log for w in workers)
-        per_master = []
-        for node in rc.get_primaries():
-            client = rc.get_redis_connection(node)
-            per_master.append(sum(
-                int(client.memory_usage(key) or 0)
-                for key in client.scan_iter(match="*pages*", count=1000)
-            ))
+        per_master = bytes_per_master(rc, "pages")
         assert max(per_master) <= 0.6 * sum(per_master), per_master
     finally:
         rc.close()

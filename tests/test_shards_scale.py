@@ -9,9 +9,7 @@ import json
 import statistics
 import subprocess
 import threading
-import time
 import urllib.request
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
@@ -32,14 +30,12 @@ from crawler.keys import shard_of, shard_prefixes
 from crawler.status import StatusReader
 from devtools.embedded import RedisServer
 from tests.faultproxy import FaultProxy
-from tests.test_chunk_queues import _DRIVER
-from tests.test_shards import _assert_stored_once, _Sites
+from tests.test_shards import _assert_stored_once, _Sites, bytes_per_master
 from tests.test_status_noscan import (
-    FOREIGN_KEYS,
-    POPULATE,
     PYTHON,
     TOLERANCE,
     commands,
+    crowd,
     timed,
 )
 from tests.workers import PROJECT_DIR, crawl, worker_env
@@ -78,13 +74,7 @@ def test_a_crawl_of_200_sites_in_9_shards_spreads_over_the_masters_of_a_cluster(
         assert sum(int(rc.get(p + "count") or 0) for p in prefixes) == 0
         assert [rc.llen(p + "dead") for p in prefixes] == [0] * shards
         assert all(rc.scard(p + "dupefilter") > 0 for p in prefixes)
-        per_master = []
-        for node in rc.get_primaries():
-            client = rc.get_redis_connection(node)
-            per_master.append(sum(
-                int(client.memory_usage(key) or 0)
-                for key in client.scan_iter(match="*pages*", count=1000)
-            ))
+        per_master = bytes_per_master(rc, "pages")
         assert max(per_master) <= 0.6 * sum(per_master), per_master
     finally:
         rc.close()
@@ -128,21 +118,7 @@ def crowded() -> Iterator[tuple[str, str]]:
     """A redis-server of this module's own: db 0 the sharded crawl alone,
     db 1 the crawl and a million foreign keys. Yields the two URLs."""
     with RedisServer(appendonly=False) as srv:
-        base = srv.url.rsplit("/", 1)[0]
-        beat = time.time()
-        for number in (0, 1):
-            client: redis.Redis = redis.Redis.from_url(f"{base}/{number}")
-            try:
-                fill_sharded_crawl(client, beat)
-                if number == 1:
-                    script = client.register_script(POPULATE)
-                    step = 200_000
-                    for start in range(1, FOREIGN_KEYS + 1, step):
-                        script(args=[start, start + step - 1])
-                    assert client.dbsize() > FOREIGN_KEYS
-            finally:
-                client.close()
-        yield f"{base}/0", f"{base}/1"
+        yield crowd(srv, fill_sharded_crawl)
 
 
 def _scans(client: redis.Redis) -> int:
@@ -370,38 +346,23 @@ def test_a_followed_link_of_a_page_in_an_encoding_not_ascii_compatible_keeps_its
 # -- q_repair: a malformed {s}:qm value rebuilt from the chunks ----------------------------
 
 
-@pytest.fixture
-def queues(rds: redis.Redis) -> Iterator[Any]:
-    """``lib.lua``'s queues driven directly (``tests/test_chunk_queues.py``'s driver)."""
-    lib = resources.files("crawler.frontier").joinpath("lua/lib.lua").read_text()
-    script = rds.register_script(lib + "\n" + _DRIVER)
-    keys = ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:deadq"]
-
-    def call(*args: Any) -> list[Any]:
-        reply = script(keys=keys, args=list(args))
-        return [x.decode() if isinstance(x, bytes) else x for x in reply]
-
-    yield call
-    rds.delete(*keys)
-
-
 def _entry(i: int) -> str:
     return f"{i:03d}" + "q" * 600  # three a chunk
 
 
 @pytest.mark.parametrize("site", ["a\\b", "a?b", "h[::1]:80", "a\\*"])
 def test_a_queue_of_negative_and_partly_deleted_chunks_is_rebuilt_and_a_front_push_comes_first(
-    queues: Any, rds: redis.Redis, site: str
+    queue_lib: Any, rds: redis.Redis, site: str
 ) -> None:
     """Front pushes make chunks at and below 0, back pushes above; chunk 1
     is lost and the bounds value is garbage (glob characters in the site's
     name). Another queue whose name the site's is a
     prefix of is not matched."""
     for i in range(6):
-        queues("front", site, "0", _entry(5 - i))  # 000 first out
+        queue_lib("front", site, "0", _entry(5 - i))  # 000 first out
     for i in range(6, 12):
-        queues("push", site, "0", _entry(i))
-    queues("push", site + "x", "0", "OTHER")
+        queue_lib("push", site, "0", _entry(i))
+    queue_lib("push", site + "x", "0", "OTHER")
     chunks = sorted(int(k.decode().rsplit("\t", 1)[1]) for k in rds.hkeys("{t}:qc")
                     if k.decode().startswith(site + "\t"))
     assert chunks[0] < 0 < chunks[-1]
@@ -409,9 +370,9 @@ def test_a_queue_of_negative_and_partly_deleted_chunks_is_rebuilt_and_a_front_pu
     assert lost
     rds.hdel("{t}:qc", f"{site}\t0\t1")
     rds.hset("{t}:qm", f"{site}\t0", "9 1")
-    out = queues("front", site, "0", "FRONT")
+    out = queue_lib("front", site, "0", "FRONT")
     assert out[0] == "ok" and "rebuilt from its chunks" in out[-1][0].decode()
-    got = queues(*[a for _ in range(13) for a in ("pop", site, "0")])[:-1][0::2]
+    got = queue_lib(*[a for _ in range(13) for a in ("pop", site, "0")])[:-1][0::2]
     left = [e for e in map(_entry, range(12)) if e.encode() not in lost]
     assert got == ["FRONT", *left] + ["<nil>"] * (12 - len(left))
     assert not any(k.decode().startswith(site + "\t") for k in rds.hkeys("{t}:qc"))

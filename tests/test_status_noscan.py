@@ -28,7 +28,7 @@ from crawler.status import StatusReader
 from devtools.embedded import RedisServer
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
@@ -66,6 +66,27 @@ def fill_crawl(client: redis.Redis, beat: float) -> None:
     )
 
 
+def crowd(srv: RedisServer, fill: Callable[[redis.Redis, float], None]) -> tuple[str, str]:
+    """Write the same crawl (``fill(client, heartbeat time)``) into databases
+    0 and 1 of ``srv``, and :data:`FOREIGN_KEYS` keys of another
+    application into database 1. Returns the two databases' URLs."""
+    base = srv.url.rsplit("/", 1)[0]
+    beat = time.time()
+    for db in (0, 1):
+        client: redis.Redis = redis.Redis.from_url(f"{base}/{db}")
+        try:
+            fill(client, beat)
+            if db == 1:
+                script = client.register_script(POPULATE)
+                step = 200_000
+                for start in range(1, FOREIGN_KEYS + 1, step):
+                    script(args=[start, start + step - 1])
+                assert client.dbsize() > FOREIGN_KEYS
+        finally:
+            client.close()
+    return f"{base}/0", f"{base}/1"
+
+
 def commands(client: redis.Redis, name: str) -> int:
     """Calls of ``name`` the server has run (``INFO commandstats``)."""
     stats = client.info("commandstats")
@@ -77,22 +98,9 @@ def server() -> Iterator[RedisServer]:
     """This module's own redis-server: db 0 the crawl alone, db 1 the crawl
     and a million foreign keys."""
     with RedisServer(appendonly=False) as srv:
-        base = srv.url.rsplit("/", 1)[0]
-        beat = time.time()
-        for db in (0, 1):
-            client: redis.Redis = redis.Redis.from_url(f"{base}/{db}")
-            try:
-                fill_crawl(client, beat)
-                if db == 1:
-                    script = client.register_script(POPULATE)
-                    step = 200_000
-                    for start in range(1, FOREIGN_KEYS + 1, step):
-                        script(args=[start, start + step - 1])
-                    assert client.dbsize() > FOREIGN_KEYS
-            finally:
-                client.close()
+        alone_url, _ = crowd(srv, fill_crawl)
         yield srv
-        client = redis.Redis.from_url(f"{base}/0")
+        client = redis.Redis.from_url(alone_url)
         try:
             client.flushall()  # this module's own server only
         finally:
