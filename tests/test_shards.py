@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -213,14 +214,23 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def sites() -> Iterator[_Sites]:
+@contextmanager
+def served_sites() -> Iterator[_Sites]:
+    """A :class:`_Sites` server running in a thread, shut down afterwards."""
     server = _Sites()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def sites() -> Iterator[_Sites]:
+    with served_sites() as server:
+        yield server
 
 
 def bytes_per_master(rc: RedisCluster, spider: str) -> list[int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import threading
 import urllib.request
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,7 +29,7 @@ from crawler.keys import shard_of, shard_prefixes
 from crawler.status import StatusReader
 from devtools.embedded import RedisServer
 from tests.faultproxy import FaultProxy
-from tests.test_shards import _assert_stored_once, _Sites, bytes_per_master
+from tests.test_shards import _assert_stored_once, _Sites, bytes_per_master, served_sites
 from tests.test_status_noscan import (
     PYTHON,
     TOLERANCE,
@@ -49,12 +48,8 @@ pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
 @pytest.fixture
 def many_sites() -> Iterator[_Sites]:
-    server = _Sites()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with served_sites() as server:
+        yield server
 
 
 def test_a_crawl_of_200_sites_in_9_shards_spreads_over_the_masters_of_a_cluster(
