@@ -300,14 +300,18 @@ local function q_repair(f, b)
   local head, tail = q_bounds(b)
   if head then return head, tail end
   local pattern = string.gsub(f, '[%[%]%*%?\\]', '\\%0') .. '\t*'
-  local found, odd, cursor = {}, 0, '0'
+  local found, seen, odd, cursor = {}, {}, 0, '0'
   repeat
     local r = redis.call('HSCAN', K.qc, cursor, 'MATCH', pattern, 'COUNT', 1000)
     cursor = r[1]
     for i = 1, #r[2], 2 do
+      -- (HSCAN may return a field twice: each is counted once)
       local suffix = string.sub(r[2][i], #f + 2)
-      local n = not string.find(suffix, '\t', 1, true) and chunk_no(suffix)
-      if n then found[#found + 1] = n else odd = odd + 1 end
+      if not seen[suffix] then
+        seen[suffix] = true
+        local n = not string.find(suffix, '\t', 1, true) and chunk_no(suffix)
+        if n then found[#found + 1] = n else odd = odd + 1 end
+      end
     end
   until cursor == '0'
   local what = K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) .. ' is malformed: '
