@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis
 from scrapy import Request, Spider
 
+from crawler.commands.deadletters import requeue
+from crawler.frontier.connection import no_retries
 from crawler.frontier.serializer import entry_fields
 from crawler.frontier.shards import FrontierShards
 from crawler.keys import shard_of, shard_prefixes
@@ -26,8 +29,6 @@ from tests.workers import start_worker, wait_workers, worker_env
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Iterator
-
-    import redis
 
     from crawler.frontier.scheduler import FrontierScheduler
 
@@ -337,3 +338,46 @@ def test_a_worker_killed_with_leases_in_several_shards_and_restarted_under_its_i
     frontier = FrontierShards.build(rds, "pages", shards)
     assert frontier.audit() == {}
     assert [rds.llen(p + "dead") for p in shard_prefixes("pages", shards)] == [0] * shards
+
+
+# -- dead letters moved between shards ---------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_a_requeue_whose_reply_is_lost_at_any_step_of_a_move_queues_the_request_once(
+    proxy: FaultProxy, rds: redis.Redis, redis_url: str, step: int
+) -> None:
+    """A dead letter kept in shard 0 whose site is in another shard: the
+    reply of each step of its move (claim and mark, copy, claim and push,
+    claim the mark) lost in turn; the next requeue finishes it, once."""
+    scheduler = _open(redis_url)
+    site = next(s for s in _sites(SHARDS) if shard_of(s, SHARDS) != 0)
+    target = shard_of(site, SHARDS)
+    scheduler.dead_letter(Request(f"https://{site}/moved", priority=3), "gave up")
+    assert scheduler.flush_outbox()
+    prefixes = shard_prefixes("sf", SHARDS)
+    [raw] = rds.lrange(prefixes[target] + "dead", 0, -1)
+    rds.delete(prefixes[target] + "dead")
+    rds.rpush(prefixes[0] + "dead", raw)  # as one written with no site
+    through = redis.Redis.from_url(proxy.url, retry=no_retries(), socket_timeout=2)
+    lossy = FrontierShards.build(through, "sf", SHARDS)
+    lossy.load_scripts()
+    commit = (LUA / "commit.lua").read_text()
+    if step == 2:
+        rule = proxy.lose_replies(command="RPUSH")  # (the EXEC of its transaction)
+    else:
+        rule = proxy.lose_replies(script=commit, skip={1: 0, 3: 1, 4: 2}[step])
+    if step == 2:
+        # redis-py runs a WATCH transaction whose reply was lost again (it
+        # raises WatchError for it): the copy is found there, not made twice.
+        assert requeue(lossy) == (1, 0)
+    else:
+        with pytest.raises(redis.ConnectionError):
+            requeue(lossy)
+    assert rule.acted == 1
+    requeue(FrontierShards.build(rds, "sf", SHARDS))
+    assert [rds.llen(p + "dead") for p in prefixes] == [0] * SHARDS
+    queued = [int(rds.get(p + "count") or 0) for p in prefixes]
+    assert queued[target] == 1 and sum(queued) == 1
+    assert requeue(FrontierShards.build(rds, "sf", SHARDS)) == (0, 0)
+
