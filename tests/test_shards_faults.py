@@ -5,6 +5,7 @@ and whatever of it ran is found out, shard by shard."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -16,7 +17,7 @@ import pytest
 import redis
 from scrapy import Request, Spider
 
-from crawler.commands.deadletters import requeue
+from crawler.commands.deadletters import MOVING, dead_letters, requeue
 from crawler.frontier.connection import no_retries
 from crawler.frontier.serializer import entry_fields
 from crawler.frontier.shards import FrontierShards
@@ -381,3 +382,26 @@ def test_a_requeue_whose_reply_is_lost_at_any_step_of_a_move_queues_the_request_
     assert queued[target] == 1 and sum(queued) == 1
     assert requeue(FrontierShards.build(rds, "sf", SHARDS)) == (0, 0)
 
+
+def test_a_move_cut_off_into_a_lower_shard_is_finished_and_its_first_copy_claimed(
+    rds: redis.Redis,
+) -> None:
+    """A dead letter of a site of shard 0 on its way from shard 2, cut off
+    after its copy reached shard 0 (step 2): the next requeue pushes it and
+    claims the marked copy left in shard 2 too, so nothing is listed after
+    it, and a requeue after the marker's day queues nothing again."""
+    shards = FrontierShards.build(rds, "sf", SHARDS)
+    shards.load_scripts()
+    site = next(s for s in _sites(SHARDS) if shard_of(s, SHARDS) == 0)
+    record = {"url": f"https://{site}/x", "reason": "gave up",
+              "request": json.dumps({"u": f"https://{site}/x"})}
+    marked = json.dumps({**record, MOVING: "t0ken"}).encode()
+    rds.rpush(shards[2].key("dead"), marked)  # step 1 ran there
+    rds.rpush(shards[0].key("dead"), marked)  # step 2 ran
+    assert requeue(shards) == (1, 0)
+    prefixes = shard_prefixes("sf", SHARDS)
+    assert [rds.llen(p + "dead") for p in prefixes] == [0] * SHARDS
+    assert list(dead_letters(shards)) == []
+    rds.delete(shards[0].marker_key("requeue#t0ken"))  # a day later
+    assert requeue(shards) == (0, 0)
+    assert [int(rds.get(p + "count") or 0) for p in prefixes] == [1, 0, 0]
