@@ -71,16 +71,24 @@ def dead_letters(
     """
     moving: set[str] = set()
     count = 0
+    for i, raw in _every_copy(frontier):
+        if limit is not None and count >= limit:
+            return
+        token = _moving_token(raw)
+        if token is not None:
+            if token in moving:
+                continue
+            moving.add(token)
+        count += 1
+        yield i, raw
+
+
+def _every_copy(frontier: Frontier | FrontierShards) -> Iterator[tuple[int, bytes]]:
+    """Every dead-letter list entry as ``(shard, entry)``, shard 0 first (one
+    ``LRANGE`` per shard, read when its turn comes): both copies of one on
+    its way to another shard."""
     for i, shard in enumerate(_shards(frontier)):
         for raw in cast("list[bytes]", shard.redis.lrange(shard.key("dead"), 0, -1)):
-            if limit is not None and count >= limit:
-                return
-            token = _moving_token(raw)
-            if token is not None:
-                if token in moving:
-                    continue
-                moving.add(token)
-            count += 1
             yield i, raw
 
 
@@ -196,7 +204,10 @@ def requeue_each(
     """
     shards = _shards(frontier)
     requeued = 0
-    for i, raw in dead_letters(shards):
+    # Both copies of a dead letter on its way: when its site's shard comes
+    # first, the copy there is pushed, and the one left in the shard it
+    # came from is claimed in that shard's turn (step 4).
+    for i, raw in _every_copy(shards):
         if limit is not None and requeued >= limit:
             break
         record = load_record(raw)
@@ -240,7 +251,7 @@ def _move(
         pushed = done is not None and done.claimed
         if not pushed and dest.redis.get(marker) is None:
             return False  # the copy was purged there: the next requeue copies it again
-    if i != target:  # (a marked copy found in its site's shard: the first in its turn)
+    if i != target:  # (a copy in its site's shard: the one it came from is claimed in its turn)
         source.commit(Commit(claim=raw))  # step 4
     return pushed
 
