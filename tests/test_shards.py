@@ -175,15 +175,16 @@ def test_sharding_an_unsharded_crawl_is_refused(redis_url: str, rds: redis.Redis
 
 class _Sites(ThreadingHTTPServer):
     """One HTTP server for many sites: ``http://127.0.x.y:<port>/`` links to
-    ``/p1`` ... ``/p5``, which link back; robots.txt is 404. Counts hits by
-    (host, path)."""
+    ``/p1`` ... ``/p<pages - 1>``, which link back, each page served after
+    ``delay`` seconds; robots.txt is 404. Counts hits by (host, path)."""
 
     daemon_threads = True
 
-    def __init__(self) -> None:
+    def __init__(self, pages: int = PAGES_PER_SITE, delay: float = 0.0) -> None:
         super().__init__(("0.0.0.0", 0), _Handler)  # all of 127.0.0.0/8
         self.hits: Counter[tuple[str, str]] = Counter()
         self.lock = threading.Lock()
+        self.pages, self.delay = pages, delay
 
     def urls(self, n: int) -> list[str]:
         """The seeds of ``n`` sites."""
@@ -201,7 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/robots.txt":
             self.send_error(404)
             return
-        links = "".join(f'<a href="/p{i}">p{i}</a>' for i in range(1, PAGES_PER_SITE))
+        if self.server.delay:
+            time.sleep(self.server.delay)  # (a slow site)
+        links = "".join(f'<a href="/p{i}">p{i}</a>' for i in range(1, self.server.pages))
         body = f"<html><head><title>{host}{self.path}</title></head><body>{links}</body></html>"
         data = body.encode()
         self.send_response(200)
@@ -215,9 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def served_sites() -> Iterator[_Sites]:
+def served_sites(pages: int = PAGES_PER_SITE, delay: float = 0.0) -> Iterator[_Sites]:
     """A :class:`_Sites` server running in a thread, shut down afterwards."""
-    server = _Sites()
+    server = _Sites(pages, delay)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -6,10 +6,6 @@ and whatever of it ran is found out, shard by shard."""
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +20,8 @@ from crawler.frontier.shards import FrontierShards
 from crawler.keys import shard_of, shard_prefixes
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
+from tests.test_shards import _Sites, served_sites
+from tests.test_shards_ops import _sites
 from tests.waiting import wait_for
 from tests.workers import start_worker, wait_workers, worker_env
 
@@ -48,16 +46,6 @@ def proxy(redis_url: str, rds: redis.Redis) -> Iterator[FaultProxy]:
     rds.script_flush()
     with FaultProxy(redis_url) as fault_proxy:
         yield fault_proxy
-
-
-def _sites(shards: int, per_shard: int = 2) -> list[str]:
-    found: dict[int, list[str]] = {}
-    i = 0
-    while any(len(found.get(s, [])) < per_shard for s in range(shards)):
-        site = f"s{i}.example"
-        found.setdefault(shard_of(site, shards), []).append(site)
-        i += 1
-    return [site for s in range(shards) for site in found[s][:per_shard]]
 
 
 def _sum(rds: redis.Redis, read: Any) -> int:
@@ -87,11 +75,11 @@ def _remove(scheduler: FrontierScheduler, request: Request) -> None:
     scheduler.crawler.engine._slot.remove_request(request)
 
 
-@pytest.mark.parametrize("mode", ["drop", "hold"])
-def test_a_round_trip_of_commits_to_every_shard_and_a_lease_whose_reply_is_lost(
-    proxy: FaultProxy, rds: redis.Redis, mode: str
-) -> None:
-    scheduler = _open(proxy.url)
+def _writes_for_every_shard(scheduler: Any) -> tuple[list[Request], list[str]]:
+    """Queue two requests on sites of every shard and lease them all, finish
+    half of them, and queue one more request per site: the outbox then has
+    acks and pushes for every shard. Returns the leased requests and the
+    later URLs."""
     sites = _sites(SHARDS)
     first = [f"https://{s}/a{i}" for s in sites for i in range(2)]
     for url in first:
@@ -99,12 +87,21 @@ def test_a_round_trip_of_commits_to_every_shard_and_a_lease_whose_reply_is_lost(
     assert scheduler.flush_outbox()
     leased = harness.lease_all(scheduler)
     assert len(leased) == len(first)
-    # Acks in every shard and new requests for every shard, in one outbox.
     for request in leased[: len(leased) // 2]:
         _remove(scheduler, request)
     later = [f"https://{s}/b" for s in sites]
     for url in later:
         assert scheduler.enqueue_request(Request(url))
+    return leased, later
+
+
+@pytest.mark.parametrize("mode", ["drop", "hold"])
+def test_a_round_trip_of_commits_to_every_shard_and_a_lease_whose_reply_is_lost(
+    proxy: FaultProxy, rds: redis.Redis, mode: str
+) -> None:
+    scheduler = _open(proxy.url)
+    # Acks in every shard and new requests for every shard, in one outbox.
+    leased, later = _writes_for_every_shard(scheduler)
     shards_written = {op.shard for op in scheduler._outbox}
     assert shards_written == set(range(SHARDS))
     rule = proxy.lose_replies(script=(LUA / "lease.lua").read_text(), mode=mode, hold=5)
@@ -134,17 +131,7 @@ def test_a_lost_round_trip_where_one_shards_commit_was_refused(
     proxy: FaultProxy, rds: redis.Redis
 ) -> None:
     scheduler = _open(proxy.url)
-    sites = _sites(SHARDS)
-    first = [f"https://{s}/a{i}" for s in sites for i in range(2)]
-    for url in first:
-        assert scheduler.enqueue_request(Request(url))
-    assert scheduler.flush_outbox()
-    leased = harness.lease_all(scheduler)
-    for request in leased[: len(leased) // 2]:
-        _remove(scheduler, request)
-    later = [f"https://{s}/b" for s in sites]
-    for url in later:
-        assert scheduler.enqueue_request(Request(url))
+    leased, later = _writes_for_every_shard(scheduler)
     broken = shard_prefixes("sf", SHARDS)[2] + "count"
     saved = rds.get(broken)
     rds.set(broken, "x")
@@ -182,17 +169,7 @@ def test_scripts_forgotten_before_a_round_trip_of_every_shard_each_call_runs_onc
     trip ran, the others met NOSCRIPT): the calls that did not run are sent
     once more, the others are not."""
     scheduler = _open(proxy.url)
-    sites = _sites(SHARDS)
-    first = [f"https://{s}/a{i}" for s in sites for i in range(2)]
-    for url in first:
-        assert scheduler.enqueue_request(Request(url))
-    assert scheduler.flush_outbox()
-    leased = harness.lease_all(scheduler)
-    for request in leased[: len(leased) // 2]:
-        _remove(scheduler, request)
-    later = [f"https://{s}/b" for s in sites]
-    for url in later:
-        assert scheduler.enqueue_request(Request(url))
+    leased, later = _writes_for_every_shard(scheduler)
     rds.script_flush()
     if kept is not None:
         lib = (LUA / "lib.lua").read_text() + "\n"
@@ -219,53 +196,12 @@ def test_scripts_forgotten_before_a_round_trip_of_every_shard_each_call_runs_onc
 PAGES = 5
 
 
-class _Slow(ThreadingHTTPServer):
-    """Many sites on one port (``http://127.0.0.<n>:<port>/``), each page
-    linking to ``/p1`` ... ``/p4``, served in 0.2 s; hits counted by
-    (host, path)."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("0.0.0.0", 0), _SlowHandler)
-        self.hits: Counter[tuple[str, str]] = Counter()
-        self.lock = threading.Lock()
-
-    def urls(self, n: int) -> list[str]:
-        return [f"http://127.0.0.{1 + i}:{self.server_address[1]}/" for i in range(n)]
-
-
-class _SlowHandler(BaseHTTPRequestHandler):
-    server: _Slow
-
-    def do_GET(self) -> None:
-        host = self.headers.get("Host", "")
-        with self.server.lock:
-            self.server.hits[(host, self.path)] += 1
-        if self.path == "/robots.txt":
-            self.send_error(404)
-            return
-        time.sleep(0.2)
-        links = "".join(f'<a href="/p{i}">p{i}</a>' for i in range(1, PAGES))
-        data = f"<html><head><title>{host}{self.path}</title></head><body>{links}</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data.encode())
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def slow_sites() -> Iterator[_Slow]:
-    server = _Slow()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def slow_sites() -> Iterator[_Sites]:
+    """Many sites on one port, each page linking to ``/p1`` ... ``/p4``,
+    served in 0.2 s."""
+    with served_sites(pages=PAGES, delay=0.2) as server:
+        yield server
 
 
 def _held(rds: redis.Redis, shards: int, holder: str) -> dict[int, list[str]]:
@@ -286,7 +222,7 @@ def _held(rds: redis.Redis, shards: int, holder: str) -> dict[int, list[str]]:
 
 def test_a_worker_killed_with_leases_in_several_shards_and_restarted_under_its_id(
     proxy: FaultProxy, rds: redis.Redis, mongo_uri: str, mongo_db: str, db: Any,
-    slow_sites: _Slow, tmp_path: Path,
+    slow_sites: _Sites, tmp_path: Path,
 ) -> None:
     """3 shards, 12 sites: w1 is SIGKILLed while it holds leases in at
     least two shards and restarted at once under its id, with a second
