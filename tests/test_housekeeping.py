@@ -40,6 +40,16 @@ def redis_ms(client: redis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+def finish_one(frontier: Frontier, site: str) -> None:
+    """Queue a request on ``site``, lease it, acknowledge it and free its
+    slot: the site is finished (idle)."""
+    push(frontier, site)
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+
+
 def push(frontier: Frontier, site: str, n: int = 1) -> None:
     for i in range(n):
         assert frontier.push(
@@ -193,11 +203,7 @@ def test_every_shard_is_swept_with_a_bounded_batch(rds: redis.Redis) -> None:
 
 def test_a_site_that_got_work_after_the_scan_is_not_touched(rds: redis.Redis) -> None:
     frontier = Frontier(rds, "s")
-    push(frontier, "a.example")
-    lease = frontier.lease("w#n:1")
-    assert isinstance(lease, Lease)
-    frontier.ack([lease.lease_id])
-    frontier.release_slots([lease.lease_id])
+    finish_one(frontier, "a.example")
     rds.hset("{s}:rdelay", "a.example", 100)
     keeper = Housekeeper(rds, "s", site_forget_after=0)
     due = int(rds.hget("{s}:due", "a.example") or 0)
@@ -209,11 +215,7 @@ def test_a_site_that_got_work_after_the_scan_is_not_touched(rds: redis.Redis) ->
 
 def test_not_idle_for_long_enough_is_kept(rds: redis.Redis) -> None:
     frontier = Frontier(rds, "s")
-    push(frontier, "a.example")
-    lease = frontier.lease("w#n:1")
-    assert isinstance(lease, Lease)
-    frontier.ack([lease.lease_id])
-    frontier.release_slots([lease.lease_id])
+    finish_one(frontier, "a.example")
     keeper = Housekeeper(rds, "s", site_forget_after=3600)
     assert keeper.forget_sites() == (0, [])
     assert rds.hexists("{s}:due", "a.example")
