@@ -283,7 +283,10 @@ FRONTIER_WORKER_FORGET_AFTER = 86400.0
 FRONTIER_DEAD_LETTERS_MAX = 100_000
 #: Seconds without work (nothing queued, leased or due) after which a site's
 #: state is deleted: due time, slow and Crawl-delay marks, robots.txt; its
-#: overrides stay. Default: 3600.0 (an hour).
+#: overrides stay. A worker reads a site's robots.txt from Redis again after
+#: half this time, so a forgotten site's rules are fetched again (with 0:
+#: for every request, one Redis read and a parse each). Default: 3600.0
+#: (an hour).
 FRONTIER_SITE_FORGET_AFTER = 3600.0
 
 #: Address the Prometheus exporter (``python -m crawler.metrics``) binds.
