@@ -191,6 +191,31 @@ def test_scripts_forgotten_before_a_round_trip_of_every_shard_each_call_runs_onc
     assert _sum(rds, lambda p: rds.zcard(p + "leases")) == 0
 
 
+@pytest.mark.parametrize("shards", [1, SHARDS])
+def test_a_lease_that_ran_before_a_resent_commit_is_sent_again(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """Redis forgot every script but the lease: in one round trip the
+    commit carrying a new request met NOSCRIPT and the lease after it ran on
+    a frontier without that request ("nothing queued"). The commit is sent
+    again, and so is the lease, after it: the request is handed out by that
+    same next_request, not a second or more later (the shard was taken as
+    empty)."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    assert scheduler.next_request() is None  # every shard found empty
+    assert scheduler.enqueue_request(Request("https://late.example/a"))
+    rds.script_flush()
+    lib = (LUA / "lib.lua").read_text() + "\n"
+    rds.script_load(lib + (LUA / "lease.lua").read_text())
+    request = scheduler.next_request()
+    assert request is not None and request.url == "https://late.example/a"
+    assert not scheduler._outbox and scheduler._in_doubt is None
+    harness.finish(scheduler, request)
+    assert scheduler.queue.shards.audit() == {}
+
+
 # -- real workers ------------------------------------------------------------------------
 
 PAGES = 5

@@ -1014,7 +1014,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         A call whose reply was lost is found out first (:meth:`_resolve`);
         scripts Redis forgot (a restart, a failover) are loaded and the calls
-        that met ``NOSCRIPT``, which did not run, are sent once more.
+        that met ``NOSCRIPT``, which did not run, are sent once more; so is
+        a lease that ran but found nothing due before a commit of its shard
+        that did not run (what that commit queues is leased at once).
 
         :returns: None when Redis could not be reached, refused the call or
             left it in doubt (the writes stay queued); else the lease's
@@ -1024,7 +1026,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return None
         if self._in_doubt is not None and not self._resolve():
             return None
-        asked, result = lease_ids is not None, None
+        asked, result, ids = lease_ids is not None, None, lease_ids
         for attempt in (1, 2):
             step = self._round_trip(lease_ids, shard)
             if step is None:  # unreachable, in doubt, or refused
@@ -1032,6 +1034,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             not_run, leased = step
             if leased is not None:
                 result, lease_ids = leased, None
+                if isinstance(leased, NotDue) and shard in not_run and attempt == 1:
+                    # It ran before a commit of its shard that did not:
+                    # "nothing due" may be out of date once that commit
+                    # runs. It leased nothing, so it goes again after it,
+                    # under the same ids.
+                    self._housekeeping(leased, shard)
+                    result, lease_ids = None, ids
             if not not_run or attempt == 2:
                 break
             # Redis restarted (or failed over) and forgot the scripts, or a
@@ -1053,14 +1062,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _round_trip(
         self, lease_ids: list[str] | None, shard: int = 0
-    ) -> tuple[bool, list[Lease] | NotDue | None] | None:
+    ) -> tuple[set[int | None], list[Lease] | NotDue | None] | None:
         """One round trip: each shard's commit of the outbox, then the lease
         call on ``shard``.
 
         :returns: None when Redis could not be reached (the calls are then
-            in doubt) or refused one; else whether a call did not run and may
-            be sent again (``NOSCRIPT``, ``MOVED``, ...) and the lease's
-            result (None when not asked or not run).
+            in doubt) or refused one; else the calls that did not run and may
+            be sent again (``NOSCRIPT``, ``MOVED``, ...): the shards of such
+            commits, and None for such a lease; and the lease's result (None
+            when not asked or not run).
         """
         groups, batches = self._batches()
         if batches:
@@ -1091,10 +1101,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         refused = next((r for r in errors if not isinstance(r, NOT_RUN)), None)
         if refused is not None:
             self._refused(refused)
-            return None if result is None else (False, result)
+            return None if result is None else (set(), result)
         if not errors or any(isinstance(r, Committed) for r in committed.values()):
             self._recovered()
-        return bool(errors), result
+        not_run: set[int | None] = {
+            i for i, r in committed.items() if isinstance(r, ResponseError)
+        }
+        if isinstance(leased, ResponseError):
+            not_run.add(None)
+        return not_run, result
 
     def _batches(self) -> tuple[dict[int, list[_Op]], dict[int, Commit]]:
         """The outbox's writes by shard, and the commit of each shard that
