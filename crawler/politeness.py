@@ -47,9 +47,10 @@ from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
 #: Longest pause, in seconds, between attempts to read robots.txt from Redis.
 REDIS_BACKOFF_CAP = 30.0
-#: Seconds a worker holds the lock ``{s}:robots:lock:<site>`` while it
-#: fetches a site's robots.txt for all; a worker that died lets it expire.
-LOCK_SECONDS = 60
+#: Longest wait, in seconds, of a request in a worker while another worker
+#: fetches its site's robots.txt; past it the request goes back to the
+#: frontier to wait there.
+LOCK_WAIT_SECONDS = 65
 #: Bytes of a robots.txt parsed and shared (RFC 9309 section 2.5: at least
 #: 500 KiB; what follows is ignored).
 ROBOTS_MAX_BYTES = 500 * 1024
@@ -224,9 +225,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     and its fetch's outcome handled as RFC 9309 section 2.3.1 says.
 
     The first worker to need a site's robots.txt takes a lock in Redis
-    (``{s}:robots:lock:<site>``, 60 s) and fetches it once (no retry at once,
-    never a dead letter; up to 5 redirects). Other workers obey what it
-    stores, under the site's frontier key (:func:`site_of`):
+    (``{s}:robots:lock:<site>``, expiring after
+    ``FRONTIER_ROBOTS_LOCK_SECONDS``, default 10.0, and renewed every third
+    of that while the fetch runs, so a fetch of any length is made once and
+    a worker killed in the middle of it holds the lock at most that long)
+    and fetches it once (no retry at once, never a dead letter; up to 5
+    redirects). Other workers wait for it (up to 65 s per request, then the
+    request goes back to the frontier) and obey what it stores, under the
+    site's frontier key (:func:`site_of`):
 
     * **2xx**: the body goes to ``{s}:robots`` (site -> ``fetched\\nbody``)
       and its ``Crawl-delay`` for our user agent to ``{s}:rdelay`` (ms),
@@ -275,8 +281,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     ``robotstxt/unreachable/deferred`` (requests sent back to wait).
     Enabled by ``ROBOTSTXT_OBEY``, as Scrapy's is.
 
-    :raises ValueError: ``FRONTIER_ROBOTS_RETRY_BASE`` is not above 0, or
-        ``FRONTIER_ROBOTS_RETRY_MAX`` is below it.
+    :raises ValueError: ``FRONTIER_ROBOTS_RETRY_BASE`` or
+        ``FRONTIER_ROBOTS_LOCK_SECONDS`` is not above 0, or
+        ``FRONTIER_ROBOTS_RETRY_MAX`` is below ``FRONTIER_ROBOTS_RETRY_BASE``.
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -299,6 +306,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             raise ValueError(
                 f"FRONTIER_ROBOTS_RETRY_BASE must be a number of seconds above 0, "
                 f"not {self.retry_base!r}"
+            )
+        #: Seconds the robots.txt lock lives unless renewed.
+        self.lock_seconds = settings.getfloat("FRONTIER_ROBOTS_LOCK_SECONDS", 10.0)
+        if not self.lock_seconds > 0:
+            raise ValueError(
+                f"FRONTIER_ROBOTS_LOCK_SECONDS must be a number of seconds above 0, "
+                f"not {self.lock_seconds!r}"
             )
         if not self.retry_max >= self.retry_base:
             raise ValueError(
@@ -360,38 +374,58 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         if local is not None and time.monotonic() < local[1]:
             return local[0]
         backoff = 0.0
-        deadline = time.monotonic() + LOCK_SECONDS + 5
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        lock = self._prefix(site) + "robots:lock:" + site
         while True:
             try:
                 rules, stored = self._from_redis(site)
                 if rules is not None:
                     return rules
-                if self.redis.set(self._prefix(site) + "robots:lock:" + site, "1",
-                                  nx=True, ex=LOCK_SECONDS):
+                if self.redis.set(lock, "1", nx=True, px=self._lock_ms):
                     break
             except RedisError as exc:
                 if self._config_error(exc):
                     # No wait fixes it: the crawl stops; this request goes
                     # back to the frontier with the rest of the outbox.
                     return _Wait(self.retry_base, 0, "Redis refused: configuration error")
-                # An outage, or a lost reply (a lock taken with it expires in
-                # 60 s): the request waits; it is no download failure.
+                # An outage, or a lost reply (a lock taken with it expires
+                # unrenewed): the request waits; it is no download failure.
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 logger.warning(
                     "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs",
                     site, exc, backoff,
                 )
                 await asyncio.sleep(backoff)
-                deadline = time.monotonic() + LOCK_SECONDS + 5
+                deadline = time.monotonic() + LOCK_WAIT_SECONDS
                 continue
             if stored.body is not None:
                 # Stale rules while another worker fetches the new ones.
                 return self._keep(site, stored.body, 1.0)
             if time.monotonic() > deadline:
-                # The lock outlived its expiry: set by hand without one?
+                # A fetch that long, or a lock set by hand without expiry.
                 return _Wait(self.retry_base, 0, "another worker holds its lock")
             await asyncio.sleep(0.1)
-        return await self._fetch(request, site, stored)
+        renew = asyncio.ensure_future(self._renew(lock))
+        try:
+            return await self._fetch(request, site, stored)
+        finally:
+            renew.cancel()
+
+    @property
+    def _lock_ms(self) -> int:
+        return max(1, round(self.lock_seconds * 1000))
+
+    async def _renew(self, lock: str) -> None:
+        """Keep ``lock`` alive while this worker fetches robots.txt: its
+        expiry is set again every third of ``FRONTIER_ROBOTS_LOCK_SECONDS``
+        (an idempotent ``PEXPIRE``; one that fails is tried again at the
+        next turn). Runs until cancelled."""
+        while True:
+            await asyncio.sleep(self.lock_seconds / 3)
+            try:
+                self.redis.pexpire(lock, self._lock_ms)
+            except RedisError as exc:
+                logger.debug("Could not renew the robots.txt lock %s: %s", lock, exc)
 
     def _from_redis(self, site: str) -> tuple[RobotParser | _Wait | None, _Stored]:
         """The rules of ``site`` as Redis holds them (fresh, or stale ones
@@ -586,7 +620,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 pipe.execute()
         except RedisError as exc:
             # This worker's request waits all the same; the others fetch
-            # robots.txt themselves once the lock expires (60 s).
+            # robots.txt themselves once the lock expires.
             if self._config_error(exc):
                 return
             logger.warning("Could not share the robots.txt state of %s in Redis: %s", site, exc)
@@ -631,7 +665,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             self._share(site, body, delay)
         except RedisError as exc:
             # This worker obeys it already; the others fetch it themselves
-            # once the lock expires (60 s).
+            # once the lock expires.
             if self._config_error(exc):
                 return
             logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)

@@ -104,6 +104,11 @@ FRONTIER_DELAY_MARGIN = 0.1
 #: Seconds a robots.txt stored in Redis is used before one worker fetches it
 #: again (with ROBOTSTXT_OBEY). Default: 86400.
 FRONTIER_ROBOTS_TTL = 86400.0
+#: One worker fetches a site's robots.txt for all, under a lock in Redis that
+#: expires after this many seconds unless renewed; the worker renews it every
+#: third of that while the fetch runs, so a worker killed mid-fetch delays
+#: the others at most this long. Default: 10.0.
+FRONTIER_ROBOTS_LOCK_SECONDS = 10.0
 #: While a site's robots.txt is unreachable (5xx or a network error; RFC
 #: 9309 section 2.3.1.4) the site is fully disallowed and its requests wait
 #: in the frontier; robots.txt is fetched again after

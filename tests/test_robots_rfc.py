@@ -187,6 +187,56 @@ def test_robots_txt_refused_then_served(
     assert rds.hlen(DOWN) == 0
 
 
+def test_a_worker_killed_while_fetching_robots_txt_holds_the_others_up_only_briefly(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
+) -> None:
+    """A worker takes the lock on fetching a site's robots.txt and is killed
+    while robots.txt hangs. Once its lease is back (FRONTIER_LEASE_TIMEOUT
+    2 s), a second worker fetches robots.txt itself within the lock's
+    FRONTIER_ROBOTS_LOCK_SECONDS (1 s), not after a fixed 60 s, and obeys
+    it; nothing is lost. A fetch that outlasts the lock several times over
+    keeps it (renewed): the first worker's robots.txt request is the only
+    one while it is alive."""
+    release = threading.Event()
+    asked: list[float] = []  # time.monotonic() of each robots.txt request
+
+    def handler(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            asked.append(time.monotonic())
+            if nth == 1:
+                release.wait(30)  # hangs until the test ends
+        return robots_failing(0, Page(503, TEXT, b""), Page(200, TEXT, RULES))(path, nth)
+
+    site = site_factory(pages(), handler=handler)
+    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": 1,
+                "FRONTIER_LEASE_TIMEOUT": 2, **FAST}
+    rds.lpush("pages:start_urls", site.url + "/")
+    first = start_worker("pages", env, tmp_path / "first.log", settings)
+    try:
+        wait_for(lambda: bool(asked), 30, "the first robots.txt request", rds)
+        # Renewed while the fetch hangs: still held after 3 of its lifetimes.
+        time.sleep(3.5)  # (no event marks a lock that did not expire)
+        assert rds.pttl(lock) > 0
+        assert len(asked) == 1
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    killed = time.monotonic()
+    log = tmp_path / "second.log"
+    try:
+        [worker] = wait_workers([start_worker("pages", env, log, settings)], [log])
+    finally:
+        release.set()
+    assert len(asked) == 2, asked
+    # its lease back after 2 s; the lock gone 1 s after its last renewal
+    assert asked[1] - killed < 15, asked[1] - killed
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert sorted(p for p in paths(site) if p != "/robots.txt") == ["/", "/public/y"]
+    assert_nothing_lost(rds)
+    assert not rds.exists(lock)
+
+
 def _refuses(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
