@@ -635,8 +635,9 @@ SETTINGS: dict[str, Setting] = {
                                             "a dict of site -> seconds >= 0"),
                                  "per-site revisit intervals"),
     "FRONTIER_STAY_ON_SEED_HOSTS": _s(FLAG, "follow links only on the seeds' hosts"),
-    "FRONTIER_SHARDS": _s(number(int, 1, 256), "shards of the crawl's frontier, each its "
-                          "own Redis Cluster slot (every worker of a crawl the same)"),
+    "FRONTIER_SHARDS": _s(number(int, 1, 256, nullable=True),
+                          "shards of the crawl's frontier, each its own Redis Cluster slot "
+                          "(every worker of a crawl the same); None: 16 on a cluster, else 1"),
     "FRONTIER_BLOOM_CAPACITY": _s(_COUNT_POS, "URLs the Bloom filter is sized for "
                                   "(all shards together)"),
     "FRONTIER_BLOOM_ERROR_RATE": _s(number(float, 0, 1, low_open=True, high_open=True),

@@ -163,6 +163,26 @@ def control_key(spider: str) -> str:
 MAX_SHARDS = 256
 
 
+#: Shards of a crawl on a Redis Cluster when ``FRONTIER_SHARDS`` is not set
+#: (None): about 4 per master up to four masters, and a spread of at most
+#: 3 shards in 16 between two masters beyond.
+CLUSTER_SHARDS = 16
+
+
+def shard_count(settings: BaseSettings) -> int:
+    """The crawl's shard count by its settings: ``FRONTIER_SHARDS``, or when
+    it is None (the default), :data:`CLUSTER_SHARDS` with
+    ``FRONTIER_REDIS_CLUSTER`` and 1 on one Redis server.
+
+    :raises ValueError: ``FRONTIER_SHARDS`` is no whole number (the settings
+        check, :mod:`crawler.config`, names it first).
+    """
+    value = settings.get("FRONTIER_SHARDS")
+    if value is None:
+        return CLUSTER_SHARDS if settings.getbool("FRONTIER_REDIS_CLUSTER", False) else 1
+    return max(1, settings.getint("FRONTIER_SHARDS"))
+
+
 def recorded_shards(redis: Any, spider: str, configured: int = 1) -> int:
     """The shard count the crawl recorded in ``{<spider>}:shards`` (by its
     first worker), or ``configured`` when none is recorded (or the value is
@@ -368,7 +388,7 @@ class CrawlKeys:
         :param spider: the spider's name, e.g. ``"quotes"``.
         :param settings: project settings; ``SCHEDULER_DUPEFILTER_KEY`` and
             ``REDIS_START_URLS_KEY`` override the default patterns when set,
-            ``FRONTIER_SHARDS`` gives the shards (default 1).
+            ``FRONTIER_SHARDS`` gives the shards (:func:`shard_count`).
         :param shards: the shard count, instead of ``FRONTIER_SHARDS`` (e.g.
             the one a crawl recorded in ``{<spider>}:shards``).
         """
@@ -376,7 +396,7 @@ class CrawlKeys:
         if settings is not None:
             seeds = settings.get("REDIS_START_URLS_KEY") or seeds
             dupefilter = settings.get("SCHEDULER_DUPEFILTER_KEY") or dupefilter
-            count = max(1, settings.getint("FRONTIER_SHARDS", 1))
+            count = shard_count(settings)
         if shards is not None:
             count = max(1, shards)
         dupefilter = dupefilter % {"spider": spider}

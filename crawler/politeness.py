@@ -42,7 +42,7 @@ from crawler.config import stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.scheduler import RETRY_DELAY_META
 from crawler.frontier.sites import site_of
-from crawler.keys import site_prefix
+from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
 #: Longest pause, in seconds, between attempts to read robots.txt from Redis.
@@ -341,7 +341,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         """The key prefix of the frontier shard that holds ``site``."""
         assert self.crawler.spider is not None
         return site_prefix(
-            self.crawler.spider.name, site, self.crawler.settings.getint("FRONTIER_SHARDS", 1)
+            self.crawler.spider.name, site, shard_count(self.crawler.settings)
         )
 
     async def process_request(self, request: Request) -> Request | None:  # type: ignore[override]
@@ -733,7 +733,7 @@ class AdaptiveSlowdownMiddleware:
         site = site_of(request)
         assert self.crawler.spider is not None
         key = site_prefix(
-            self.crawler.spider.name, site, self.crawler.settings.getint("FRONTIER_SHARDS", 1)
+            self.crawler.spider.name, site, shard_count(self.crawler.settings)
         ) + "slow"
         slow = self._slow.get(site, 0.0)
         latency = float(request.meta.get("download_latency") or 0.0)

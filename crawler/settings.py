@@ -155,8 +155,10 @@ FRONTIER_MAX_DELIVERIES = 5
 #: configuration error). On one Redis server shards cost nothing and give
 #: nothing; on a cluster use about 4 per master (12 on three masters). The
 #: scrapy frontier and deadletters commands read the recorded count.
-#: Default: 1.
-FRONTIER_SHARDS = 1
+#: Default: None, which is 16 with FRONTIER_REDIS_CLUSTER (one crawl spreads
+#: over the masters without being told; a crawl on a cluster started with 1
+#: shard, the default before, needs FRONTIER_SHARDS = 1) and 1 on one Redis.
+FRONTIER_SHARDS = None
 #: Most seeds a worker moves from <spider>:start_urls into the frontier at
 #: once, in one transaction (only while it has free download slots).
 #: Default: 1000.

@@ -11,6 +11,7 @@ from scrapy.settings import Settings
 
 from crawler.frontier.bloom import BloomDupeFilter
 from crawler.frontier.connection import FrontierRedisCluster, get_redis
+from crawler.keys import CLUSTER_SHARDS, shard_count, shard_prefixes, site_prefix
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import lease_all
 from tests.workers import assert_quotes_crawled, crawl, worker_env
@@ -36,8 +37,28 @@ def rc(redis_cluster_url: str) -> Iterator[RedisCluster]:
     client.close()
 
 
+#: The keys of a.example, in its shard of the default count on a cluster.
+A = site_prefix("c", "a.example", CLUSTER_SHARDS)
+
+
 def open_scheduler(url: str, **settings: Any) -> tuple[FrontierScheduler, Any]:
+    """A scheduler of spider ``c`` on the cluster, FRONTIER_SHARDS unset."""
     return harness.open_scheduler(url, _Spider, FRONTIER_REDIS_CLUSTER=True, **settings)
+
+
+def test_a_crawl_on_a_cluster_is_sharded_without_being_told(
+    redis_cluster_url: str, rc: RedisCluster
+) -> None:
+    """FRONTIER_SHARDS unset: 16 shards on a cluster (recorded), spread over
+    every master; 1 on one Redis server."""
+    scheduler, _ = open_scheduler(redis_cluster_url)
+    assert len(scheduler.queue.shards.frontiers) == CLUSTER_SHARDS
+    assert rc.get("{c}:shards") == str(CLUSTER_SHARDS).encode()
+    owners = {rc.get_node_from_key(p + "count").name for p in shard_prefixes("c", CLUSTER_SHARDS)}
+    assert len(owners) == 3
+    assert shard_count(Settings({"FRONTIER_REDIS_CLUSTER": True})) == CLUSTER_SHARDS
+    assert shard_count(Settings({"FRONTIER_REDIS_CLUSTER": True, "FRONTIER_SHARDS": 1})) == 1
+    assert shard_count(Settings({})) == 1
 
 
 def test_the_cluster_switch_builds_a_cluster_client(redis_cluster_url: str) -> None:
@@ -71,7 +92,7 @@ def test_the_outbox_transaction_runs_the_scripts_on_the_cluster(
     assert crawler.stats.get_value("scheduler/enqueued/redis") == 3
     assert crawler.stats.get_value("dupefilter/filtered") == 1
     assert crawler.stats.get_value("frontier/leases/acked") == 3
-    assert rc.scard("{c}:dupefilter") == 3
+    assert rc.scard(A + "dupefilter") == 3
     assert not scheduler.has_pending_requests()
 
 
@@ -82,7 +103,7 @@ def test_clearing_the_frontier_scans_every_primary(
     scheduler.enqueue_request(Request("https://a.example/x"))
     assert scheduler.flush_outbox()
     rc.lpush("c:start_urls", "https://a.example/")
-    assert rc.exists("{c}:count")
+    assert rc.exists(A + "count")
     scheduler.close("finished")  # not persisted: flush() clears queue and dupefilter
     assert sorted(rc.scan_iter(match="*")) == [b"c:start_urls"]
 
@@ -97,10 +118,10 @@ def test_the_bloom_filter_works_on_the_cluster(redis_cluster_url: str, rc: Redis
     scheduler.enqueue_request(Request("https://a.example/1"))
     scheduler.enqueue_request(Request("https://a.example/1"))
     assert len(lease_all(scheduler)) == 1
-    assert rc.strlen("{c}:bloom") == scheduler.df.bloom.size
+    assert rc.strlen(A + "bloom") == scheduler.df.bloom_for("a.example").size
     assert scheduler.df.request_seen(Request("https://a.example/1"))
-    scheduler.df.load([b"x" * 20])
-    assert scheduler.df.contains([b"x" * 20]) == [True]
+    scheduler.df.load([b"x" * 20], sites=["b.example"])
+    assert scheduler.df.contains([b"x" * 20], sites=["b.example"]) == [True]
 
 
 # -- the quotes crawl of tests/test_crawl.py, on the cluster ------------------------
@@ -124,5 +145,6 @@ def test_two_workers_share_the_quotes_crawl_on_a_redis_cluster(
     # frontier's keys live in the slot of {quotes}.
     assert rc.llen("quotes:start_urls") == 0
     scheduled = [h for h in replay_server.hits() if h.path != "/robots.txt"]
-    assert rc.scard("{quotes}:dupefilter") == len(scheduled)
-    assert int(rc.get("{quotes}:count") or 0) == 0
+    prefixes = shard_prefixes("quotes", CLUSTER_SHARDS)  # FRONTIER_SHARDS unset
+    assert sum(rc.scard(p + "dupefilter") for p in prefixes) == len(scheduled)
+    assert sum(int(rc.get(p + "count") or 0) for p in prefixes) == 0

@@ -31,7 +31,7 @@ from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, 
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, Push
-from crawler.keys import recorded_shards
+from crawler.keys import recorded_shards, shard_count
 
 if TYPE_CHECKING:
     import argparse
@@ -351,7 +351,7 @@ class Command(ScrapyCommand):
         try:
             redis = get_redis(self.settings)
             frontier = FrontierShards.build(redis, spider, recorded_shards(
-                redis, spider, self.settings.getint("FRONTIER_SHARDS", 1)
+                redis, spider, shard_count(self.settings)
             ))
             if action == "list":
                 self._list(frontier, opts)

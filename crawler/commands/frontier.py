@@ -57,6 +57,7 @@ from crawler.frontier.store import frontier_prefix
 from crawler.keys import (
     CrawlKeys,
     recorded_shards,
+    shard_count,
     shard_prefixes,
     shards_key,
     site_prefix,
@@ -193,7 +194,7 @@ def clear_frontier(redis: Redis, spider: str, settings: BaseSettings) -> int:
     :raises redis.exceptions.RedisError: Redis failed (keys deleted before stay deleted).
     """
     raw: Any = redis.get(shards_key(spider))
-    counts = {max(1, settings.getint("FRONTIER_SHARDS", 1))}
+    counts = {shard_count(settings)}
     if raw is not None and raw.isdigit() and int(raw) >= 1:
         counts.add(int(raw))
     prefixes = {p for n in counts for p in shard_prefixes(spider, n)}
@@ -688,7 +689,7 @@ class Command(ScrapyCommand):
         """The crawl's recorded shard count, else ``FRONTIER_SHARDS``
         (:func:`crawler.keys.recorded_shards`)."""
         assert self.settings is not None
-        return recorded_shards(redis, spider, self.settings.getint("FRONTIER_SHARDS", 1))
+        return recorded_shards(redis, spider, shard_count(self.settings))
 
     def _spider(self, name: str) -> str:
         """``name`` if the project has that spider (:func:`check_spider`)."""

@@ -58,7 +58,7 @@ from crawler.frontier.dupefilter import FrontierDupeFilter
 from crawler.frontier.shards import shard_bloom
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import frontier_prefix
-from crawler.keys import shard_of
+from crawler.keys import shard_count, shard_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -250,7 +250,7 @@ class BloomDupeFilter(FrontierDupeFilter):
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
             spider=crawler.spidercls.name,
-            shards=settings.getint("FRONTIER_SHARDS", 1),
+            shards=shard_count(settings),
         )
 
     def bloom_for(self, site: str | None) -> BloomFilter:

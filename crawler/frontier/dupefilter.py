@@ -10,7 +10,7 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 
 from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import site_of
-from crawler.keys import shard_of, shard_prefix
+from crawler.keys import shard_count, shard_of, shard_prefix
 
 if TYPE_CHECKING:
     from typing import Self
@@ -103,7 +103,7 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
             spider=crawler.spidercls.name,
-            shards=settings.getint("FRONTIER_SHARDS", 1),
+            shards=shard_count(settings),
         )
 
     def shard_prefix(self, index: int) -> str:

@@ -78,7 +78,7 @@ from twisted.internet.threads import deferToThread
 from crawler.frontier.connection import NOT_RUN, config_error, get_redis, report_redis_failure
 from crawler.frontier.shards import node_pipelines
 from crawler.frontier.store import _Lua
-from crawler.keys import ShardKeys, shard_prefixes, workers_key
+from crawler.keys import ShardKeys, shard_count, shard_prefixes, workers_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -501,7 +501,7 @@ class FrontierHousekeeping:
         housekeeper = Housekeeper(
             get_redis(settings),
             crawler.spidercls.name,
-            shards=max(1, settings.getint("FRONTIER_SHARDS", 1)),
+            shards=shard_count(settings),
             worker_forget_after=settings.getfloat("FRONTIER_WORKER_FORGET_AFTER", 86400.0),
             dead_max=settings.getint("FRONTIER_DEAD_LETTERS_MAX", 100_000),
             site_forget_after=settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0),

@@ -14,6 +14,7 @@ from crawler.frontier import serializer as json_serializer
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Frontier, Lease, NotDue
+from crawler.keys import shard_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,7 +75,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         self.shards = FrontierShards.build(
             server,
             spider.name,
-            max(1, settings.getint("FRONTIER_SHARDS", 1)),
+            shard_count(settings),
             default_delay=settings.getfloat("FRONTIER_DELAY"),
             default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
             lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),

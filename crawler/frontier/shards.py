@@ -270,6 +270,10 @@ class FrontierShards:
         return problems
 
     def clear(self) -> None:
-        """:meth:`Frontier.clear` on every shard (the dupefilters stay)."""
+        """:meth:`Frontier.clear` on every shard (the dupefilters stay), and
+        the recorded shard count with them (as one shard's clear always
+        did: it is under that shard's prefix), so that the next crawl may
+        have another."""
         for frontier in self.frontiers:
             frontier.clear()
+        self.redis.delete(shards_key(self.spider))
