@@ -215,9 +215,19 @@ def test_a_worker_killed_while_fetching_robots_txt_holds_the_others_up_only_brie
     first = start_worker("pages", env, tmp_path / "first.log", settings)
     try:
         wait_for(lambda: bool(asked), 30, "the first robots.txt request", rds)
-        # Renewed while the fetch hangs: still held after 3 of its lifetimes.
-        time.sleep(3.5)  # (no event marks a lock that did not expire)
-        assert rds.pttl(lock) > 0
+        # Renewed while the fetch hangs: its expiry is set again (it rises)
+        # six times, two lifetimes, and it is never gone in between.
+        seen = {"last": rds.pttl(lock), "renewals": 0}
+
+        def renewed_six_times() -> bool:
+            ttl = rds.pttl(lock)
+            assert ttl > 0, f"the lock expired while its fetch ran (PTTL {ttl})"
+            if ttl > seen["last"]:
+                seen["renewals"] += 1
+            seen["last"] = ttl
+            return seen["renewals"] >= 6
+
+        wait_for(renewed_six_times, 10, "six renewals of the robots.txt lock", rds)
         assert len(asked) == 1
     finally:
         first.send_signal(signal.SIGKILL)
