@@ -267,7 +267,7 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         ours, base = _median(a["ours"]), _median(a["baseline"])
         rows.append(_row(f"a. crawl pages/s, 1 worker, {size['pages']}-page CPU-bound site "
                          "(vs Scrapy in-memory scheduler)", (ours, base), "pages/s",
-                         ">= 0.95", ours / base >= 0.95))
+                         ">= 1.0", ours / base >= 1.0))  # (issue 13 raised it from 0.95)
         timings["a"] = time.monotonic() - t
 
         t = time.monotonic()
