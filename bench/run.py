@@ -47,6 +47,10 @@ do not edit them by hand). Rerun from the project directory with
     .venv/bin/python -m bench --repeat 3   # fewer repeats
     .venv/bin/python -m bench --quick      # tiny smoke run (tests/test_bench.py)
 
+`python -m bench.compare a|d CHECKOUT...` runs figure a or d on several
+checkouts of the project in turn (medians; see `bench/compare.py`): how a
+figure's change is traced to a commit.
+
 It starts its own `redis-server`, SecantusDB (`devtools.embedded`) and HTTP
 sites (`bench/sites.py`, an asyncio server: the threaded
 `devtools.replay.SiteServer` costs as much CPU per page as the worker it

@@ -29,3 +29,17 @@ def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     text = report.read_text()
     assert "| figure | ours | baseline |" in text
     assert text.count("\n| ") >= len(summary["rows"]) + 1
+
+
+def test_compare_runs_a_figure_on_each_checkout_in_turn() -> None:
+    """``python -m bench.compare d`` on this checkout twice (tiny sizes):
+    one median per checkout, every run counted."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "d", ".", str(PROJECT_DIR), "--repeat", "2",
+         "--clients", "1", "--seconds", "0.2"],
+        cwd=PROJECT_DIR, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    assert sorted(result) == sorted([".", str(PROJECT_DIR)])
+    assert all(len(r["runs"]) == 2 and r["median"] > 0 for r in result.values())

@@ -1,0 +1,108 @@
+"""``python -m bench.compare``: one figure on several checkouts, side by side.
+
+Where ``python -m bench`` compares our frontier with a baseline, this
+compares versions of ours: a figure is run on each checkout in turn (each
+with its own code: ``git worktree add /tmp/old <commit>`` makes one), the
+runs alternated so that a noisy machine weighs on all of them alike, and the
+medians printed. It is how a change of a figure is traced to a commit.
+
+Figures:
+
+* ``a``: :func:`bench.crawls.crawl_throughput` with one repeat per run
+  (ours, then Scrapy's in-memory scheduler: a baseline per run); the
+  ratio is ours over the median of every in-memory run.
+* ``d``: :func:`bench.frontier_figs.frontier_ops` (ours, ``--clients``
+  processes for ``--seconds``).
+
+Usage::
+
+    git worktree add /tmp/old f04eb31
+    python -m bench.compare d /tmp/old . --repeat 5
+
+Prints one line per run, then a JSON object: ``{checkout: {"runs": [...],
+"median": x}}`` (pages/s or ops/s; for ``a`` also ``"memory"`` and
+``"ratio"``). Each checkout's code is run with this interpreter, from its
+own directory; one ``redis-server`` is started for all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from devtools.embedded import RedisServer
+
+__all__ = ["main"]
+
+#: What a run executes in a checkout (its own bench code): prints one JSON value.
+_RUN = {
+    "a": (
+        "import json, sys, tempfile, pathlib\n"
+        "from bench.crawls import crawl_throughput\n"
+        "r = crawl_throughput(sys.argv[1], pathlib.Path(tempfile.mkdtemp()),"
+        " pages=int(sys.argv[2]), repeat=1)\n"
+        "print(json.dumps([r['ours'][0], r['baseline'][0]]))\n"
+    ),
+    "d": (
+        "import json, sys\n"
+        "from bench.frontier_figs import frontier_ops\n"
+        "print(json.dumps(frontier_ops(sys.argv[1], 'ours', int(sys.argv[3]),"
+        " float(sys.argv[4]))))\n"
+    ),
+}
+
+
+def _run(figure: str, checkout: Path, redis_url: str, opts: argparse.Namespace) -> Any:
+    """One run of ``figure`` in ``checkout``; its JSON output.
+
+    :raises RuntimeError: the run failed (its stderr's tail in the message).
+    """
+    args = [sys.executable, "-c", _RUN[figure], redis_url, str(opts.pages),
+            str(opts.clients), str(opts.seconds)]
+    done = subprocess.run(args, cwd=checkout, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{figure} in {checkout} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison; 0 on success."""
+    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("figure", choices=sorted(_RUN))
+    parser.add_argument("checkouts", nargs="+", type=Path, help="project directories")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per checkout (default 5)")
+    parser.add_argument("--pages", type=int, default=5000, help="a: site size (default 5000)")
+    parser.add_argument("--clients", type=int, default=4, help="d: processes (default 4)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="d: seconds (default 2.0)")
+    opts = parser.parse_args(argv)
+    names = [str(c) for c in opts.checkouts]
+    runs: dict[str, list[Any]] = {name: [] for name in names}
+    with RedisServer() as server:
+        for i in range(opts.repeat):
+            for name, checkout in zip(names, opts.checkouts, strict=True):
+                value = _run(opts.figure, checkout.resolve(), server.url, opts)
+                runs[name].append(value)
+                print(f"run {i + 1} {name}: {value}", file=sys.stderr, flush=True)
+    out: dict[str, dict[str, Any]] = {}
+    if opts.figure == "a":
+        memory = statistics.median(m for values in runs.values() for _, m in values)
+        for name, values in runs.items():
+            ours = statistics.median(o for o, _ in values)
+            out[name] = {"runs": values, "median": ours,
+                         "memory": statistics.median(m for _, m in values),
+                         "ratio": round(ours / memory, 3)}
+    else:
+        out = {name: {"runs": values, "median": statistics.median(values)}
+               for name, values in runs.items()}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
