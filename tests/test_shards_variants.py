@@ -80,17 +80,7 @@ def test_mixed_priorities_on_distinct_sites_are_served_best_first(
     assert got == sorted(prios, reverse=True), str(got)
 
 
-_ACROSS_SHARDS = pytest.mark.xfail(
-    strict=True,
-    reason="review 13, not fixed: turns ({s}:seq) are counted per shard, and the "
-    "scheduler picks among shards of equal best priority in turn (round robin), so "
-    "equal priorities on sites of different shards are not served first in, first out",
-)
-
-
-@pytest.mark.parametrize(
-    "shards", [1, pytest.param(2, marks=_ACROSS_SHARDS), pytest.param(5, marks=_ACROSS_SHARDS)]
-)
+@pytest.mark.parametrize("shards", [1, 2, 5])
 def test_equal_priorities_on_distinct_sites_first_in_first_out(
     redis_url: str, rds: redis.Redis, shards: int
 ) -> None:

@@ -32,7 +32,9 @@
 -- KEYS[22] {s}:qc           hash "site\tpriority\t<n>" -> chunk n of that queue
 -- KEYS[23] {s}:lv           hash site -> its non-empty priorities, highest first
 --                           (KEYS[21..23]: the queues, see lib.lua)
--- KEYS[24..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
+-- KEYS[24] {s}:joined       hash site -> µs when it took its turn in KEYS[18]
+--                           (see lib.lua's make_ready)
+-- KEYS[25..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
 -- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
 -- ARGV[2]  default concurrency per site
 -- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
@@ -52,7 +54,7 @@
 --          that order:
 --   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
 --          queue even if seen (dont_filter) else "0", site, priority, encoded
---          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 24;
+--          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 25;
 --          decimal offsets
 --          separated by spaces; "" in set mode)
 --   retry (4 each): priority, site, encoded request, delay ms
@@ -77,7 +79,7 @@ K.gate = ARGV[5] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[9], KEYS[10], KEYS[11], KEYS[8]
 K.ready, K.seq, K.prio = KEYS[18], KEYS[19], KEYS[20]
-K.qm, K.qc, K.lv = KEYS[21], KEYS[22], KEYS[23]
+K.qm, K.qc, K.lv, K.joined = KEYS[21], KEYS[22], KEYS[23], KEYS[24]
 local leases, ldata, retries, dead = KEYS[7], KEYS[8], KEYS[12], KEYS[13]
 local bloom = ARGV[3] == 'bloom'
 local size = tonumber(ARGV[4])
