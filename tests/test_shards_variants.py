@@ -158,6 +158,37 @@ def test_a_batch_stops_before_a_site_of_another_shard_that_joined_earlier(
     assert crawler.stats.get_value("frontier/lease_calls") == runs
 
 
+def test_a_slack_lets_a_batch_go_on_past_another_shards_head(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """With FRONTIER_FIFO_SLACK a batch goes on through sites that joined
+    up to that long after another shard's head: sites pushed alternating
+    between two shards are leased in batches of 16, not one by one."""
+    a, b = _sites_of(0, 2, 16, "z"), _sites_of(1, 2, 16, "z")
+    order = [site for pair in zip(a, b, strict=True) for site in pair]
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=2, CONCURRENT_REQUESTS=16, FRONTIER_FIFO_SLACK=60
+    )
+    for site in order:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    got = _hosts(_serve(scheduler, len(order)))
+    assert sorted(got) == sorted(order)
+    assert crawler.stats.get_value("frontier/lease_calls") == 2
+
+
+def test_one_shard_keeps_no_join_times(redis_url: str, rds: redis.Redis) -> None:
+    """One frontier needs only its turns: ``{s}:joined`` is never written
+    (no byte per site, no write per lease)."""
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, CONCURRENT_REQUESTS=4)
+    for i in range(5):
+        scheduler.enqueue_request(Request(f"https://n{i}.example/0"))
+        scheduler.enqueue_request(Request(f"https://n{i}.example/1"))
+    assert scheduler.flush_outbox()
+    assert scheduler.next_request() is not None
+    assert rds.exists("{t}:joined") == 0
+
+
 def test_a_batch_stops_before_a_site_that_joined_after_another_shards_head(
     rds: redis.Redis,
 ) -> None:
@@ -165,7 +196,7 @@ def test_a_batch_stops_before_a_site_that_joined_after_another_shards_head(
     ARGV[14] when their head joined, a batch takes the sites of that
     priority that joined until then, none after; the reply tells when its
     own head joined (``Lease.head``)."""
-    frontier = Frontier(rds, "t", default_concurrency=8)
+    frontier = Frontier(rds, "t", default_concurrency=8, join_times=True)
     frontier.load_scripts()
     sites = [f"j{i}.example" for i in range(4)]
     for site in sites:
@@ -215,7 +246,7 @@ def test_a_stale_shard_peeked_at_is_served_first_when_its_site_joined_first(
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "1e15", "", "9" * 17])
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("shards", [2, 3])
 def test_a_malformed_join_time_is_reported_counted_as_now_and_nothing_lost(
     redis_url: str, rds: redis.Redis, value: str, shards: int
 ) -> None:
@@ -241,7 +272,7 @@ def test_a_malformed_join_time_is_reported_counted_as_now_and_nothing_lost(
         assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
 
 
-@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("shards", [2, 3])
 def test_a_joined_key_of_the_wrong_type_is_reported_and_nothing_lost(
     redis_url: str, rds: redis.Redis, shards: int
 ) -> None:

@@ -255,6 +255,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     queue: LeasedPriorityQueue
     lease_batch: int
+    fifo_slack_us: int
     seen_max: int
     outbox_delay: float
 
@@ -288,6 +289,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         # lease ids of its own.
         scheduler.holder = f"{scheduler.worker_id}#{os.urandom(4).hex()}"
         scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
+        scheduler.fifo_slack_us = round(
+            max(0.0, settings.getfloat("FRONTIER_FIFO_SLACK", 0.0)) * 1_000_000
+        )
         scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
         scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
         scheduler._setup_state()
@@ -1182,6 +1186,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         # at most that many sites where it has its share)
                         held = sum(1 for s in self._lease_shards.values() if s == i)
                         least, joined = self._best_elsewhere(i)
+                        if joined is not None:  # (FRONTIER_FIFO_SLACK)
+                            joined += self.fifo_slack_us
                         shards[i].lease_many(
                             lease[1], client=pipe, held=held, least=least, least_joined=joined
                         )

@@ -351,6 +351,10 @@ class Frontier:
     :param revisit_after: seconds after which a fetched request committed as
         a :class:`Revisit` is due again, unless ``{s}:revisit`` overrides it
         for its site (0: never).
+    :param join_times: keep, per site in ``{s}:ready``, when it took its
+        turn there (``{s}:joined``), for first in, first out across the
+        shards of a crawl (:class:`~crawler.frontier.shards.FrontierShards`
+        sets it with several shards; one frontier needs only its turns).
     """
 
     #: How long a commit marker (``{s}:sent:<holder>``) lasts, ms: a worker
@@ -373,8 +377,10 @@ class Frontier:
         robots_gate: bool = False,
         revisit_after: float = 0.0,
         prefix: str | None = None,
+        join_times: bool = False,
     ) -> None:
         self.redis = redis
+        self.join_times = join_times
         self.revisit_after_ms = max(0, round(revisit_after * 1000))
         self.bloom = bloom
         self.prefix = prefix or frontier_prefix(spider_name)
@@ -435,7 +441,7 @@ class Frontier:
             batch.claim or b"",
             len(batch.pushes), len(batch.retries), len(batch.dead),
             len(batch.slots), len(batch.acks), len(batch.givebacks),
-            self.revisit_after_ms, len(batch.revisits),
+            self.revisit_after_ms, len(batch.revisits), "1" if self.join_times else "0",
         ]
         keys = [
             k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
@@ -673,6 +679,7 @@ class Frontier:
                 max(0, held),
                 "" if least is None else least,
                 "" if least is None or least_joined is None else least_joined,
+                "1" if self.join_times else "0",
                 *lease_ids,
             ],
             client=client,

@@ -115,7 +115,9 @@
 --          "": after its first lease, the call leases a site of priority
 --          ARGV[13] only when it joined KEYS[19] at that time or before
 --          (first in, first out across shards)
--- ARGV[15..] lease ids, one per request wanted
+-- ARGV[15] "1" to keep join times in KEYS[25] (a crawl of several shards),
+--          else "0" (none kept, none read: the head's is reported as 0)
+-- ARGV[16..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -133,6 +135,7 @@
 K.P = ARGV[1]
 K.cap = tonumber(ARGV[5])
 K.gate = ARGV[11] == '1'
+K.join = ARGV[15] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[1], KEYS[4], KEYS[5], KEYS[8], KEYS[9]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[12], KEYS[14], KEYS[15], KEYS[3]
 K.ready, K.seq, K.prio = KEYS[19], KEYS[20], KEYS[21]
@@ -154,7 +157,7 @@ local err = check_types({
   {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 15)}
+local ids = {unpack(ARGV, 16)}
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -287,7 +290,7 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 15
+local a = 16
 local least = tonumber(ARGV[13])
 local least_us = least and tonumber(ARGV[14])
 local pos = 0 -- sites at the top of K.ready passed over in this call

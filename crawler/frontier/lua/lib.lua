@@ -470,7 +470,9 @@ local last_turn = nil
 -- make_ready and deleted when it leaves K.ready (unready). Within a shard
 -- the turns give the same order (the clock does not go back); a site in
 -- K.ready without a field (queued by a version before K.joined) joined
--- before every site with one: it counts as 0, "long ago". A wrong type of
+-- before every site with one: it counts as 0, "long ago". Join times are
+-- kept only when the script is told so (K.join: the crawl has several
+-- shards; with one, the turns are all it needs). A wrong type of
 -- K.joined is reported and join times are then not kept (never an error:
 -- it is only a hint for the workers' choice of shard).
 local function joined_problem()
@@ -484,6 +486,7 @@ local function make_ready(site, prio)
   if not last_turn then last_turn = tonumber(redis.call('GET', K.seq) or '0') end
   last_turn = last_turn + 1
   redis.call('ZADD', K.ready, -prio * TURN + last_turn % TURN, site)
+  if not K.join then return end
   if not clock_us then read_clock(redis.call('TIME')) end
   local r = redis.pcall('HSET', K.joined, site, clock_us)
   if type(r) == 'table' then joined_problem() end
@@ -492,6 +495,7 @@ end
 -- Take `site` out of K.ready (and its join time out of K.joined).
 local function unready(site)
   redis.call('ZREM', K.ready, site)
+  if not K.join then return end
   local r = redis.pcall('HDEL', K.joined, site)
   if type(r) == 'table' then joined_problem() end
 end
@@ -501,6 +505,7 @@ end
 -- whole µs (a key edited by hand) is reported and replaced by this call's
 -- time: the site counts as joined now. Never raises.
 local function joined_of(site)
+  if not K.join then return 0 end
   local v = redis.pcall('HGET', K.joined, site)
   if type(v) == 'table' then
     joined_problem()
