@@ -217,6 +217,8 @@ def test_a_batch_stops_before_a_site_that_joined_after_another_shards_head(
     assert isinstance(last, list) and [lease.site for lease in last] == sites[3:]
     assert (last[0].best, last[0].head) == (None, None)
     assert rds.exists("{t}:joined", "{t}:ready") == 0
+    rds.hset("{t}:joined", "gone.example", 1)  # one left behind: the audit tells
+    assert frontier.audit().get("joined") == ["gone.example"]
 
 
 def test_a_stale_shard_peeked_at_is_served_first_when_its_site_joined_first(

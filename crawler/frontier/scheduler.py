@@ -319,7 +319,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._problems: set[str] = set()
         #: Lease id -> the shard it was taken from.
         self._lease_shards: dict[str, int] = {}
-        #: The shard the next lease call goes to first (round robin).
+        #: The shard the next lease call goes to first among equals (round
+        #: robin: shards of equal best priority and head join time).
         self._turn = 0
         #: Per shard, ``time.monotonic()`` before which it said nothing is
         #: due (0: ask it; None: nothing queued when last asked).

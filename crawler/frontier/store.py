@@ -785,7 +785,8 @@ class Frontier:
             slot), ``active`` / ``wactive`` (slot counters above zero, by
             site or ``worker\tsite``), ``count`` (``{s}:count``) against
             ``queued`` (entries in the chunks of ``{s}:qc``), ``prio`` (``{s}:prio``)
-            against ``queued_by_priority``.
+            against ``queued_by_priority``, ``joined`` (sites with a join
+            time in ``{s}:joined`` that are not in ``{s}:ready``: left behind).
         """
         r = self.redis
         problems: dict[str, Any] = {}
@@ -813,6 +814,14 @@ class Frontier:
         if counted != {p: n for p, n in by_priority.items() if n}:
             problems["prio"] = counted
             problems["queued_by_priority"] = by_priority
+        if r.type(self.key("joined")) == b"hash":
+            ready = {_text(x) for x in cast("list[bytes]", r.zrange(self.key("ready"), 0, -1))}
+            stray = sorted(
+                site for x in cast("list[bytes]", r.hkeys(self.key("joined")))
+                if (site := _text(x)) not in ready
+            )
+            if stray:
+                problems["joined"] = stray
         return problems
 
     def clear(self) -> None:
