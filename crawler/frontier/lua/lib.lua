@@ -183,9 +183,10 @@ end
 
 -- The keys and settings of the crawl, filled in by the script that runs:
 -- K.wait, K.ready, K.active, K.due, K.conc, K.robots, K.wactive, K.lslot,
--- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv, K.joined (keys), K.P (the key
--- prefix "{s}:", for messages only: no key is built from it), K.cap
--- (default concurrency), K.gate (true when robots.txt is obeyed), K.now (ms).
+-- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv, K.joined (keys), K.P
+-- (the key prefix "{s}:", for messages only: no key is built from it), K.cap
+-- (default concurrency), K.gate (true when robots.txt is obeyed), K.join
+-- (true when join times are kept in K.joined), K.now (ms).
 local K = {}
 
 -- Queues in fixed keys. Every key a script touches is one of its KEYS, so
