@@ -180,7 +180,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
     no more than the downloader has free slots for, into a local buffer
     that the engine's next calls drain; buffered requests are leased like
-    the others (extended, given back at close). Each worker remembers the
+    the others (extended, given back at close). With several shards a
+    batch stops before a lower priority than another shard's best, and
+    before a site that joined its shard's ready index more than
+    ``FRONTIER_FIFO_SLACK`` seconds (default 0) after another shard's first
+    site of that priority (first in, first out across shards). Each worker
+    remembers the
     last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in the shared
     dupefilter and drops a repeat of one (``enqueue_request`` returns False)
     without asking Redis: the shared dupefilter only grows while a crawl
