@@ -168,6 +168,15 @@ FRONTIER_SEED_BATCH = 1000
 #: within its site's delay, concurrency and this worker's fair share.
 #: Default: 16.
 FRONTIER_LEASE_BATCH = 16
+#: Seconds of slack in first in, first out across shards (FRONTIER_SHARDS >
+#: 1): a lease call's batch goes on through its shard's sites that joined
+#: the due index up to this long after another shard's first site of the
+#: same priority. 0: exact, but when sites of different shards join
+#: interleaved (new work from many workers), a batch stops after about one
+#: request (one lease round trip per request); e.g. 1.0 keeps batches whole
+#: while equal priorities are served in order to within a second.
+#: Default: 0.0.
+FRONTIER_FIFO_SLACK = 0.0
 #: Fingerprints a worker remembers having recorded in the shared dupefilter,
 #: to drop their repeats without asking Redis (most recent kept; about 100
 #: bytes each). The shared dupefilter only grows while a crawl runs; delete it

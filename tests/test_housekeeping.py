@@ -26,7 +26,7 @@ from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR
 
-SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down")
+SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down", "joined")
 PROJECT_LUA = PROJECT_DIR / "crawler" / "frontier" / "lua"
 
 
@@ -152,6 +152,7 @@ def test_idle_sites_are_forgotten_busy_ones_kept(rds: redis.Redis) -> None:
         rds.hset("{s}:rdelay", site, 100)
         rds.hset("{s}:robots", site, b"1.0\nUser-agent: *\nDisallow: /x")
         rds.hset("{s}:robots:down", site, b"1 1 1")
+        rds.hset("{s}:joined", site, 1)  # (done.example's: left by a hand edit)
     rds.hset("{s}:delay", "done.example", 500)  # an operator's override stays
     keeper = Housekeeper(rds, "s", site_forget_after=0, batch=10)
     # due was set when the site was leased: forgotten once a ms has passed

@@ -4,6 +4,7 @@ again, bad values in the new keys), against real Redis servers."""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,8 @@ import pytest
 from scrapy import Request, Spider
 
 from crawler.config import config_error_of
-from crawler.frontier.store import Push
+from crawler.frontier import scheduler as scheduler_module
+from crawler.frontier.store import Frontier, Push
 from crawler.keys import shard_of
 from devtools.replay import Page
 from tests import scheduler_harness as harness
@@ -80,17 +82,7 @@ def test_mixed_priorities_on_distinct_sites_are_served_best_first(
     assert got == sorted(prios, reverse=True), str(got)
 
 
-_ACROSS_SHARDS = pytest.mark.xfail(
-    strict=True,
-    reason="review 13, not fixed: turns ({s}:seq) are counted per shard, and the "
-    "scheduler picks among shards of equal best priority in turn (round robin), so "
-    "equal priorities on sites of different shards are not served first in, first out",
-)
-
-
-@pytest.mark.parametrize(
-    "shards", [1, pytest.param(2, marks=_ACROSS_SHARDS), pytest.param(5, marks=_ACROSS_SHARDS)]
-)
+@pytest.mark.parametrize("shards", [1, 2, 5])
 def test_equal_priorities_on_distinct_sites_first_in_first_out(
     redis_url: str, rds: redis.Redis, shards: int
 ) -> None:
@@ -105,6 +97,233 @@ def test_equal_priorities_on_distinct_sites_first_in_first_out(
         assert scheduler.flush_outbox()
     got = [r.url for r in _serve(scheduler, 20)]
     assert got == urls, str([u.split("/")[2] for u in got])
+    for shard in scheduler.queue.shards:  # (a site's join time leaves with it)
+        assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
+
+
+def _hosts(requests: list[Request]) -> list[str]:
+    return [r.url.split("/")[2] for r in requests]
+
+
+def _sites_of(shard: int, shards: int, n: int, tag: str) -> list[str]:
+    """``n`` site names of shard ``shard`` (of ``shards``)."""
+    names = (f"{tag}{i}.example" for i in range(100_000))
+    return [site for site in names if shard_of(site, shards) == shard][:n]
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+@pytest.mark.parametrize("levels", [1, 2])
+@pytest.mark.parametrize("seed", [7, 2026])
+def test_equal_priorities_first_in_first_out_whatever_the_shards_and_push_order(
+    redis_url: str, rds: redis.Redis, shards: int, levels: int, seed: int
+) -> None:
+    """Thirty sites named at random (a seeded RNG: their shards come in any
+    order), one request each, pushed one after another, at one priority or
+    two interleaved at random: served by priority, then in the order they
+    were pushed."""
+    rng = random.Random(seed)
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    pushed = [
+        (f"{rng.getrandbits(40):x}.example", rng.randrange(levels)) for _ in range(30)
+    ]
+    for site, priority in pushed:
+        scheduler.enqueue_request(Request(f"https://{site}/", priority=priority))
+        assert scheduler.flush_outbox()
+    got = [(r.url.split("/")[2], r.priority) for r in _serve(scheduler, 30)]
+    assert got == sorted(pushed, key=lambda sp: -sp[1]), got
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+@pytest.mark.parametrize("concurrent", [4, 16])
+def test_a_batch_stops_before_a_site_of_another_shard_that_joined_earlier(
+    redis_url: str, rds: redis.Redis, shards: int, concurrent: int
+) -> None:
+    """Sites pushed in runs of three per shard (a0 a1 a2 b0 b1 b2 c0 ...):
+    served in push order, each run in one lease call (the batch goes on
+    while its shard's sites joined before every other shard's head, and
+    stops at the first that joined after one)."""
+    runs = 8
+    per = {k: iter(_sites_of(k, shards, runs * 3, "b")) for k in range(shards)}
+    order = [next(per[run % shards]) for run in range(runs) for _ in range(3)]
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=concurrent
+    )
+    for site in order:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    got = _hosts(_serve(scheduler, len(order)))
+    assert got == order, got
+    assert crawler.stats.get_value("frontier/lease_calls") == runs
+
+
+def test_a_slack_lets_a_batch_go_on_past_another_shards_head(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """With FRONTIER_FIFO_SLACK a batch goes on through sites that joined
+    up to that long after another shard's head: sites pushed alternating
+    between two shards are leased in batches of 16, not one by one."""
+    a, b = _sites_of(0, 2, 16, "z"), _sites_of(1, 2, 16, "z")
+    order = [site for pair in zip(a, b, strict=True) for site in pair]
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=2, CONCURRENT_REQUESTS=16, FRONTIER_FIFO_SLACK=60
+    )
+    for site in order:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    got = _hosts(_serve(scheduler, len(order)))
+    assert sorted(got) == sorted(order)
+    assert crawler.stats.get_value("frontier/lease_calls") == 2
+
+
+def test_one_shard_keeps_no_join_times(redis_url: str, rds: redis.Redis) -> None:
+    """One frontier needs only its turns: ``{s}:joined`` is never written
+    (no byte per site, no write per lease)."""
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, CONCURRENT_REQUESTS=4)
+    for i in range(5):
+        scheduler.enqueue_request(Request(f"https://n{i}.example/0"))
+        scheduler.enqueue_request(Request(f"https://n{i}.example/1"))
+    assert scheduler.flush_outbox()
+    assert scheduler.next_request() is not None
+    assert rds.exists("{t}:joined") == 0
+
+
+def test_a_batch_stops_before_a_site_that_joined_after_another_shards_head(
+    rds: redis.Redis,
+) -> None:
+    """lease.lua itself: with ARGV[13] the other shards' best priority and
+    ARGV[14] when their head joined, a batch takes the sites of that
+    priority that joined until then, none after; the reply tells when its
+    own head joined (``Lease.head``)."""
+    frontier = Frontier(rds, "t", default_concurrency=8, join_times=True)
+    frontier.load_scripts()
+    sites = [f"j{i}.example" for i in range(4)]
+    for site in sites:
+        frontier.push(f"https://{site}/".encode(), site=site, priority=0,
+                      fingerprint=None, dont_filter=True)
+    joined = [int(rds.hget("{t}:joined", site) or 0) for site in sites]
+    assert joined == sorted(joined) and len(set(joined)) == 4, joined
+    leases = frontier.lease_many([f"w#1:{n}" for n in range(4)], least=0,
+                                 least_joined=joined[1])
+    assert isinstance(leases, list)
+    assert [lease.site for lease in leases] == sites[:2]
+    assert (leases[0].best, leases[0].head) == (0, joined[2])
+    # a better priority elsewhere: one lease; a worse one: no limit
+    one = frontier.lease_many(["w#1:a", "w#1:b"], least=1, least_joined=0)
+    assert isinstance(one, list) and [lease.site for lease in one] == sites[2:3]
+    assert rds.hkeys("{t}:joined") == [sites[3].encode()]
+    last = frontier.lease_many(["w#1:c", "w#1:d"], least=-1, least_joined=0)
+    assert isinstance(last, list) and [lease.site for lease in last] == sites[3:]
+    assert (last[0].best, last[0].head) == (None, None)
+    assert rds.exists("{t}:joined", "{t}:ready") == 0
+    rds.hset("{t}:joined", "gone.example", 1)  # one left behind: the audit tells
+    assert frontier.audit().get("joined") == ["gone.example"]
+
+
+def test_a_stale_shard_peeked_at_is_served_first_when_its_site_joined_first(
+    redis_url: str, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shard 1 was found empty; another worker then queues a site there,
+    before this worker queues four on shard 0. The peek at the stale shard
+    tells when its site joined: it is served first, and this worker's batch
+    on shard 0 (16 wanted) holds the four."""
+    monkeypatch.setattr(scheduler_module, "EMPTY_SHARD_RECHECK", 0.0)
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=2, CONCURRENT_REQUESTS=16
+    )
+    assert scheduler.next_request() is None  # both shards empty
+    [other] = _sites_of(1, 2, 1, "o")
+    mine = _sites_of(0, 2, 4, "m")
+    shards = scheduler.queue.shards
+    shards.for_site(other).push_many([
+        Push(f"https://{other}/".encode(), other, 0, None, True)
+    ])
+    for site in mine:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+    assert scheduler.flush_outbox()
+    got = _hosts(_serve(scheduler, 5))
+    assert got == [other, *mine], got
+    assert crawler.stats.get_value("frontier/lease_calls") == 2
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "1e15", "", "9" * 17])
+@pytest.mark.parametrize("shards", [2, 3])
+def test_a_malformed_join_time_is_reported_counted_as_now_and_nothing_lost(
+    redis_url: str, rds: redis.Redis, value: str, shards: int
+) -> None:
+    """``{s}:joined`` edited by hand: a site's value is not whole µs. The
+    worker goes on, every request is served once, the value is reported,
+    and the site counts as joined when the call met it (its field is
+    rewritten); the key is empty at the end."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    urls = [f"https://x{i}.example/{j}" for i in range(6) for j in range(2)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    for shard in scheduler.queue.shards:
+        for site in rds.zrange(shard.key("ready"), 0, -1):
+            rds.hset(shard.key("joined"), site, value)
+    got = [r.url for r in _serve(scheduler, len(urls))]
+    assert sorted(got) == sorted(urls)
+    assert scheduler.next_request() is None
+    assert crawler.stats.get_value("frontier/problems")
+    for shard in scheduler.queue.shards:
+        assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_a_joined_key_of_the_wrong_type_is_reported_and_nothing_lost(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """``{s}:joined`` replaced by a string: join times are not kept there
+    (reported), no call is refused, every request is served once."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    for shard in scheduler.queue.shards:
+        rds.set(shard.key("joined"), "oops")
+    urls = [f"https://y{i}.example/{j}" for i in range(6) for j in range(2)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    got = [r.url for r in _serve(scheduler, len(urls))]
+    assert sorted(got) == sorted(urls)
+    assert scheduler.next_request() is None
+    assert crawler.stats.get_value("frontier/problems")
+    for shard in scheduler.queue.shards:
+        assert rds.get(shard.key("joined")) == b"oops"  # left for the operator
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_sites_queued_by_the_previous_version_count_as_joined_long_ago(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """A frontier written before ``{s}:joined`` existed: sites in ready
+    without a join time. They are served before every site queued since
+    (they joined before it), without a problem reported; then the newer
+    ones in the order they were pushed."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    old = [f"old{i}.example" for i in range(9)]
+    for site in old:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+    assert scheduler.flush_outbox()
+    for shard in scheduler.queue.shards:
+        rds.delete(shard.key("joined"))  # (as the previous version left it)
+    new = [f"new{i}.example" for i in range(9)]
+    for site in new:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    got = _hosts(_serve(scheduler, len(old) + len(new)))
+    assert sorted(got[: len(old)]) == sorted(old), got
+    assert got[len(old):] == new, got
+    assert not crawler.stats.get_value("frontier/problems")
+    for shard in scheduler.queue.shards:
+        assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
 
 
 # -- bounded state: a forgotten site crawled again ---------------------------------------

@@ -18,7 +18,8 @@ Three keys of a crawl would otherwise grow for as long as it runs:
 * the per-site state of sites that had no work for
   ``FRONTIER_SITE_FORGET_AFTER`` seconds (default 3600) is deleted: their
   fields in ``{s}:due``, ``{s}:slow``, ``{s}:rdelay``, ``{s}:robots``,
-  ``{s}:robots:down`` and zero counters in ``{s}:active``
+  ``{s}:robots:down``, ``{s}:joined`` (left behind only by a hand edit)
+  and zero counters in ``{s}:active``
   (``lua/forget_sites.lua``). A site is idle when it is in neither
   ``{s}:wait`` nor ``{s}:ready``, has no queued request (no field in ``{s}:lv``),
   no download slot taken, and its due time is older than the bound; the
@@ -454,6 +455,7 @@ class Housekeeper:
             )
         ]
         keys.append(self.key("lv", shard))
+        keys.append(self.key("joined", shard))
         return _Call(keys[0], lambda c: self._forget_sites(
             keys=keys, args=[cursor, self.site_forget_after_ms, *sites], client=c
         ))

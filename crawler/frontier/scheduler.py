@@ -180,7 +180,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
     no more than the downloader has free slots for, into a local buffer
     that the engine's next calls drain; buffered requests are leased like
-    the others (extended, given back at close). Each worker remembers the
+    the others (extended, given back at close). With several shards a
+    batch stops before a lower priority than another shard's best, and
+    before a site that joined its shard's ready index more than
+    ``FRONTIER_FIFO_SLACK`` seconds (default 0) after another shard's first
+    site of that priority (first in, first out across shards). Each worker
+    remembers the
     last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in the shared
     dupefilter and drops a repeat of one (``enqueue_request`` returns False)
     without asking Redis: the shared dupefilter only grows while a crawl
@@ -255,6 +260,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     queue: LeasedPriorityQueue
     lease_batch: int
+    fifo_slack_us: int
     seen_max: int
     outbox_delay: float
 
@@ -288,6 +294,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         # lease ids of its own.
         scheduler.holder = f"{scheduler.worker_id}#{os.urandom(4).hex()}"
         scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
+        scheduler.fifo_slack_us = round(
+            max(0.0, settings.getfloat("FRONTIER_FIFO_SLACK", 0.0)) * 1_000_000
+        )
         scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
         scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
         scheduler._setup_state()
@@ -315,7 +324,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._problems: set[str] = set()
         #: Lease id -> the shard it was taken from.
         self._lease_shards: dict[str, int] = {}
-        #: The shard the next lease call goes to first (round robin).
+        #: The shard the next lease call goes to first among equals (round
+        #: robin: shards of equal best priority and head join time).
         self._turn = 0
         #: Per shard, ``time.monotonic()`` before which it said nothing is
         #: due (0: ask it; None: nothing queued when last asked).
@@ -326,6 +336,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: known; -inf: nothing due), and ``time.monotonic()`` when learnt.
         self._shard_best: list[float] = []
         self._shard_best_at: list[float] = []
+        #: Per shard, when its first site at that priority (its head)
+        #: joined its ready index, µs of the Redis clock (0: long ago; inf:
+        #: not known, or after every head learnt: a push of this worker).
+        self._shard_head: list[float] = []
 
     # -- life cycle --------------------------------------------------------------
 
@@ -365,6 +379,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._shard_empty_at = [0.0] * len(shards)
         self._shard_best = [math.inf] * len(shards)
         self._shard_best_at = [-math.inf] * len(shards)
+        self._shard_head = [math.inf] * len(shards)
         overrides = self._site_settings()
         self._hook_engine()
         try:
@@ -529,8 +544,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._write("pushes", item=push, request=request, shard=shard)
         if self._shard_due and self._shard_due[shard] is None:
             self._shard_due[shard] = 0.0  # it has work now: ask it again
-        if self._shard_best:
-            self._shard_best[shard] = max(self._shard_best[shard], priority)
+        if self._shard_best and priority > self._shard_best[shard]:
+            # (its site joins the shard's ready index now: after the heads
+            # learnt so far; at an equal priority it joins behind the head)
+            self._shard_best[shard] = priority
+            self._shard_head[shard] = math.inf
         self._remember(fingerprint)
         return True
 
@@ -581,13 +599,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
                 self._housekeeping(result[0], shard)
-                self._learn_best(shard, result[0].best)
+                self._learn_best(shard, result[0].best, result[0].head)
                 self._take(result)
                 self._turn = (shard + 1) % len(self._shard_due)
             elif isinstance(result, NotDue):
                 self.stats.inc_value("frontier/lease_calls/not_due")
                 self._housekeeping(result, shard)
-                self._learn_best(shard, result.best)
+                self._learn_best(shard, result.best, result.head)
                 now = time.monotonic()
                 self._shard_due[shard] = None if result.wait is None else now + result.wait
                 if result.wait is None:
@@ -610,10 +628,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         :data:`EMPTY_SHARD_RECHECK` seconds ago: other workers' requests may
         have reached it since; this worker's own pushes make it due at
         once), the one whose best due priority is highest as last learnt
-        (:meth:`_peek_stale`, lease replies, this worker's pushes), the next
-        in turn among equals. So a sharded crawl serves its best priority
-        first across shards, as one frontier does across its sites (within
-        what was learnt at most :data:`EMPTY_SHARD_RECHECK` seconds ago),
+        (:meth:`_peek_stale`, lease replies, this worker's pushes); among
+        equals the one whose first site at that priority joined its ready
+        index first (Redis clock: first in, first out across shards), then
+        the next in turn. So a sharded crawl serves its best priority first
+        across shards, and equal priorities in the order their sites joined,
+        as one frontier does across its sites (within what was learnt at most
+        :data:`EMPTY_SHARD_RECHECK` seconds ago),
         and shards without work cost about one call a second each. The
         first call of a :meth:`next_request` asks the shard that has waited
         longest when none is due, as a single frontier is always asked.
@@ -629,7 +650,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if (due is None and now - self._shard_empty_at[i] >= EMPTY_SHARD_RECHECK) or (
                 due is not None and due <= now
             ):
-                if best is None or self._shard_best[i] > self._shard_best[best]:
+                if best is None or (self._shard_best[i], -self._shard_head[i]) > (
+                    self._shard_best[best], -self._shard_head[best]
+                ):
                     best = i
         if best is not None or asked:
             return best
@@ -640,26 +663,35 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         return min(range(n), key=waited)
 
-    def _best_elsewhere(self, shard: int) -> int | None:
+    def _best_elsewhere(self, shard: int) -> tuple[int | None, int | None]:
         """The best priority due on the shards other than ``shard`` as last
-        learnt (None: none has work due, or it is not known), so that a
-        lease call's batch stops before lower priorities than that. A shard
+        learnt (None: none has work due, or it is not known), and the
+        earliest time a first site at that priority joined their ready
+        index, µs (None: not known), so that a lease call's batch stops
+        before lower priorities than that, and before sites of that
+        priority that joined later. A shard
         that told this worker to wait (its due sites are ones where it holds
         its share, or none is due) does not count until that wait is over:
         its best is not this worker's to lease, and would cut every batch
         elsewhere to one request."""
         now = time.monotonic()
         known = [
-            b for i, b in enumerate(self._shard_best)
+            i for i, b in enumerate(self._shard_best)
             if i != shard and not math.isinf(b)
             and (due := self._shard_due[i]) is not None and due <= now
         ]
-        return int(max(known)) if known else None
+        if not known:
+            return None, None
+        best = max(self._shard_best[i] for i in known)
+        head = min(self._shard_head[i] for i in known if self._shard_best[i] == best)
+        return int(best), None if math.isinf(head) else int(head)
 
-    def _learn_best(self, shard: int, best: int | None) -> None:
-        """Note the best priority due on ``shard`` (None: nothing due)."""
+    def _learn_best(self, shard: int, best: int | None, head: int | None = None) -> None:
+        """Note the best priority due on ``shard`` (None: nothing due) and
+        when its first site at that priority joined its ready index (µs)."""
         if self._shard_best:
             self._shard_best[shard] = -math.inf if best is None else best
+            self._shard_head[shard] = math.inf if head is None else head
             self._shard_best_at[shard] = time.monotonic()
 
     def _peek_stale(self) -> None:
@@ -697,7 +729,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                     result = Frontier.leases_of(reply, [])
                     if isinstance(result, NotDue):
                         self._housekeeping(result, i)
-                        self._learn_best(i, result.best)
+                        self._learn_best(i, result.best, result.head)
                         if result.best is not None:  # (its wait: it was asked for nothing)
                             self._shard_due[i] = 0.0
                         elif result.wait is None:
@@ -1174,8 +1206,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         # (the slots it holds there: lease.lua passes over
                         # at most that many sites where it has its share)
                         held = sum(1 for s in self._lease_shards.values() if s == i)
+                        least, joined = self._best_elsewhere(i)
+                        if joined is not None:  # (FRONTIER_FIFO_SLACK)
+                            joined += self.fifo_slack_us
                         shards[i].lease_many(
-                            lease[1], client=pipe, held=held, least=self._best_elsewhere(i)
+                            lease[1], client=pipe, held=held, least=least, least_joined=joined
                         )
                         calls.append(("lease", i))
                 replies = self._execute(pipe)

@@ -120,6 +120,7 @@ class FrontierShards:
                 Frontier(
                     redis, spider, prefix=prefix,
                     bloom=None if bloom is None else shard_bloom(bloom, prefix, len(prefixes)),
+                    join_times=len(prefixes) > 1,
                     **options,
                 )
                 for prefix in prefixes

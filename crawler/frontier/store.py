@@ -38,6 +38,9 @@ key                                 type    holds
                                             their best queued request (the top is
                                             served first; see ``lua/lease.lua``)
 ``{s}:seq``                         string  the last turn given in ``{s}:ready``
+``{s}:joined``                      hash    site in ``{s}:ready`` -> when it took its
+                                            turn there, µs of the Redis clock
+                                            (first in, first out across shards)
 ``{s}:prio``                        hash    priority -> requests queued at it, all
                                             sites (fields at 0 are deleted)
 ``{s}:due``                         hash    site -> ms before which it is not served
@@ -274,6 +277,10 @@ class Lease:
     :ivar problems: bad values the call met in Redis (see :class:`Committed`).
     :ivar best: the best priority among the sites due after the call, or
         None when none is (set on a call's first lease).
+    :ivar head: when the first site at that priority (the next one served)
+        joined the shard's ready index, µs of the Redis server's clock (0:
+        not known, queued by an older version: long ago), or None when no
+        site is due (set on a call's first lease).
     """
 
     data: bytes
@@ -285,6 +292,7 @@ class Lease:
     dead: int = 0
     problems: tuple[str, ...] = ()
     best: int | None = None
+    head: int | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +303,8 @@ class NotDue:
         nothing is queued or waiting to be retried.
     :ivar best: the best priority among the sites due now (held back by
         this worker's fair share or a concurrency), or None when none is.
+    :ivar head: when the first site at that priority joined the shard's
+        ready index, µs (see :class:`Lease`), or None when none is due.
     """
 
     wait: float | None
@@ -303,6 +313,7 @@ class NotDue:
     dead: int = 0
     problems: tuple[str, ...] = ()
     best: int | None = None
+    head: int | None = None
 
 
 class Frontier:
@@ -340,6 +351,10 @@ class Frontier:
     :param revisit_after: seconds after which a fetched request committed as
         a :class:`Revisit` is due again, unless ``{s}:revisit`` overrides it
         for its site (0: never).
+    :param join_times: keep, per site in ``{s}:ready``, when it took its
+        turn there (``{s}:joined``), for first in, first out across the
+        shards of a crawl (:class:`~crawler.frontier.shards.FrontierShards`
+        sets it with several shards; one frontier needs only its turns).
     """
 
     #: How long a commit marker (``{s}:sent:<holder>``) lasts, ms: a worker
@@ -362,8 +377,10 @@ class Frontier:
         robots_gate: bool = False,
         revisit_after: float = 0.0,
         prefix: str | None = None,
+        join_times: bool = False,
     ) -> None:
         self.redis = redis
+        self.join_times = join_times
         self.revisit_after_ms = max(0, round(revisit_after * 1000))
         self.bloom = bloom
         self.prefix = prefix or frontier_prefix(spider_name)
@@ -424,14 +441,14 @@ class Frontier:
             batch.claim or b"",
             len(batch.pushes), len(batch.retries), len(batch.dead),
             len(batch.slots), len(batch.acks), len(batch.givebacks),
-            self.revisit_after_ms, len(batch.revisits),
+            self.revisit_after_ms, len(batch.revisits), "1" if self.join_times else "0",
         ]
         keys = [
             k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
             k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
             k("retries"), k("dead"), self.marker_key(holder),
             k("revisits"), k("rdata"), k("revisit"), k("ready"), k("seq"), k("prio"),
-            k("qm"), k("qc"), k("lv"),
+            k("qm"), k("qc"), k("lv"), k("joined"),
         ]
         bitmaps: dict[str, int] = {}
         for p in batch.pushes:
@@ -571,17 +588,19 @@ class Frontier:
 
     @overload
     def lease_many(
-        self, lease_ids: Sequence[str], *, held: int = 0, least: int | None = None
+        self, lease_ids: Sequence[str], *, held: int = 0, least: int | None = None,
+        least_joined: int | None = None,
     ) -> list[Lease] | NotDue: ...
 
     @overload
     def lease_many(
-        self, lease_ids: Sequence[str], client: Any, *, held: int = 0, least: int | None = None
+        self, lease_ids: Sequence[str], client: Any, *, held: int = 0, least: int | None = None,
+        least_joined: int | None = None,
     ) -> list[Lease] | NotDue | None: ...
 
     def lease_many(
         self, lease_ids: Sequence[str], client: Any = None, *, held: int = 0,
-        least: int | None = None,
+        least: int | None = None, least_joined: int | None = None,
     ) -> list[Lease] | NotDue | None:
         """Lease up to ``len(lease_ids)`` due requests in one call.
 
@@ -602,6 +621,12 @@ class Frontier:
             not known): after the first lease, the call leases only requests
             of at least that priority, so that a batch does not take this
             shard's lower priorities before another shard's better ones.
+        :param least_joined: with ``least``, when the first site at that
+            priority on the other shards joined its shard's ready index, µs
+            of the Redis clock (:attr:`Lease.head`; None: not known): after
+            the first lease, the call leases a site of priority ``least``
+            only when it joined this shard's ready index at that time or
+            before (first in, first out across shards).
         :returns: the leases (at least one; housekeeping counts on the
             first), or :class:`NotDue` when nothing can be leased now.
         :raises ValueError: ``lease_ids`` is empty.
@@ -611,20 +636,24 @@ class Frontier:
         """
         if not lease_ids:
             raise ValueError("lease_many needs at least one lease id")
-        reply = self._lease_call(holder_of(lease_ids[0]), lease_ids, held, client, least)
+        reply = self._lease_call(
+            holder_of(lease_ids[0]), lease_ids, held, client, least=least,
+            least_joined=least_joined,
+        )
         return None if client is not None else self.leases_of(reply, lease_ids)
 
     def peek(self, holder: str, client: Any) -> None:
         """Queue a ``lease.lua`` call that leases nothing on ``client`` (a
         pipeline): it moves the due sites into ``{s}:ready`` and does its
         housekeeping, and its reply (:meth:`leases_of` with no ids: a
-        :class:`NotDue`) tells the best priority due and the wait. Taking
+        :class:`NotDue`) tells the best priority due, when its first site
+        joined the ready index and the wait. Taking
         nothing, it needs no recovery when its reply is lost."""
         self._lease_call(holder, (), 0, client)
 
     def _lease_call(
-        self, holder: str, lease_ids: Sequence[str], held: int, client: Any,
-        least: int | None = None,
+        self, holder: str, lease_ids: Sequence[str], held: int, client: Any, *,
+        least: int | None = None, least_joined: int | None = None,
     ) -> Any:
         k = self.key
         return self._lease(
@@ -633,7 +662,7 @@ class Frontier:
                 k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
                 k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
                 k("dead"), k("revisits"), k("rdata"), k("ready"), k("seq"), k("prio"),
-                k("qm"), k("qc"), k("lv"),
+                k("qm"), k("qc"), k("lv"), k("joined"),
             ],
             args=[
                 self.prefix,
@@ -649,6 +678,8 @@ class Frontier:
                 "1" if self.robots_gate else "0",
                 max(0, held),
                 "" if least is None else least,
+                "" if least is None or least_joined is None else least_joined,
+                "1" if self.join_times else "0",
                 *lease_ids,
             ],
             client=client,
@@ -659,16 +690,17 @@ class Frontier:
         """Read ``lease.lua``'s reply to a call with ``lease_ids``."""
         n, wait, expired, retried, dead = (int(v) for v in reply[:5])
         problems = tuple(_text(p) for p in reply[5])
-        tail = reply[6 + 3 * n] if len(reply) > 6 + 3 * n else b""
-        best = int(tail) if tail not in (b"", "") else None
+        tail = reply[6 + 3 * n :]
+        best = int(tail[0]) if tail and tail[0] not in (b"", "") else None
+        head = int(tail[1]) if best is not None and len(tail) > 1 else None
         if n == 0:
             return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems,
-                          best)
+                          best, head)
         return [
             Lease(reply[6 + 3 * i], reply[7 + 3 * i].decode(), lease_ids[i], int(reply[8 + 3 * i]))
             if i else
             Lease(reply[6], reply[7].decode(), lease_ids[0], int(reply[8]),
-                  expired, retried, dead, problems, best)
+                  expired, retried, dead, problems, best, head)
             for i in range(n)
         ]
 
@@ -753,7 +785,8 @@ class Frontier:
             slot), ``active`` / ``wactive`` (slot counters above zero, by
             site or ``worker\tsite``), ``count`` (``{s}:count``) against
             ``queued`` (entries in the chunks of ``{s}:qc``), ``prio`` (``{s}:prio``)
-            against ``queued_by_priority``.
+            against ``queued_by_priority``, ``joined`` (sites with a join
+            time in ``{s}:joined`` that are not in ``{s}:ready``: left behind).
         """
         r = self.redis
         problems: dict[str, Any] = {}
@@ -781,6 +814,14 @@ class Frontier:
         if counted != {p: n for p, n in by_priority.items() if n}:
             problems["prio"] = counted
             problems["queued_by_priority"] = by_priority
+        if r.type(self.key("joined")) == b"hash":
+            ready = {_text(x) for x in cast("list[bytes]", r.zrange(self.key("ready"), 0, -1))}
+            stray = sorted(
+                site for x in cast("list[bytes]", r.hkeys(self.key("joined")))
+                if (site := _text(x)) not in ready
+            )
+            if stray:
+                problems["joined"] = stray
         return problems
 
     def clear(self) -> None:

@@ -32,7 +32,9 @@
 -- KEYS[22] {s}:qc           hash "site\tpriority\t<n>" -> chunk n of that queue
 -- KEYS[23] {s}:lv           hash site -> its non-empty priorities, highest first
 --                           (KEYS[21..23]: the queues, see lib.lua)
--- KEYS[24..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
+-- KEYS[24] {s}:joined       hash site -> µs when it took its turn in KEYS[18]
+--                           (see lib.lua's make_ready)
+-- KEYS[25..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
 -- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
 -- ARGV[2]  default concurrency per site
 -- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
@@ -48,11 +50,12 @@
 -- ARGV[9..14] how many of each group follow: pushes, retries, dead letters,
 --          slots, acks, givebacks
 -- ARGV[15] default revisit interval, ms (FRONTIER_REVISIT_AFTER)
--- ARGV[16] how many revisits follow the other groups; then the groups, in
---          that order:
+-- ARGV[16] how many revisits follow the other groups
+-- ARGV[17] "1" to keep join times in KEYS[24] (a crawl of several shards),
+--          else "0"; then the groups, in that order:
 --   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
 --          queue even if seen (dont_filter) else "0", site, priority, encoded
---          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 24;
+--          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 25;
 --          decimal offsets
 --          separated by spaces; "" in set mode)
 --   retry (4 each): priority, site, encoded request, delay ms
@@ -74,17 +77,18 @@
 K.P = ARGV[1]
 K.cap = tonumber(ARGV[2])
 K.gate = ARGV[5] == '1'
+K.join = ARGV[17] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[9], KEYS[10], KEYS[11], KEYS[8]
 K.ready, K.seq, K.prio = KEYS[18], KEYS[19], KEYS[20]
-K.qm, K.qc, K.lv = KEYS[21], KEYS[22], KEYS[23]
+K.qm, K.qc, K.lv, K.joined = KEYS[21], KEYS[22], KEYS[23], KEYS[24]
 local leases, ldata, retries, dead = KEYS[7], KEYS[8], KEYS[12], KEYS[13]
 local bloom = ARGV[3] == 'bloom'
 local size = tonumber(ARGV[4])
 local n_push, n_retry, n_dead = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local n_slot, n_ack, n_give = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local revisit_ms, n_revisit = tonumber(ARGV[15]), tonumber(ARGV[16])
-local first = 17
+local first = 18
 
 -- Checks that may refuse the call: before any write. (KEYS[4], KEYS[5] and
 -- KEYS[11] are only read, leniently: a wrong type there is reported and

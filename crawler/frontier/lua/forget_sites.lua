@@ -6,7 +6,9 @@
 -- A site is idle when it is in neither KEYS[2] nor KEYS[3], has no queued
 -- request (no field in KEYS[10]), no download slot taken (KEYS[4]: no field,
 -- or one of 0 or less), and its due time (KEYS[1]) is more than ARGV[2] ms
--- ago. Its fields in KEYS[1], [4], [5], [6], [7] and [8] are then deleted.
+-- ago. Its fields in KEYS[1], [4], [5], [6], [7], [8] and [11] are then
+-- deleted (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
+-- left behind, e.g. by a hand edit of KEYS[3], goes with the site).
 -- The operator's overrides ({s}:delay, {s}:conc, {s}:revisit) are kept.
 --
 -- KEYS[1]  {s}:due          hash site -> ms before which it is not served
@@ -20,6 +22,7 @@
 -- KEYS[9]  {s}:forget       string: the HSCAN cursor over KEYS[1]
 -- KEYS[10] {s}:lv           hash site -> its non-empty priorities (a site
 --                           with queued requests has a field)
+-- KEYS[11] {s}:joined       hash site -> µs when it took its turn in KEYS[3]
 -- ARGV[1]  the cursor to store for the next run ("0": start over)
 -- ARGV[2]  ms without work after which a site is forgotten
 -- ARGV[3..] the sites to look at (from HSCAN of KEYS[1])
@@ -40,7 +43,7 @@ end
 -- The per-site hashes of workers' figures are read leniently: one of
 -- another type is skipped (and reported), as lease.lua reads it.
 local lenient, problems = {}, {}
-for i = 5, 8 do
+for _, i in ipairs({5, 6, 7, 8, 11}) do
   local t = redis.call('TYPE', KEYS[i])['ok']
   if t == 'none' or t == 'hash' then
     lenient[#lenient + 1] = KEYS[i]

@@ -81,6 +81,8 @@
 -- KEYS[23] {s}:qc       hash "site\tpriority\t<n>" -> chunk n of that queue
 -- KEYS[24] {s}:lv       hash site -> its non-empty priorities, highest first
 --                       (KEYS[22..24]: the queues, see lib.lua)
+-- KEYS[25] {s}:joined   hash site -> µs (Redis TIME) when the site took its
+--                       turn in KEYS[19] (see lib.lua's make_ready)
 -- ARGV[1]  key prefix "{s}:"
 -- ARGV[2]  most deliveries without acknowledgement (FRONTIER_MAX_DELIVERIES);
 --          0: no limit
@@ -108,7 +110,14 @@
 --          from sites whose best priority is at least that (so a batch does
 --          not take this shard's lower priorities before another shard's
 --          better ones)
--- ARGV[14..] lease ids, one per request wanted
+-- ARGV[14] when the first site at that priority on the other shards (their
+--          heads) joined their ready index, µs, as the worker knows it, or
+--          "": after its first lease, the call leases a site of priority
+--          ARGV[13] only when it joined KEYS[19] at that time or before
+--          (first in, first out across shards)
+-- ARGV[15] "1" to keep join times in KEYS[25] (a crawl of several shards),
+--          else "0" (none kept, none read: the head's is reported as 0)
+-- ARGV[16..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -116,18 +125,21 @@
 -- is queued. (Revisits not due are not queued: they do not count as work.)
 -- expired and retried count the housekeeping done, dead the requests it
 -- dead-lettered; problems lists the bad values met, a line of text each.
--- The reply ends with one more value: the best priority among the sites
--- due now after the call (the top of KEYS[19]), or "" when none is, so a
--- worker of a sharded crawl can ask the shard with the best work next. A
+-- The reply ends with two more values: the best priority among the sites
+-- due now after the call (the top of KEYS[19]), or "" when none is, and
+-- when the site on top joined KEYS[19] (µs, KEYS[25]; "0" when not known:
+-- long ago; "" when none is due), so a worker of a sharded crawl can ask
+-- the shard with the best work, the longest due, next. A
 -- call without lease ids leases nothing: it moves due sites and does its
 -- housekeeping, and tells that priority and the wait (a peek).
 K.P = ARGV[1]
 K.cap = tonumber(ARGV[5])
 K.gate = ARGV[11] == '1'
+K.join = ARGV[15] == '1'
 K.wait, K.active, K.due, K.conc, K.count = KEYS[1], KEYS[4], KEYS[5], KEYS[8], KEYS[9]
 K.wactive, K.lslot, K.robots, K.ldata = KEYS[12], KEYS[14], KEYS[15], KEYS[3]
 K.ready, K.seq, K.prio = KEYS[19], KEYS[20], KEYS[21]
-K.qm, K.qc, K.lv = KEYS[22], KEYS[23], KEYS[24]
+K.qm, K.qc, K.lv, K.joined = KEYS[22], KEYS[23], KEYS[24], KEYS[25]
 local leases, ldata, retries, dead = KEYS[2], KEYS[3], KEYS[6], KEYS[16]
 local max_deliveries = tonumber(ARGV[2])
 local batch = tonumber(ARGV[7])
@@ -145,7 +157,7 @@ local err = check_types({
   {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 14)}
+local ids = {unpack(ARGV, 16)}
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -278,16 +290,21 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 14
+local a = 16
 local least = tonumber(ARGV[13])
+local least_us = least and tonumber(ARGV[14])
 local pos = 0 -- sites at the top of K.ready passed over in this call
 local looks = move_max + #ids + math.max(0, tonumber(ARGV[12]) or 0)
 local known = {}
 while a <= #ARGV and looks > 0 do
   local top = redis.call('ZRANGE', K.ready, pos, pos, 'WITHSCORES')
   if #top == 0 then break end
-  -- (another shard has better work due: this call's leases end here)
-  if n > 0 and least and prio_of(tonumber(top[2])) < least then break end
+  -- (another shard has better work due, or work of this priority that
+  -- joined its ready index earlier: this call's leases end here)
+  if n > 0 and least then
+    local p = prio_of(tonumber(top[2]))
+    if p < least or (p == least and least_us and joined_of(top[1]) > least_us) then break end
+  end
   looks = looks - 1
   local site, id = top[1], ARGV[a]
   local s = known[site]
@@ -319,10 +336,10 @@ while a <= #ARGV and looks > 0 do
     s.level = nil
     if not level then
       -- no work, or at its concurrency: commit.lua wakes it
-      redis.call('ZREM', K.ready, site)
+      unready(site)
     elseif not_before > now then
       -- its due time was pushed back meanwhile (robots.txt's Crawl-delay)
-      redis.call('ZREM', K.ready, site)
+      unready(site)
       redis.call('ZADD', K.wait, not_before, site)
     else
       local entry, empty = q_pop(site, member, function(chunk, why)
@@ -340,7 +357,7 @@ while a <= #ARGV and looks > 0 do
         if s.level then
           make_ready(site, s.level)
         else
-          redis.call('ZREM', K.ready, site)
+          unready(site)
         end
       else
         if not empty then s.level, s.member = level, member end
@@ -365,7 +382,7 @@ while a <= #ARGV and looks > 0 do
         if best and s.active < s.cap and s.due then
           make_ready(site, best) -- behind the sites of its priority
         else
-          redis.call('ZREM', K.ready, site)
+          unready(site)
           if best and s.active < s.cap then redis.call('ZADD', K.wait, due, site) end
         end
         redis.call('ZADD', leases, now + lease_ms, id)
@@ -383,27 +400,30 @@ end
 out[1] = n
 save_turns()
 
--- The best priority due now, appended to the reply. A site on top of
+-- The best priority due now and when the site on top joined K.ready (µs),
+-- appended to the reply ("", "" when no site is due). A site on top of
 -- K.ready with a score no frontier writes (a priority past +-1,000,000,
 -- an infinite one: a key edited by hand) is reported and ranked again by
 -- its queued work (or leaves K.ready without any), up to ARGV[6] of them.
 local function best_due()
   for _ = 0, move_max do
     local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
-    if #top == 0 then return '' end
+    if #top == 0 then return '', '' end
     local p = prio_of(tonumber(top[2]))
-    if p >= -1000000 and p <= 1000000 then return tostring(p) end
+    if p >= -1000000 and p <= 1000000 then
+      return tostring(p), string.format('%d', joined_of(top[1]))
+    end
     problem(K.ready .. ' ' .. top[1] .. ' has the score ' .. top[2] ..
             ', not a frontier score: ranked again')
     local best = best_prio(top[1])
-    if best then make_ready(top[1], best) else redis.call('ZREM', K.ready, top[1]) end
+    if best then make_ready(top[1], best) else unready(top[1]) end
     save_turns()
   end
-  return ''
+  return '', ''
 end
 
 if n > 0 then
-  out[#out + 1] = best_due()
+  out[#out + 1], out[#out + 2] = best_due()
   return out
 end
 
@@ -441,5 +461,5 @@ if wait == 0 and #due_sites < move_max and #due_retries < batch and #due_revisit
   wait = 1
 end
 out[2] = wait
-out[#out + 1] = best_due()
+out[#out + 1], out[#out + 2] = best_due()
 return out

@@ -27,8 +27,17 @@ local function problem(text)
   end
 end
 
+-- The time of this call in µs as a string of digits (exact: no Lua number
+-- in between), read once per call (by now_ms() or the first make_ready).
+local clock_us = nil
+
+local function read_clock(t)
+  clock_us = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
+
 local function now_ms()
   local t = redis.call('TIME')
+  read_clock(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -174,9 +183,10 @@ end
 
 -- The keys and settings of the crawl, filled in by the script that runs:
 -- K.wait, K.ready, K.active, K.due, K.conc, K.robots, K.wactive, K.lslot,
--- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv (keys), K.P (the key
--- prefix "{s}:", for messages only: no key is built from it), K.cap
--- (default concurrency), K.gate (true when robots.txt is obeyed), K.now (ms).
+-- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv, K.joined (keys), K.P
+-- (the key prefix "{s}:", for messages only: no key is built from it), K.cap
+-- (default concurrency), K.gate (true when robots.txt is obeyed), K.join
+-- (true when join times are kept in K.joined), K.now (ms).
 local K = {}
 
 -- Queues in fixed keys. Every key a script touches is one of its KEYS, so
@@ -454,12 +464,61 @@ end
 -- back by save_turns(), which every script calls before it returns.
 local last_turn = nil
 
+-- Turns are counted per shard. To compare the sites of different shards
+-- (first in, first out among equal priorities across a sharded crawl),
+-- K.joined keeps, per site in K.ready, when it took its turn there: the
+-- Redis server's clock (TIME) in µs, digits only. A site's field is set by
+-- make_ready and deleted when it leaves K.ready (unready). Within a shard
+-- the turns give the same order (the clock does not go back); a site in
+-- K.ready without a field (queued by a version before K.joined) joined
+-- before every site with one: it counts as 0, "long ago". Join times are
+-- kept only when the script is told so (K.join: the crawl has several
+-- shards; with one, the turns are all it needs). A wrong type of
+-- K.joined is reported and join times are then not kept (never an error:
+-- it is only a hint for the workers' choice of shard).
+local function joined_problem()
+  problem(K.joined .. ' is not a hash: join times not kept (first in, first out ' ..
+          'across shards does not hold for this shard)')
+end
+
 -- Put `site` (due, under its concurrency, not in K.wait) in K.ready at
 -- priority `prio`, behind the sites of that priority there already.
 local function make_ready(site, prio)
   if not last_turn then last_turn = tonumber(redis.call('GET', K.seq) or '0') end
   last_turn = last_turn + 1
   redis.call('ZADD', K.ready, -prio * TURN + last_turn % TURN, site)
+  if not K.join then return end
+  if not clock_us then read_clock(redis.call('TIME')) end
+  local r = redis.pcall('HSET', K.joined, site, clock_us)
+  if type(r) == 'table' then joined_problem() end
+end
+
+-- Take `site` out of K.ready (and its join time out of K.joined).
+local function unready(site)
+  redis.call('ZREM', K.ready, site)
+  if not K.join then return end
+  local r = redis.pcall('HDEL', K.joined, site)
+  if type(r) == 'table' then joined_problem() end
+end
+
+-- When `site` (in K.ready) took its turn there, µs (a number): 0 when not
+-- known (a site queued by an older version: long ago). A value that is not
+-- whole µs (a key edited by hand) is reported and replaced by this call's
+-- time: the site counts as joined now. Never raises.
+local function joined_of(site)
+  if not K.join then return 0 end
+  local v = redis.pcall('HGET', K.joined, site)
+  if type(v) == 'table' then
+    joined_problem()
+    return 0
+  end
+  if not v then return 0 end
+  if #v <= 16 and string.match(v, NAT) then return tonumber(v) end
+  problem(K.joined .. ' ' .. site .. ' = ' .. string.format('%q', v) ..
+          ' is not whole µs: counted as joined now')
+  if not clock_us then read_clock(redis.call('TIME')) end
+  redis.call('HSET', K.joined, site, clock_us)
+  return tonumber(clock_us)
 end
 
 local function save_turns()
@@ -496,7 +555,7 @@ end
 local function wake(site, active, prio)
   if redis.call('HEXISTS', K.lv, site) == 0 then
     redis.call('ZREM', K.wait, site)
-    redis.call('ZREM', K.ready, site)
+    unready(site)
     return
   end
   local score = redis.call('ZSCORE', K.ready, site)
