@@ -638,6 +638,8 @@ SETTINGS: dict[str, Setting] = {
     "FRONTIER_SHARDS": _s(number(int, 1, 256, nullable=True),
                           "shards of the crawl's frontier, each its own Redis Cluster slot "
                           "(every worker of a crawl the same); None: 16 on a cluster, else 1"),
+    "FRONTIER_FIFO_SLACK": _s(_SECONDS, "seconds a sharded crawl's "
+                              "first in, first out across shards may be off by"),
     "FRONTIER_BLOOM_CAPACITY": _s(_COUNT_POS, "URLs the Bloom filter is sized for "
                                   "(all shards together)"),
     "FRONTIER_BLOOM_ERROR_RATE": _s(number(float, 0, 1, low_open=True, high_open=True),
