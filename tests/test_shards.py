@@ -128,8 +128,9 @@ def test_the_best_priority_is_served_first_across_shards(
     redis_url: str, rds: redis.Redis, shards: int
 ) -> None:
     """A priority-9 request on the 41st due site, in another shard than the
-    first in turn, comes before every priority-0 request; the shards were
-    asked in turn, so it came after a batch or two of each other shard's."""
+    first in turn, comes before every priority-0 request (before the
+    scheduler ranked shards by their best priority, the shards were asked in
+    turn, and it came after a batch or two of each other shard's)."""
     scheduler, _ = harness.open_scheduler(
         redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
     )
