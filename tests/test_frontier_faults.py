@@ -551,8 +551,8 @@ def test_a_call_that_outlives_the_socket_timeout_is_found_out_never_resent(
     command whose reply timed out, one by one, whatever its retry policy)."""
     url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
     settings = {"REDIS_PARAMS": {"socket_timeout": 0.5, "socket_connect_timeout": 2}}
-    if cluster:
-        settings["FRONTIER_REDIS_CLUSTER"] = True
+    if cluster:  # (one shard: the {t} keys; sharded crawls are tests/test_shards_faults.py's)
+        settings.update(FRONTIER_REDIS_CLUSTER=True, FRONTIER_SHARDS=1)
     scheduler, _ = harness.open_scheduler(url, _Spider, **settings)
     client = scheduler.queue.frontier.redis
     stall = (redis.RedisCluster if cluster else redis.Redis).from_url(url, socket_timeout=10)
