@@ -1,0 +1,173 @@
+"""Held-back cases for the renewed robots.txt lock (8d7be08)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from devtools.replay import Page
+from tests.faultproxy import FaultProxy
+from tests.test_robots_rfc import FAST, RULES, TEXT, assert_nothing_lost, pages, wait_for
+from tests.workers import start_worker, wait_workers
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import redis
+
+    from tests.conftest import SiteFactory
+
+LOCK_S = 1.5
+
+
+def _bad(log: str) -> list[str]:
+    return [line for line in log.splitlines()
+            if "] ERROR:" in line or "] CRITICAL:" in line or "Traceback" in line
+            or "Task was destroyed" in line or "never retrieved" in line]
+
+
+def _lock_pexpires(proxy: FaultProxy, lock: str) -> list[float]:
+    return [c.at for c in proxy.commands("PEXPIRE") if c.args and c.args[0] == lock.encode()]
+
+
+@pytest.mark.parametrize("outcome", ["503", "redirects", "timeout", "200"])
+def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
+    redis_url: str, outcome: str,
+) -> None:
+    ended: list[float] = []
+
+    def handler(path: str, nth: int) -> Page | None:  # noqa: PLR0911
+        if path != "/robots.txt":
+            return None
+        if nth == 1:
+            time.sleep(3.0)
+            ended.append(time.monotonic())
+            if outcome == "503":
+                return Page(503, TEXT, b"busy")
+            if outcome == "redirects":
+                return Page(302, [("Location", "/robots.txt?again")], b"")
+            if outcome == "timeout":
+                return Page(200, TEXT, RULES)  # too late: DOWNLOAD_TIMEOUT 2
+            return Page(200, TEXT, RULES)
+        if outcome == "redirects" and nth < 10:
+            return Page(302, [("Location", f"/robots.txt?{nth}")], b"")
+        return Page(200, TEXT, RULES)
+
+    site = site_factory(pages(), handler=handler)
+    host = site.url.split("//")[1]
+    lock = "{pages}:robots:lock:" + host
+    settings: dict[str, Any] = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+                                "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    if outcome == "timeout":
+        settings["DOWNLOAD_TIMEOUT"] = 2
+    with FaultProxy(redis_url) as proxy:
+        penv = {**env, "REDIS_URL": proxy.url}
+        rds.lpush("pages:start_urls", site.url + "/")
+        log = tmp_path / "w.log"
+        [worker] = wait_workers([start_worker("pages", penv, log, settings)], [log])
+        renewals = _lock_pexpires(proxy, lock)
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert _bad(worker.log) == [], _bad(worker.log)
+    assert len(renewals) >= 2, renewals  # renewed during the 3 s fetch
+    if ended:
+        late = [t - ended[0] for t in renewals if t > ended[0] + 0.3]
+        assert late == [], late
+    assert not rds.exists(lock)
+    assert_nothing_lost(rds)
+
+
+def test_a_worker_stopped_while_fetching_robots_txt(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
+    redis_url: str,
+) -> None:
+    """SIGTERM while robots.txt is fetched (slowly): the worker closes
+    cleanly, renews no more after the fetch, the lock is gone."""
+    asked: list[float] = []
+    ended: list[float] = []
+
+    def handler(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            asked.append(time.monotonic())
+            if nth == 1:
+                time.sleep(3.0)
+                ended.append(time.monotonic())
+            return Page(200, TEXT, RULES)
+        return None
+
+    site = site_factory(pages(), handler=handler)
+    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    with FaultProxy(redis_url) as proxy:
+        penv = {**env, "REDIS_URL": proxy.url}
+        rds.lpush("pages:start_urls", site.url + "/")
+        log = tmp_path / "w.log"
+        proc = start_worker("pages", penv, log, settings)
+        wait_for(lambda: bool(asked), 30, "the robots.txt request", rds)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        [worker] = wait_workers([proc], [log])
+        renewals = _lock_pexpires(proxy, lock)
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert _bad(worker.log) == [], _bad(worker.log)
+    assert ended
+    late = [t - ended[0] for t in renewals if t > ended[0] + 0.3]
+    assert late == [], late
+    time.sleep(LOCK_S + 0.2)
+    assert not rds.exists(lock)
+
+
+def test_redis_lost_while_renewing(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
+    redis_url: str,
+) -> None:
+    """The replies to renewals are lost, then Redis is cut off for a while
+    during the fetch: the crawl goes on, nothing logged as an error, nothing lost."""
+    asked: list[float] = []
+
+    def handler(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            asked.append(time.monotonic())
+            if nth == 1:
+                time.sleep(4.0)
+            return Page(200, TEXT, RULES)
+        return None
+
+    site = site_factory(pages(), handler=handler)
+    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    with FaultProxy(redis_url) as proxy:
+        penv = {**env, "REDIS_URL": proxy.url}
+        rule = proxy.lose_replies(command="PEXPIRE", times=2)
+        rds.lpush("pages:start_urls", site.url + "/")
+        log = tmp_path / "w.log"
+        proc = start_worker("pages", penv, log, settings)
+        wait_for(lambda: rule.acted >= 2, 30, "two renewals lost", rds)
+        proxy.begin_outage(1.0)
+        [worker] = wait_workers([proc], [log])
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert _bad(worker.log) == [], _bad(worker.log)
+    assert not rds.exists(lock)
+    assert_nothing_lost(rds)
+    assert sorted(h.path for h in site.hits() if h.path != "/robots.txt") == ["/", "/public/y"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_a_bad_lock_seconds_exits_2_in_one_line(
+    tmp_path: Path, mongo_uri: str, value: str
+) -> None:
+    from tests.test_config_errors import log_errors, run_worker
+    from tests.workers import worker_env
+
+    env = worker_env("redis://127.0.0.1:1/0", mongo_uri, "unused")
+    status, log, _ = run_worker(env, tmp_path, FRONTIER_ROBOTS_LOCK_SECONDS=value)
+    assert status == 2, log[-3000:]
+    errors = log_errors(log)
+    assert len(errors) == 1, errors
+    assert errors[0].endswith(f"FRONTIER_ROBOTS_LOCK_SECONDS={value}: must be a number of "
+                              "seconds > 0"), errors
+    assert "Traceback" not in log
+
