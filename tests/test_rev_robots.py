@@ -171,3 +171,52 @@ def test_a_bad_lock_seconds_exits_2_in_one_line(
                               "seconds > 0"), errors
     assert "Traceback" not in log
 
+
+def test_a_cluster_that_cannot_be_reached_during_a_renewal_does_not_end_the_renewals() -> None:
+    """On a Redis Cluster an outage is a RedisClusterException (no
+    RedisError): the renewal that meets it is tried again at the next turn,
+    as on one Redis; the task does not die (and log "Task exception was
+    never retrieved" when collected) leaving the lock to expire mid-fetch."""
+    import asyncio
+    import os
+
+    from redis.cluster import RedisCluster
+    from scrapy.utils.test import get_crawler
+
+    from crawler.politeness import SharedRobotsTxtMiddleware
+    from crawler.spiders.pages import PagesSpider
+    from tests.cluster import RedisClusterServers
+
+    with RedisClusterServers(masters=3) as cluster:
+        crawler = get_crawler(PagesSpider, {
+            "REDIS_URL": cluster.url, "FRONTIER_REDIS_CLUSTER": True, "ROBOTSTXT_OBEY": True,
+            "FRONTIER_ROBOTS_LOCK_SECONDS": 0.9,
+            "REDIS_PARAMS": {"socket_timeout": 0.2, "socket_connect_timeout": 0.2},
+        })
+        middleware = SharedRobotsTxtMiddleware(crawler)
+        rc = RedisCluster.from_url(cluster.url)
+        lock = "{pages}:robots:lock:a.example"
+
+        async def run() -> None:
+            rc.set(lock, "1", px=900)
+            renew = asyncio.ensure_future(middleware._renew(lock))
+            await asyncio.sleep(0.1)
+            for pid in cluster.pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(0.3)  # the renewal at 0.3 s meets the outage
+            finally:
+                for pid in cluster.pids:
+                    os.kill(pid, signal.SIGCONT)
+            rc.set(lock, "1", px=900)  # (held again: the fetch goes on)
+            await asyncio.sleep(1.5)  # past the lock's life: renewed, or gone
+            try:
+                assert not renew.done(), renew.exception()
+                assert rc.pttl(lock) > 0
+            finally:
+                renew.cancel()
+
+        try:
+            asyncio.run(run())
+        finally:
+            rc.close()
