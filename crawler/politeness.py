@@ -40,7 +40,7 @@ from scrapy.utils.response import response_status_message
 
 from crawler.config import stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
-from crawler.frontier.scheduler import RETRY_DELAY_META
+from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import site_of
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
@@ -419,12 +419,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         """Keep ``lock`` alive while this worker fetches robots.txt: its
         expiry is set again every third of ``FRONTIER_ROBOTS_LOCK_SECONDS``
         (an idempotent ``PEXPIRE``; one that fails is tried again at the
-        next turn). Runs until cancelled."""
+        next turn, a cluster out of reach too: redis-py raises
+        ``RedisClusterException`` then, no ``RedisError``). Runs until
+        cancelled."""
         while True:
             await asyncio.sleep(self.lock_seconds / 3)
             try:
                 self.redis.pexpire(lock, self._lock_ms)
-            except RedisError as exc:
+            except UNREACHABLE as exc:
                 logger.debug("Could not renew the robots.txt lock %s: %s", lock, exc)
 
     def _from_redis(self, site: str) -> tuple[RobotParser | _Wait | None, _Stored]:
