@@ -36,6 +36,7 @@ def test_default_shards_spread_over_masters(
             done = crawl("pages", env, tmp_path, workers=workers)
             _assert_stored_once(db, sites, n, done)
         assert all("MOVED" not in w.log and "CROSSSLOT" not in w.log for w in done)
+        assert all("] ERROR:" not in w.log and "Traceback" not in w.log for w in done)
         assert rc.get("{pages}:shards") == str(CLUSTER_SHARDS).encode()
         per_master = bytes_per_master(rc, "pages")
         assert min(per_master) > 0, per_master
@@ -199,3 +200,62 @@ def test_bloom_crawl_on_a_cluster_with_the_default(
         assert spider["shards"] == 16 and spider["queued"] == 0 and spider["items"]["pages"] == 360
     finally:
         rc.close()
+
+
+def _move_slot(rc: RedisCluster, key: str) -> None:
+    """Move the slot of ``key`` to another master, keys and all (as
+    ``redis-cli --cluster reshard`` does)."""
+    slot = rc.keyslot(key)
+    src = rc.get_node_from_key(key)
+    dst = next(n for n in rc.get_primaries() if n.name != src.name)
+    src_c, dst_c = rc.get_redis_connection(src), rc.get_redis_connection(dst)
+    src_id, dst_id = src_c.execute_command("CLUSTER MYID"), dst_c.execute_command("CLUSTER MYID")
+    src_id = src_id.decode() if isinstance(src_id, bytes) else src_id
+    dst_id = dst_id.decode() if isinstance(dst_id, bytes) else dst_id
+    dst_c.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+    src_c.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+    while keys := src_c.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+        src_c.execute_command("MIGRATE", dst.host, dst.port, "", 0, 5000, "KEYS", *keys)
+    for node in rc.get_primaries():
+        rc.get_redis_connection(node).execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+    wait = __import__("tests.waiting", fromlist=["wait_for"]).wait_for
+    wait(lambda: all(
+        (rc.get_redis_connection(n).execute_command("CLUSTER COUNTKEYSINSLOT", slot) >= 0)
+        for n in rc.get_primaries()), 5, "slot moved", 0.05)
+
+
+def test_a_slot_moved_under_a_worker_is_found_by_moved_and_nothing_is_lost() -> None:
+    """The slot of the shard of a new request moved to another master: the
+    commit and the lease meet MOVED (they did not run), the slot map is
+    read again, both are sent again and the request is handed out once."""
+    from tests.cluster import RedisClusterServers
+
+    with RedisClusterServers(masters=3) as cluster:
+        rc = RedisCluster.from_url(cluster.url)
+        try:
+            scheduler, _ = harness.open_scheduler(
+                cluster.url, _Pages, FRONTIER_REDIS_CLUSTER=True, CONCURRENT_REQUESTS=4
+            )
+            site = "moved.example"
+            assert scheduler.enqueue_request(Request(f"https://{site}/1"))
+            first = harness.wait_for_request(scheduler, 3.0)
+            harness.finish(scheduler, first)
+            assert scheduler.next_request() is None
+            prefix = site_prefix("pages", site, CLUSTER_SHARDS)
+            before = rc.get_node_from_key(prefix + "count").name
+            _move_slot(rc, prefix + "count")
+            rc.nodes_manager.initialize()
+            assert rc.get_node_from_key(prefix + "count").name != before
+            assert scheduler.enqueue_request(Request(f"https://{site}/2"))
+            got = harness.wait_for_request(scheduler, 3.0)
+            assert got.url == f"https://{site}/2"
+            old = next(n for n in rc.get_primaries() if n.name == before)
+            errors = rc.get_redis_connection(old).info("errorstats")
+            assert errors.get("errorstat_MOVED", {}).get("count", 0) >= 2, errors  # commit, lease
+            assert not scheduler._outbox and scheduler._in_doubt is None
+            harness.finish(scheduler, got)
+            assert scheduler.next_request() is None
+            assert scheduler.queue.shards.audit() == {}
+            assert rc.scard(prefix + "dupefilter") == 2
+        finally:
+            rc.close()

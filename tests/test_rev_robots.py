@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from devtools.replay import Page
+from tests import waiting
 from tests.faultproxy import FaultProxy
 from tests.test_robots_rfc import FAST, RULES, TEXT, assert_nothing_lost, pages, wait_for
 from tests.workers import start_worker, wait_workers
@@ -220,3 +221,75 @@ def test_a_cluster_that_cannot_be_reached_during_a_renewal_does_not_end_the_rene
             asyncio.run(run())
         finally:
             rc.close()
+
+
+def test_two_sites_robots_fetched_at_once_each_renewed_and_let_go(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
+    redis_url: str,
+) -> None:
+    ended: dict[str, float] = {}
+
+    def slow(name: str) -> Any:
+        def handler(path: str, nth: int) -> Page | None:
+            if path != "/robots.txt":
+                return None
+            if nth == 1:
+                time.sleep(3.0 if name == "a" else 2.0)
+                ended[name] = time.monotonic()
+                return Page(503, TEXT, b"busy") if name == "a" else Page(200, TEXT, RULES)
+            return Page(200, TEXT, RULES)
+        return handler
+
+    a, b = site_factory(pages(), handler=slow("a")), site_factory(pages(), handler=slow("b"))
+    locks = {n: "{pages}:robots:lock:" + s.url.split("//")[1] for n, s in (("a", a), ("b", b))}
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    with FaultProxy(redis_url) as proxy:
+        penv = {**env, "REDIS_URL": proxy.url}
+        rds.lpush("pages:start_urls", a.url + "/", b.url + "/")
+        log = tmp_path / "w.log"
+        [worker] = wait_workers([start_worker("pages", penv, log, settings)], [log])
+        renewals = {n: _lock_pexpires(proxy, lock) for n, lock in locks.items()}
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert _bad(worker.log) == [], _bad(worker.log)
+    for name in ("a", "b"):
+        assert len(renewals[name]) >= 1, renewals
+        late = [t - ended[name] for t in renewals[name] if t > ended[name] + 0.3]
+        assert late == [], (name, late)
+        assert not rds.exists(locks[name])
+    assert_nothing_lost(rds)
+    for site in (a, b):
+        assert sorted(h.path for h in site.hits() if h.path != "/robots.txt") == ["/", "/public/y"]
+
+
+def test_a_worker_forced_to_stop_while_fetching_robots_txt(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
+) -> None:
+    """Two SIGTERMs (a forced stop) while robots.txt is fetched: nothing
+    logged about a destroyed renewal task; the lock expires within its life."""
+    asked: list[float] = []
+
+    def handler(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            asked.append(time.monotonic())
+            if nth == 1:
+                time.sleep(6.0)
+            return Page(200, TEXT, RULES)
+        return None
+
+    site = site_factory(pages(), handler=handler)
+    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    rds.lpush("pages:start_urls", site.url + "/")
+    log = tmp_path / "w.log"
+    proc = start_worker("pages", env, log, settings)
+    wait_for(lambda: bool(asked), 30, "the robots.txt request", rds)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    [worker] = wait_workers([proc], [log])
+    stopped = time.monotonic()
+    bad = [x for x in _bad(worker.log) if "Task" in x or "Traceback" in x]
+    assert bad == [], worker.log[-4000:]
+    waiting.wait_for(lambda: not rds.exists(lock), LOCK_S + 1, "the lock to expire", 0.05)
+    assert time.monotonic() - stopped < LOCK_S + 1
