@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
@@ -17,9 +18,6 @@ from tests import scheduler_harness as harness
 from tests.test_shards import _assert_stored_once, bytes_per_master, served_sites
 from tests.test_shards_ops import _Quotes, _scrapy
 from tests.workers import crawl, start_worker, wait_workers, worker_env
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 @pytest.mark.parametrize(("n", "workers"), [(150, 1), (200, 3)])
@@ -259,3 +257,50 @@ def test_a_slot_moved_under_a_worker_is_found_by_moved_and_nothing_is_lost() -> 
             assert rc.scard(prefix + "dupefilter") == 2
         finally:
             rc.close()
+
+
+def test_one_master_forgot_the_commit_script_the_lease_of_its_shard_is_sent_again(
+    redis_cluster_url: str,
+) -> None:
+    """One master of three forgot every script but lease.lua (a restart
+    while another worker was loading them): in one round trip the commits
+    of the shards there meet NOSCRIPT, those elsewhere run; the lease on a
+    shard there ran before its commit and found nothing. The failed commits
+    are sent again once, and the lease after them: the request comes out of
+    that same next_request; every request is leased once."""
+    lua = Path(__file__).resolve().parent.parent / "crawler" / "frontier" / "lua"
+    rc = RedisCluster.from_url(redis_cluster_url)
+    try:
+        scheduler, _ = harness.open_scheduler(
+            redis_cluster_url, _Pages, FRONTIER_REDIS_CLUSTER=True, CONCURRENT_REQUESTS=4
+        )
+        assert scheduler.next_request() is None  # every shard found empty
+        sites = [f"m{i}.example" for i in range(40)]
+        prefix = {s: site_prefix("pages", s, CLUSTER_SHARDS) for s in sites}
+        node = {s: rc.get_node_from_key(prefix[s] + "count").name for s in sites}
+        target = sites[0]
+        forgetful = node[target]
+        assert len(set(node.values())) == 3
+        assert scheduler.enqueue_request(Request(f"https://{target}/top", priority=10))
+        for s in sites[1:]:
+            assert scheduler.enqueue_request(Request(f"https://{s}/a"))
+        master = next(n for n in rc.get_primaries() if n.name == forgetful)
+        client = rc.get_redis_connection(master)
+        client.script_flush()
+        client.script_load((lua / "lib.lua").read_text() + "\n" + (lua / "lease.lua").read_text())
+        got = scheduler.next_request()
+        assert got is not None and got.url == f"https://{target}/top"
+        errors = client.info("errorstats")
+        assert errors.get("errorstat_NOSCRIPT", {}).get("count", 0) >= 1, errors
+        out = [got]
+        while len(out) < len(sites):
+            out.append(harness.wait_for_request(scheduler, 3.0))
+        assert sorted(r.url for r in out) == sorted(
+            [f"https://{target}/top", *(f"https://{s}/a" for s in sites[1:])])
+        for r in out:
+            harness.finish(scheduler, r)
+        assert scheduler.next_request() is None
+        assert scheduler.queue.shards.audit() == {}
+        assert not scheduler._outbox and scheduler._in_doubt is None
+    finally:
+        rc.close()
