@@ -293,3 +293,53 @@ def test_a_worker_forced_to_stop_while_fetching_robots_txt(
     assert bad == [], worker.log[-4000:]
     waiting.wait_for(lambda: not rds.exists(lock), LOCK_S + 1, "the lock to expire", 0.05)
     assert time.monotonic() - stopped < LOCK_S + 1
+
+
+def test_a_request_whose_robots_txt_is_read_while_the_cluster_is_out_of_reach_waits() -> None:
+    """On one Redis an outage while robots.txt is read makes the request
+    wait (backoff) until Redis is back; on a cluster the outage is a
+    RedisClusterException (no RedisError), and it escaped process_request:
+    the request failed as if its download had."""
+    import asyncio
+    import os
+
+    from redis.cluster import RedisCluster
+    from scrapy import Request
+    from scrapy.utils.test import get_crawler
+
+    from crawler.keys import CLUSTER_SHARDS, site_prefix
+    from crawler.politeness import SharedRobotsTxtMiddleware
+    from crawler.spiders.pages import PagesSpider
+    from tests.cluster import RedisClusterServers
+
+    with RedisClusterServers(masters=3) as cluster:
+        crawler = get_crawler(PagesSpider, {
+            "REDIS_URL": cluster.url, "FRONTIER_REDIS_CLUSTER": True, "ROBOTSTXT_OBEY": True,
+            "REDIS_PARAMS": {"socket_timeout": 0.2, "socket_connect_timeout": 0.2},
+        })
+        crawler.spider = crawler._create_spider()
+        crawler.stats.open_spider()
+        middleware = SharedRobotsTxtMiddleware(crawler)
+        rc = RedisCluster.from_url(cluster.url)
+        site = "a.example"
+        rc.hset(site_prefix("pages", site, CLUSTER_SHARDS) + "robots", site,
+                f"{time.time()}\n".encode() + RULES)
+        middleware.redis.ping()
+
+        async def run() -> None:
+            for pid in cluster.pids:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                task = asyncio.ensure_future(middleware.process_request(
+                    Request(f"https://{site}/public")))
+                await asyncio.sleep(1.0)
+                assert not task.done() or task.exception() is None, task.exception()
+            finally:
+                for pid in cluster.pids:
+                    os.kill(pid, signal.SIGCONT)
+            assert await asyncio.wait_for(task, 30) is None  # allowed, once Redis is back
+
+        try:
+            asyncio.run(run())
+        finally:
+            rc.close()
