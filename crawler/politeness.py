@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from protego import _protego
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -40,7 +40,7 @@ from scrapy.utils.response import response_status_message
 
 from crawler.config import stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
-from crawler.frontier.scheduler import RETRY_DELAY_META
+from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import site_of
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
@@ -383,7 +383,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                     return rules
                 if self.redis.set(lock, "1", nx=True, px=self._lock_ms):
                     break
-            except RedisError as exc:
+            except UNREACHABLE as exc:
                 if self._config_error(exc):
                     # No wait fixes it: the crawl stops; this request goes
                     # back to the frontier with the rest of the outbox.
@@ -419,12 +419,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         """Keep ``lock`` alive while this worker fetches robots.txt: its
         expiry is set again every third of ``FRONTIER_ROBOTS_LOCK_SECONDS``
         (an idempotent ``PEXPIRE``; one that fails is tried again at the
-        next turn). Runs until cancelled."""
+        next turn, a cluster out of reach too: redis-py raises
+        ``RedisClusterException`` then, no ``RedisError``). Runs until
+        cancelled."""
         while True:
             await asyncio.sleep(self.lock_seconds / 3)
             try:
                 self.redis.pexpire(lock, self._lock_ms)
-            except RedisError as exc:
+            except UNREACHABLE as exc:
                 logger.debug("Could not renew the robots.txt lock %s: %s", lock, exc)
 
     def _from_redis(self, site: str) -> tuple[RobotParser | _Wait | None, _Stored]:
@@ -585,7 +587,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         wait = backoff_delay(attempt, self.retry_base, self.retry_max, self.jitter)
         try:
             now_ms = self._now_ms()
-        except RedisError:
+        except UNREACHABLE:
             now_ms = round(time.time() * 1000)
         since = prev.since_ms if prev is not None else now_ms
         down = RobotsDown(now_ms + round(wait * 1000), attempt, since)
@@ -618,14 +620,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                     pipe.zadd(prefix + "wait", {site: down.next_ms}, xx=True)
                 pipe.delete(prefix + "robots:lock:" + site)
                 pipe.execute()
-        except RedisError as exc:
+        except UNREACHABLE as exc:
             # This worker's request waits all the same; the others fetch
             # robots.txt themselves once the lock expires.
             if self._config_error(exc):
                 return
             logger.warning("Could not share the robots.txt state of %s in Redis: %s", site, exc)
 
-    def _config_error(self, exc: RedisError) -> bool:
+    def _config_error(self, exc: Exception) -> bool:
         """Whether ``exc`` is a configuration error of Redis (a password, an
         ACL: see :func:`~crawler.frontier.connection.config_error`); if so
         the crawl is stopped with one line, as everywhere else."""
@@ -663,7 +665,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         """
         try:
             self._share(site, body, delay)
-        except RedisError as exc:
+        except UNREACHABLE as exc:
             # This worker obeys it already; the others fetch it themselves
             # once the lock expires.
             if self._config_error(exc):
@@ -754,7 +756,7 @@ class AdaptiveSlowdownMiddleware:
                 self.redis.hset(key, site, round(new))
             else:
                 self.redis.hdel(key, site)
-        except RedisError as exc:
+        except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
             logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
         return response
