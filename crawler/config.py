@@ -607,7 +607,8 @@ SETTINGS: dict[str, Setting] = {
                                                "a dict of site -> whole number >= 1"),
                                     "per-site concurrency"),
     "FRONTIER_ROBOTS_TTL": _s(_SECONDS_POS, "seconds a stored robots.txt is used"),
-    "FRONTIER_ROBOTS_LOCK_SECONDS": _s(_SECONDS_POS, "seconds a worker's lock on fetching "
+    "FRONTIER_ROBOTS_LOCK_SECONDS": _s(number(float, 1, unit="seconds"),
+                                       "seconds a worker's lock on fetching "
                                        "a robots.txt lives unless renewed"),
     "FRONTIER_ROBOTS_RETRY_BASE": _s(_SECONDS_POS, "seconds before robots.txt is fetched "
                                      "again after it was unreachable (doubling after that)"),

@@ -282,7 +282,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     Enabled by ``ROBOTSTXT_OBEY``, as Scrapy's is.
 
     :raises ValueError: ``FRONTIER_ROBOTS_RETRY_BASE`` or
-        ``FRONTIER_ROBOTS_LOCK_SECONDS`` is not above 0, or
+        ``FRONTIER_ROBOTS_LOCK_SECONDS`` is below 1 (it is renewed every
+        third of it: a shorter one would keep Redis busy), or
         ``FRONTIER_ROBOTS_RETRY_MAX`` is below ``FRONTIER_ROBOTS_RETRY_BASE``.
     """
 
@@ -309,9 +310,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             )
         #: Seconds the robots.txt lock lives unless renewed.
         self.lock_seconds = settings.getfloat("FRONTIER_ROBOTS_LOCK_SECONDS", 10.0)
-        if not self.lock_seconds > 0:
+        if not self.lock_seconds >= 1:
             raise ValueError(
-                f"FRONTIER_ROBOTS_LOCK_SECONDS must be a number of seconds above 0, "
+                f"FRONTIER_ROBOTS_LOCK_SECONDS must be a number of seconds of at least 1, "
                 f"not {self.lock_seconds!r}"
             )
         if not self.retry_max >= self.retry_base:

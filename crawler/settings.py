@@ -153,7 +153,8 @@ FRONTIER_MAX_DELIVERIES = 5
 #: BLAKE2b-64(site) % FRONTIER_SHARDS. Every worker of a crawl must use the same
 #: count (recorded in {<spider>}:shards; another one stops a worker with a
 #: configuration error). On one Redis server shards cost nothing and give
-#: nothing; on a cluster use about 4 per master (12 on three masters). The
+#: nothing; on a cluster use about 4 per master (the default 16 suits up to
+#: four masters; more shards for more masters). The
 #: scrapy frontier and deadletters commands read the recorded count.
 #: Default: None, which is 16 with FRONTIER_REDIS_CLUSTER (one crawl spreads
 #: over the masters without being told; a crawl on a cluster started with 1

@@ -159,6 +159,7 @@ def test_a_one_shard_cluster_crawl_started_with_the_default(
         assert "Traceback" not in worker.log, worker.log[-5000:]
         assert len(errors) == 1, errors
         assert "FRONTIER_SHARDS = 1" in errors[0] or "FRONTIER_SHARDS=1" in errors[0], errors
+        assert "FRONTIER_SHARDS is not set: 16 is its default on a Redis Cluster" in errors[0]
         assert int(rc.get("{pages}:count") or 0) == 10
         assert rc.llen("pages:start_urls") == 5
         assert rc.get("{pages}:shards") == b"1"

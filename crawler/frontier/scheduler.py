@@ -394,7 +394,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             shards.alive(self.holder)
         except (RedisError, ShardCountError) as exc:
             message = (
-                str(exc) if isinstance(exc, ShardCountError)
+                self._shard_count_message(exc, len(shards.frontiers))
+                if isinstance(exc, ShardCountError)
                 else config_error_message(exc, self.crawler.settings)
             )
             if message is not None:
@@ -416,6 +417,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
         if self.flush_on_start:
             self.flush()
+
+    def _shard_count_message(self, exc: ShardCountError, count: int) -> str:
+        """The error's message, saying where this worker's count came from
+        when ``FRONTIER_SHARDS`` is not set (its default)."""
+        if self.crawler.settings.get("FRONTIER_SHARDS") is not None:
+            return str(exc)
+        where = "on a Redis Cluster" if self.crawler.settings.getbool(
+            "FRONTIER_REDIS_CLUSTER") else "on one Redis server"
+        return f"{exc} (FRONTIER_SHARDS is not set: {count} is its default {where})"
 
     def _site_settings(self) -> dict[str, dict[str, int]]:
         """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` /
