@@ -1,0 +1,142 @@
+"""Held-back cases of first in, first out among equal priorities across the
+shards of a sharded frontier (``{s}:joined``, the lease replies' head join
+time, batches cut at another shard's head), against a real Redis: orders
+checked against one frontier (``FRONTIER_SHARDS=1``) given the same pushes
+and leases."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request, Spider
+
+from tests import scheduler_harness as harness
+from tests.scheduler_harness import finish
+
+if TYPE_CHECKING:
+    import redis
+
+    from crawler.frontier.scheduler import FrontierScheduler
+
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+
+
+class _Spider(Spider):
+    name = "t"
+
+
+def _serve(scheduler: FrontierScheduler, n: int) -> list[Request]:
+    """Lease and handle ``n`` requests, one after another."""
+    out = []
+    for _ in range(n):
+        request = scheduler.next_request()
+        assert request is not None, [r.url for r in out]
+        out.append(request)
+        finish(scheduler, request)
+    return out
+
+
+def _hosts(requests: list[Request]) -> list[str]:
+    return [r.url.split("/")[2] for r in requests]
+
+
+def _random_sites(rng: random.Random, n: int) -> list[str]:
+    return [f"{rng.getrandbits(40):x}.example" for _ in range(n)]
+
+
+@pytest.mark.parametrize("shards", [4, 6, 7])
+def test_pushed_one_by_one_after_every_shard_was_found_empty_first_in_first_out(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """The worker has just asked every shard (all empty: it knows their
+    best as "nothing due"); it then queues 50 sites one after another, each
+    commit on its own: they are served in the order they were pushed. (Each
+    push raised its shard's best past what the worker knew, and left its
+    head unknown: shards of unknown heads tied and were asked in turn.)"""
+    rng = random.Random(shards)
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=16
+    )
+    assert scheduler.next_request() is None
+    sites = _random_sites(rng, 50)
+    for site in sites:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    got = _hosts(_serve(scheduler, len(sites)))
+    assert got == sites, got
+
+
+@pytest.mark.parametrize("shards", [4, 7])
+def test_mixed_priorities_pushed_after_every_shard_was_found_empty(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """As above with priorities -3, 0, 2 and 5 mixed on 60 sites: served
+    best priority first, first in, first out within each."""
+    rng = random.Random(shards)
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=16
+    )
+    assert scheduler.next_request() is None
+    pushed = [(site, rng.choice([-3, 0, 2, 5])) for site in _random_sites(rng, 60)]
+    for site, priority in pushed:
+        scheduler.enqueue_request(Request(f"https://{site}/", priority=priority))
+        assert scheduler.flush_outbox()
+    got = [(r.url.split("/")[2], r.priority) for r in _serve(scheduler, len(pushed))]
+    assert got == sorted(pushed, key=lambda sp: -sp[1]), got
+
+
+def _script(seed: int) -> list[tuple[Any, ...]]:
+    """A seeded run of pushes (each committed on its own) and leases: 5 to
+    40 sites, requests at priorities 0 to 2, sites with several requests."""
+    rng = random.Random(seed)
+    sites = _random_sites(rng, rng.randrange(5, 40))
+    ops: list[tuple[Any, ...]] = []
+    for n in range(rng.randrange(20, 100)):
+        ops.append(("push", rng.choice(sites), f"p{n}", rng.choice([0, 0, 0, 1, 2])))
+        if rng.random() < 0.2:
+            ops.append(("serve", rng.randrange(1, 5)))
+    ops.append(("serve", 10**6))
+    return ops
+
+
+def _play(redis_url: str, rds: redis.Redis, shards: int, ops: list[tuple[Any, ...]]) -> list[str]:
+    """The URLs served, in order, by one worker leasing one at a time."""
+    rds.flushall()
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=1,
+        FRONTIER_CONCURRENCY=64,
+    )
+    got: list[str] = []
+    for op in ops:
+        if op[0] == "push":
+            _, site, path, priority = op
+            scheduler.enqueue_request(Request(f"https://{site}/{path}", priority=priority))
+            assert scheduler.flush_outbox()
+            continue
+        for _ in range(op[1]):
+            request = scheduler.next_request()
+            if request is None:
+                break
+            got.append(request.url)
+            finish(scheduler, request)
+    assert scheduler.next_request() is None
+    harness.stop_opened()
+    return got
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("shards", [4, 7])
+def test_pushes_and_leases_interleaved_served_as_one_frontier_serves_them(
+    redis_url: str, rds: redis.Redis, shards: int, seed: int
+) -> None:
+    """Seeded runs of pushes and leases (sites with several requests take
+    turns, better priorities raise a site, shards found empty get work
+    again): the sharded frontier serves them in the order one frontier
+    does."""
+    ops = _script(seed)
+    one = _play(redis_url, rds, 1, ops)
+    got = _play(redis_url, rds, shards, ops)
+    assert len(got) == len(set(got)) == sum(op[0] == "push" for op in ops)
+    assert got == one
