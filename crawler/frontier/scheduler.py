@@ -338,7 +338,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._shard_best_at: list[float] = []
         #: Per shard, when its first site at that priority (its head)
         #: joined its ready index, µs of the Redis clock (0: long ago; inf:
-        #: not known, or after every head learnt: a push of this worker).
+        #: not known, or a push of this worker not committed yet: then the
+        #: commit's reply tells, :meth:`_learn_pushed`).
         self._shard_head: list[float] = []
 
     # -- life cycle --------------------------------------------------------------
@@ -703,6 +704,21 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._shard_best[shard] = -math.inf if best is None else best
             self._shard_head[shard] = math.inf if head is None else head
             self._shard_best_at[shard] = time.monotonic()
+
+    def _learn_pushed(self, shard: int, committed: Committed) -> None:
+        """A commit of ``shard`` ran at ``committed.joined`` (µs, Redis
+        clock). When this worker's pushes there raised the shard's best
+        priority past what it had learnt (:meth:`enqueue_request`: its head
+        is not known), the first site at that priority joined then at the
+        latest: the shard's head from now on, so that it is ranked and cut
+        against the other shards' heads by time (an unknown head ties with
+        every other unknown one, and cuts no batch elsewhere)."""
+        if (
+            committed.joined is not None and any(committed.pushed)
+            and self._shard_head and math.isinf(self._shard_head[shard])
+            and not math.isinf(self._shard_best[shard])
+        ):
+            self._shard_head[shard] = committed.joined
 
     def _peek_stale(self) -> None:
         """With several shards, learn the best priority due on each shard not
@@ -1137,6 +1153,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if isinstance(reply, Committed):
                 self._done(groups[i], reply)
                 self._shard_due[i] = 0.0  # new work or free slots there: ask it
+                self._learn_pushed(i, reply)
         self._settle()
         result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
         errors = [r for r in (*committed.values(), leased) if isinstance(r, ResponseError)]
