@@ -596,9 +596,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         outbox and one ``lease.lua`` call, in one round trip, refill it (see
         *Batches* and *Outbox*).
         """
-        if self._ready:
-            return self._hand_out()
-        self._peek_stale()
+        if self._ready or not self._before_lease():
+            return self._hand_out() if self._ready else None
         asked: set[int] = set()
         while True:
             shard = self._next_shard(asked)
@@ -631,6 +630,23 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 return None
             if len(self._shard_due) == 1 and not isinstance(result, list):
                 return None
+
+    def _before_lease(self) -> bool:
+        """Before a shard is chosen for a lease call: find out what a
+        round trip whose reply was lost did (:meth:`_resolve`: the leases a
+        lost lease call took go first, and what this worker knew of its
+        shard, its head among them maybe, is learnt again), then peek at the
+        shards not heard from lately (:meth:`_peek_stale`).
+
+        :returns: whether to go on to a lease call: False when the lost
+            call's leases are in the buffer now, or while Redis cannot tell
+            what it did.
+        """
+        if self._in_doubt is not None and time.monotonic() >= self._down_until:
+            if not self._resolve() or self._ready:
+                return False
+        self._peek_stale()
+        return True
 
     def _next_shard(self, asked: set[int]) -> int | None:
         """The shard the next lease call goes to: of the shards not asked
@@ -1340,11 +1356,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._failed(exc)
             return False
         self._in_doubt = None
+        if doubt.lease_ids and self._shard_best_at:
+            # (its best and head as learnt before the call, which may have
+            # leased that head: peeked at again before it is chosen)
+            self._shard_best_at[doubt.lease_shard] = -math.inf
         ran = [i for i in doubt.commits if found[i][0]]
         for i in ran:
             self._done(doubt.commits[i], None)
-        if ran:
-            self._recovered()
+        # Redis answered (peeks may go again).
+        self._recovered()
         self._settle()
         leases = [lease for _, taken in found.values() for lease in taken]
         self._take(leases)
