@@ -206,3 +206,32 @@ def test_a_lost_lease_reply_then_first_in_first_out_goes_on(
     assert sorted(got) == sorted(sites)
     assert got == sites, got
     assert scheduler.queue.shards.audit() == {}
+
+
+@pytest.mark.parametrize("shards", [4, 6])
+@pytest.mark.parametrize("served", [0, 7])
+def test_scripts_forgotten_then_first_in_first_out_goes_on(
+    redis_url: str, rds: redis.Redis, shards: int, served: int
+) -> None:
+    """40 sites pushed one by one; after ``served`` of them, Redis forgets
+    its scripts (a restart, a failover): the rest are served in the order
+    they were pushed, each once. (With 0 served, the peeks at the shards
+    met NOSCRIPT and were passed over: every shard's best and head stayed
+    unknown for a second, so the shards were asked in turn and their
+    batches not cut.)"""
+    rng = random.Random(shards + served)
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
+    )
+    sites = _random_sites(rng, 40)
+    for site in sites:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    got = _serve(scheduler, served)
+    # (what the worker learnt of the shards is a second old: peeked at)
+    scheduler._shard_best_at = [0.0] * shards
+    rds.script_flush()
+    got += _serve(scheduler, len(sites) - served)
+    assert scheduler.next_request() is None
+    assert _hosts(got) == sites, _hosts(got)
+    assert scheduler.queue.shards.audit() == {}
