@@ -743,8 +743,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         nothing (:meth:`Frontier.peek`), at most once a second, never on the
         hot path of every lease. They take nothing, so a lost reply needs no
         recovery: what they learnt is lost, and the shards are asked in
-        turn. A reply that is an error (``NOSCRIPT``, ``MOVED``, a refusal)
-        is passed over: the lease call meets it and deals with it. A
+        turn. A peek that did not run (``NOSCRIPT``, ``MOVED``, ...) is
+        sent once more after the scripts are loaded again (the slot map
+        refreshed); another error (a refusal) is passed over: the lease
+        call meets it and deals with it. A
         connection that fails is an outage (:meth:`_failed`: logged, the
         usual backoff; a configuration error stops the crawl), so no lease
         call follows it into a Redis that is down (it would be left in
@@ -758,28 +760,70 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return
         for i in stale:
             self._shard_best_at[i] = now
+        for attempt in (1, 2):
+            try:
+                not_run = self._peek(stale, now)
+            except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
+                self._failed(exc)
+                return
+            # Scripts forgotten (a restart, a failover) or a slot moved: the
+            # peeks that met it did not run. Once more after reloading them,
+            # else those shards stay unknown for a second (asked in turn,
+            # cutting no batch: first in, first out would not hold).
+            if not not_run or attempt == 2 or not self._scripts_lost():
+                return
+            stale = not_run
+
+    def _peek(self, stale: list[int], now: float) -> list[int]:
+        """One round trip of peeks at the shards ``stale`` (see
+        :meth:`_peek_stale`); learn what they tell.
+
+        :returns: the shards whose peek did not run (``NOSCRIPT``, ``MOVED``,
+            ...: :data:`~crawler.frontier.connection.NOT_RUN`).
+        :raises redis.exceptions.RedisError: a connection failed.
+        """
         shards = self.queue.shards
+        not_run: list[int] = []
+        for pipe, indices in shards.groups(stale):
+            with pipe:
+                for i in indices:
+                    shards[i].peek(self.holder, pipe)
+                replies = pipe.execute(raise_on_error=False)
+            for i, reply in zip(indices, replies, strict=True):
+                if isinstance(reply, Exception):
+                    if isinstance(reply, NOT_RUN):
+                        not_run.append(i)
+                    continue
+                result = Frontier.leases_of(reply, [])
+                if isinstance(result, NotDue):
+                    self._housekeeping(result, i)
+                    self._learn_best(i, result.best, result.head)
+                    if result.best is not None:  # (its wait: it was asked for nothing)
+                        self._shard_due[i] = 0.0
+                    elif result.wait is None:
+                        self._shard_due[i], self._shard_empty_at[i] = None, now
+                    else:
+                        self._shard_due[i] = now + result.wait
+        return not_run
+
+    def _scripts_lost(self) -> bool:
+        """Redis restarted (or failed over) and forgot the scripts, or a
+        slot moved: refresh a cluster's slot map and load the scripts. What
+        Redis holds may be older than what this worker recorded: the local
+        fingerprints are forgotten.
+
+        :returns: False when Redis could not be reached (an outage).
+        """
+        self._seen.clear()
         try:
-            for pipe, indices in shards.groups(stale):
-                with pipe:
-                    for i in indices:
-                        shards[i].peek(self.holder, pipe)
-                    replies = pipe.execute(raise_on_error=False)
-                for i, reply in zip(indices, replies, strict=True):
-                    if isinstance(reply, Exception):
-                        continue
-                    result = Frontier.leases_of(reply, [])
-                    if isinstance(result, NotDue):
-                        self._housekeeping(result, i)
-                        self._learn_best(i, result.best, result.head)
-                        if result.best is not None:  # (its wait: it was asked for nothing)
-                            self._shard_due[i] = 0.0
-                        elif result.wait is None:
-                            self._shard_due[i], self._shard_empty_at[i] = None, now
-                        else:
-                            self._shard_due[i] = now + result.wait
-        except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
-            self._failed(exc)
+            refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
+            if refresh is not None:
+                refresh()  # a cluster's slot map
+            self.queue.shards.load_scripts()
+        except UNREACHABLE as exc:
+            self._outage(exc)
+            return False
+        return True
 
     def _earliest_due(self) -> float | None:
         """``time.monotonic()`` when the first shard that has work becomes
@@ -1118,17 +1162,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if not not_run or attempt == 2:
                 break
             # Redis restarted (or failed over) and forgot the scripts, or a
-            # slot moved: the calls that met it did not run. What Redis holds
-            # may be older than what this worker recorded: forget the local
-            # fingerprints.
-            self._seen.clear()
-            try:
-                refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
-                if refresh is not None:
-                    refresh()  # a cluster's slot map
-                self.queue.shards.load_scripts()
-            except UNREACHABLE as exc:
-                self._outage(exc)
+            # slot moved: the calls that met it did not run.
+            if not self._scripts_lost():
                 break
         if asked:
             return result
