@@ -11,11 +11,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from redis.cluster import RedisCluster
 from scrapy import Request, Spider
+from scrapy.settings import Settings
 
+from crawler.commands.frontier import clear_frontier
+from crawler.frontier.housekeeping import Housekeeper
+from crawler.keys import CLUSTER_SHARDS, shard_prefixes
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
 from tests.scheduler_harness import finish
+from tests.test_shards import _assert_stored_once, served_sites
+from tests.workers import crawl, worker_env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -257,3 +264,133 @@ def test_pushes_sent_in_one_round_trip_first_in_first_out(
         scheduler.enqueue_request(Request(f"https://{site}/"))
     assert scheduler.flush_outbox()
     assert _hosts(_serve(scheduler, len(sites))) == sites
+
+
+# -- bad values, housekeeping, clear ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["12.5", "1.5e3", " 5", "0x10", "+7", "9" * 20])
+def test_a_join_time_that_is_no_whole_number_is_reported_and_nothing_lost(
+    redis_url: str, rds: redis.Redis, value: str
+) -> None:
+    """``{s}:joined`` values edited by hand into floats, hex, signs, spaces
+    or past 16 digits: every request served once, the key empty at the end."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=4, CONCURRENT_REQUESTS=4
+    )
+    urls = [f"https://x{i}.example/{j}" for i in range(8) for j in range(2)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    for shard in scheduler.queue.shards:
+        for site in rds.zrange(shard.key("ready"), 0, -1):
+            rds.hset(shard.key("joined"), site, value)
+    got = [r.url for r in _serve(scheduler, len(urls))]
+    assert sorted(got) == sorted(urls)
+    assert scheduler.next_request() is None
+    assert crawler.stats.get_value("frontier/problems")
+    for shard in scheduler.queue.shards:
+        assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
+
+
+def test_a_joined_key_that_is_a_list_is_reported_and_nothing_lost(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=4, CONCURRENT_REQUESTS=4
+    )
+    for shard in scheduler.queue.shards:
+        rds.rpush(shard.key("joined"), "a", "b")
+    urls = [f"https://y{i}.example/{j}" for i in range(8) for j in range(2)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    got = [r.url for r in _serve(scheduler, len(urls))]
+    assert sorted(got) == sorted(urls)
+    assert scheduler.next_request() is None
+    assert crawler.stats.get_value("frontier/problems")
+    for shard in scheduler.queue.shards:
+        assert rds.lrange(shard.key("joined"), 0, -1) == [b"a", b"b"]  # left for the operator
+
+
+def test_housekeeping_and_clear_leave_no_join_time_behind(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Sites with two requests each over 4 shards, housekeeping run between
+    and after (every idle site forgotten at once): join times only for
+    sites in ready, none at the end; ``frontier clear`` deletes the rest."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=4, CONCURRENT_REQUESTS=4
+    )
+    keeper = Housekeeper(rds, "t", shards=4, site_forget_after=0, batch=100)
+    sites = [f"h{i}.example" for i in range(20)]
+    for site in sites:
+        scheduler.enqueue_request(Request(f"https://{site}/a"))
+        scheduler.enqueue_request(Request(f"https://{site}/b"))
+        assert scheduler.flush_outbox()
+    got = _serve(scheduler, 20)
+    keeper.run()
+    for shard in scheduler.queue.shards:
+        assert set(rds.hkeys(shard.key("joined"))) == set(rds.zrange(shard.key("ready"), 0, -1))
+    got += _serve(scheduler, 20)
+    keeper.run()
+    assert sorted(r.url for r in got) == sorted(
+        f"https://{site}/{p}" for site in sites for p in "ab"
+    )
+    assert scheduler.queue.shards.audit() == {}
+    for site in sites[:8]:
+        scheduler.enqueue_request(Request(f"https://{site}/c"))
+    assert scheduler.flush_outbox()
+    assert any(rds.exists(shard.key("joined")) for shard in scheduler.queue.shards)
+    clear_frontier(rds, "t", Settings({"FRONTIER_SHARDS": 4}))
+    assert rds.keys("*joined*") == []
+
+
+# -- a Redis Cluster -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("found_empty", [False, True])
+def test_first_in_first_out_across_the_default_shards_of_a_cluster(
+    redis_cluster_url: str, found_empty: bool
+) -> None:
+    """The real three-master cluster, its default 16 shards: 60 sites
+    pushed one by one are served in that order (the masters share this
+    machine's clock), with or without the shards found empty first."""
+    rng = random.Random(3)
+    scheduler, _ = harness.open_scheduler(
+        redis_cluster_url, _Spider, FRONTIER_REDIS_CLUSTER=True, CONCURRENT_REQUESTS=16
+    )
+    assert len(scheduler.queue.shards) == CLUSTER_SHARDS
+    if found_empty:
+        assert scheduler.next_request() is None
+    sites = _random_sites(rng, 60)
+    for site in sites:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    assert _hosts(_serve(scheduler, len(sites))) == sites
+    rc = RedisCluster.from_url(redis_cluster_url)
+    try:
+        assert all(rc.exists(shard.key("joined")) == 0 for shard in scheduler.queue.shards)
+    finally:
+        rc.close()
+
+
+def test_a_cluster_crawl_with_exact_fifo_stores_every_page_once(
+    redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path
+) -> None:
+    """Two workers crawl 80 sites on the cluster's default 16 shards with
+    FRONTIER_FIFO_SLACK 0 (batches cut at other shards' heads): every page
+    stored once, no error, no join time left."""
+    rc = RedisCluster.from_url(redis_cluster_url)
+    try:
+        with served_sites() as sites:
+            rc.lpush("pages:start_urls", *sites.urls(80))
+            env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db),
+                   "FRONTIER_REDIS_CLUSTER": "1"}
+            done = crawl("pages", env, tmp_path, workers=2,
+                         settings={"FRONTIER_FIFO_SLACK": 0})
+            _assert_stored_once(db, sites, 80, done)
+        assert all("] ERROR:" not in w.log and "Traceback" not in w.log for w in done)
+        assert not any(rc.exists(p + "joined") for p in shard_prefixes("pages", CLUSTER_SHARDS))
+    finally:
+        rc.close()
