@@ -215,6 +215,33 @@ def test_a_lost_lease_reply_then_first_in_first_out_goes_on(
     assert scheduler.queue.shards.audit() == {}
 
 
+@pytest.mark.parametrize("mode", ["drop", "hold"])
+@pytest.mark.parametrize("shards", [4, 6])
+def test_a_lost_peek_reply_then_first_in_first_out_goes_on(
+    proxy: FaultProxy, rds: redis.Redis, mode: str, shards: int
+) -> None:
+    """40 sites pushed one by one; the reply to the worker's first peeks at
+    the shards is lost (an outage: the worker backs off). Once Redis
+    answers again they are served in the order they were pushed. (The
+    first lease call after the backoff went out knowing no shard, and the
+    shards stayed unknown for a second: asked in turn, batches not cut.)"""
+    rng = random.Random(shards)
+    scheduler, _ = harness.open_scheduler(
+        proxy.url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4,
+        REDIS_PARAMS={"socket_timeout": 0.5, "socket_connect_timeout": 2},
+    )
+    sites = _random_sites(rng, 40)
+    for site in sites:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        assert scheduler.flush_outbox()
+    rule = proxy.lose_replies(script=(LUA / "lease.lua").read_text(), mode=mode, hold=3)
+    assert scheduler.next_request() is None
+    assert rule.acted == 1
+    got = _hosts(_drain(scheduler))
+    assert sorted(got) == sorted(sites)
+    assert got == sites, got
+
+
 @pytest.mark.parametrize("shards", [4, 6])
 @pytest.mark.parametrize("served", [0, 7])
 def test_scripts_forgotten_then_first_in_first_out_goes_on(
