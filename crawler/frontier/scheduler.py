@@ -742,17 +742,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         (one pipeline per Redis node) of ``lease.lua`` calls that lease
         nothing (:meth:`Frontier.peek`), at most once a second, never on the
         hot path of every lease. They take nothing, so a lost reply needs no
-        recovery: what they learnt is lost, and the shards are asked in
-        turn. A peek that did not run (``NOSCRIPT``, ``MOVED``, ...) is
-        sent once more after the scripts are loaded again (the slot map
-        refreshed); another error (a refusal) is passed over: the lease
-        call meets it and deals with it. A
-        connection that fails is an outage (:meth:`_failed`: logged, the
+        recovery: what they learnt is lost, and the shards are peeked at
+        again once the backoff is over, before the next lease call (which
+        would choose blind: in turn, its batch not cut). A peek that did
+        not run (``NOSCRIPT``, ``MOVED``, ...) is sent once more after the
+        scripts are loaded again (the slot map refreshed); another error
+        (a refusal) is passed over: the lease call meets it and deals with
+        it. A connection that fails is an outage (:meth:`_failed`: logged, the
         usual backoff; a configuration error stops the crawl), so no lease
         call follows it into a Redis that is down (it would be left in
-        doubt); the next lease call after the backoff finds Redis again."""
+        doubt); the peeks after the backoff find Redis again."""
         n = len(self._shard_best)
-        if n <= 1 or self._unreachable or self._in_doubt is not None:
+        if n <= 1 or self._in_doubt is not None or time.monotonic() < self._down_until:
             return
         now = time.monotonic()
         stale = [i for i in range(n) if now - self._shard_best_at[i] >= EMPTY_SHARD_RECHECK]
@@ -764,6 +765,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             try:
                 not_run = self._peek(stale, now)
             except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
+                for i in stale:  # (peeked at again after the backoff)
+                    self._shard_best_at[i] = -math.inf
                 self._failed(exc)
                 return
             # Scripts forgotten (a restart, a failover) or a slot moved: the
