@@ -1401,8 +1401,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         ran = [i for i in doubt.commits if found[i][0]]
         for i in ran:
             self._done(doubt.commits[i], None)
-        # Redis answered (peeks may go again).
-        self._recovered()
+        if ran:
+            self._recovered()
         self._settle()
         leases = [lease for _, taken in found.values() for lease in taken]
         self._take(leases)
