@@ -17,7 +17,7 @@ from scrapy.settings import Settings
 
 from crawler.commands.frontier import clear_frontier
 from crawler.frontier.housekeeping import Housekeeper
-from crawler.keys import CLUSTER_SHARDS, shard_prefixes
+from crawler.keys import CLUSTER_SHARDS, shard_of, shard_prefixes
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
 from tests.scheduler_harness import finish
@@ -421,3 +421,29 @@ def test_a_cluster_crawl_with_exact_fifo_stores_every_page_once(
         assert not any(rc.exists(p + "joined") for p in shard_prefixes("pages", CLUSTER_SHARDS))
     finally:
         rc.close()
+
+
+# -- cost ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+def test_work_on_one_shard_costs_no_more_lease_calls_than_one_frontier(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """100 sites of one shard (of 4), three requests each, pushed one by
+    one: leased in batches of 16 with as many lease calls as one frontier
+    takes (the other shards, empty, cut no batch)."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=16
+    )
+    names = (f"c{i}.example" for i in range(10_000))
+    sites = [site for site in names if shard_of(site, 4) == 0][:100]
+    for site in sites:
+        for j in range(3):
+            scheduler.enqueue_request(Request(f"https://{site}/{j}"))
+        assert scheduler.flush_outbox()
+    got = harness.lease_all(scheduler)
+    assert len(got) == 300
+    assert crawler.stats.get_value("frontier/lease_calls") == 19  # ceil(300 / 16)
+    if shards == 1:
+        assert rds.exists("{t}:joined") == 0
