@@ -217,6 +217,37 @@ def test_a_lost_lease_reply_then_first_in_first_out_goes_on(
 
 @pytest.mark.parametrize("mode", ["drop", "hold"])
 @pytest.mark.parametrize("shards", [4, 6])
+@pytest.mark.parametrize("nth", [0, 2, 7])
+def test_a_lost_commit_reply_then_first_in_first_out_goes_on(
+    proxy: FaultProxy, rds: redis.Redis, mode: str, shards: int, nth: int
+) -> None:
+    """The worker found every shard empty, then pushes 30 sites one by one;
+    the reply to the ``nth`` commit is lost (it ran: found out). They are
+    served in the order they were pushed. (The commit's reply told when its
+    site joined; lost, the shard's head stayed unknown: ranked after every
+    shard of a known head at that priority.)"""
+    rng = random.Random(shards + nth)
+    scheduler, _ = harness.open_scheduler(
+        proxy.url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4,
+        REDIS_PARAMS={"socket_timeout": 0.5, "socket_connect_timeout": 2},
+    )
+    assert scheduler.next_request() is None
+    rule = proxy.lose_replies(
+        script=(LUA / "commit.lua").read_text(), mode=mode, hold=3, skip=nth
+    )
+    sites = _random_sites(rng, 30)
+    for site in sites:
+        scheduler.enqueue_request(Request(f"https://{site}/"))
+        while not scheduler.flush_outbox():
+            scheduler._down_until = 0.0
+    assert rule.acted == 1
+    got = _hosts(_drain(scheduler))
+    assert sorted(got) == sorted(sites)
+    assert got == sites, got
+
+
+@pytest.mark.parametrize("mode", ["drop", "hold"])
+@pytest.mark.parametrize("shards", [4, 6])
 def test_a_lost_peek_reply_then_first_in_first_out_goes_on(
     proxy: FaultProxy, rds: redis.Redis, mode: str, shards: int
 ) -> None:
