@@ -1394,10 +1394,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._failed(exc)
             return False
         self._in_doubt = None
-        if doubt.lease_ids and self._shard_best_at:
-            # (its best and head as learnt before the call, which may have
-            # leased that head: peeked at again before it is chosen)
-            self._shard_best_at[doubt.lease_shard] = -math.inf
+        for i in asked:
+            if i < len(self._shard_best_at):
+                # (its best and head as learnt before the call, which may
+                # have leased that head, or queued a site whose join time
+                # the lost reply told: peeked at again before it is chosen)
+                self._shard_best_at[i] = -math.inf
         ran = [i for i in doubt.commits if found[i][0]]
         for i in ran:
             self._done(doubt.commits[i], None)
