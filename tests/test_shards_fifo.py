@@ -112,8 +112,12 @@ def _script(seed: int) -> list[tuple[Any, ...]]:
     return ops
 
 
-def _play(redis_url: str, rds: redis.Redis, shards: int, ops: list[tuple[Any, ...]]) -> list[str]:
-    """The URLs served, in order, by one worker leasing one at a time."""
+def _play(
+    redis_url: str, rds: redis.Redis, shards: int, ops: list[tuple[Any, ...]],
+    counts: list[int] | None = None,
+) -> list[str]:
+    """The URLs served, in order, by one worker leasing one at a time
+    (``counts``: given, gets how many were served after each serve step)."""
     rds.flushall()
     scheduler, _ = harness.open_scheduler(
         redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=1,
@@ -132,6 +136,8 @@ def _play(redis_url: str, rds: redis.Redis, shards: int, ops: list[tuple[Any, ..
                 break
             got.append(request.url)
             finish(scheduler, request)
+        if counts is not None:
+            counts.append(len(got))
     assert scheduler.next_request() is None
     harness.stop_opened()
     return got
@@ -322,6 +328,68 @@ def test_pushes_sent_in_one_round_trip_first_in_first_out(
         scheduler.enqueue_request(Request(f"https://{site}/"))
     assert scheduler.flush_outbox()
     assert _hosts(_serve(scheduler, len(sites))) == sites
+
+
+def _play_lossy(url: str, shards: int, ops: list[tuple[Any, ...]]) -> list[str]:
+    """As :func:`_play`, through Redis replies that may be lost: every
+    backoff is skipped, each push is sent until it is in, each lease served
+    is acknowledged until that is in."""
+    scheduler, _ = harness.open_scheduler(
+        url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=1, FRONTIER_CONCURRENCY=64,
+        REDIS_PARAMS={"socket_timeout": 0.5, "socket_connect_timeout": 2},
+    )
+
+    def flush() -> None:
+        for _ in range(50):
+            scheduler._down_until = 0.0
+            if scheduler.flush_outbox():
+                return
+        raise AssertionError("the outbox was never sent")
+
+    got: list[str] = []
+    for op in ops:
+        if op[0] == "push":
+            _, site, path, priority = op
+            scheduler.enqueue_request(Request(f"https://{site}/{path}", priority=priority))
+            flush()
+            continue
+        misses = 0
+        while len(got) < op[2] and misses < 100:
+            scheduler._down_until = 0.0
+            request = scheduler.next_request()
+            if request is None:
+                misses += 1
+                continue
+            misses = 0
+            got.append(request.url)
+            scheduler.crawler.engine._slot.remove_request(request)
+            flush()
+    harness.stop_opened()
+    return got
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("shards", [4, 7])
+def test_replies_lost_at_random_served_as_one_frontier_serves_them(
+    redis_url: str, rds: redis.Redis, shards: int, seed: int
+) -> None:
+    """Pushes and leases as above with about one reply in five lost
+    (commits, leases, peeks, recoveries): nothing lost, nothing twice, and
+    the order one frontier serves them in without faults."""
+    ops = _script(seed)
+    counts: list[int] = []
+    one = _play(redis_url, rds, 1, ops, counts)
+    # (each serve step goes on until as many were served as without faults)
+    steps = iter(counts)
+    marked = [("serve", op[1], next(steps)) if op[0] == "serve" else op for op in ops]
+    rds.flushall()
+    rds.script_flush()
+    with FaultProxy(redis_url) as proxy:
+        proxy.lose_randomly(5, seed=seed)
+        got = _play_lossy(proxy.url, shards, marked)
+    assert proxy.lost > 0
+    assert sorted(got) == sorted(one)
+    assert got == one
 
 
 # -- bad values, housekeeping, clear ---------------------------------------------------
