@@ -338,7 +338,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._shard_best_at: list[float] = []
         #: Per shard, when its first site at that priority (its head)
         #: joined its ready index, µs of the Redis clock (0: long ago; inf:
-        #: not known, or after every head learnt: a push of this worker).
+        #: not known, or a push of this worker not committed yet: then the
+        #: commit's reply tells, :meth:`_learn_pushed`).
         self._shard_head: list[float] = []
 
     # -- life cycle --------------------------------------------------------------
@@ -595,9 +596,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         outbox and one ``lease.lua`` call, in one round trip, refill it (see
         *Batches* and *Outbox*).
         """
-        if self._ready:
-            return self._hand_out()
-        self._peek_stale()
+        if self._ready or not self._before_lease():
+            return self._hand_out() if self._ready else None
         asked: set[int] = set()
         while True:
             shard = self._next_shard(asked)
@@ -630,6 +630,23 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 return None
             if len(self._shard_due) == 1 and not isinstance(result, list):
                 return None
+
+    def _before_lease(self) -> bool:
+        """Before a shard is chosen for a lease call: find out what a
+        round trip whose reply was lost did (:meth:`_resolve`: the leases a
+        lost lease call took go first, and what this worker knew of its
+        shard, its head among them maybe, is learnt again), then peek at the
+        shards not heard from lately (:meth:`_peek_stale`).
+
+        :returns: whether to go on to a lease call: False when the lost
+            call's leases are in the buffer now, or while Redis cannot tell
+            what it did.
+        """
+        if self._in_doubt is not None and time.monotonic() >= self._down_until:
+            if not self._resolve() or self._ready:
+                return False
+        self._peek_stale()
+        return True
 
     def _next_shard(self, asked: set[int]) -> int | None:
         """The shard the next lease call goes to: of the shards not asked
@@ -704,21 +721,39 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._shard_head[shard] = math.inf if head is None else head
             self._shard_best_at[shard] = time.monotonic()
 
+    def _learn_pushed(self, shard: int, committed: Committed) -> None:
+        """A commit of ``shard`` ran at ``committed.joined`` (µs, Redis
+        clock). When this worker's pushes there raised the shard's best
+        priority past what it had learnt (:meth:`enqueue_request`: its head
+        is not known), the first site at that priority joined then at the
+        latest: the shard's head from now on, so that it is ranked and cut
+        against the other shards' heads by time (an unknown head ties with
+        every other unknown one, and cuts no batch elsewhere)."""
+        if (
+            committed.joined is not None and any(committed.pushed)
+            and self._shard_head and math.isinf(self._shard_head[shard])
+            and not math.isinf(self._shard_best[shard])
+        ):
+            self._shard_head[shard] = committed.joined
+
     def _peek_stale(self) -> None:
         """With several shards, learn the best priority due on each shard not
         heard from for :data:`EMPTY_SHARD_RECHECK` seconds: one round trip
         (one pipeline per Redis node) of ``lease.lua`` calls that lease
         nothing (:meth:`Frontier.peek`), at most once a second, never on the
         hot path of every lease. They take nothing, so a lost reply needs no
-        recovery: what they learnt is lost, and the shards are asked in
-        turn. A reply that is an error (``NOSCRIPT``, ``MOVED``, a refusal)
-        is passed over: the lease call meets it and deals with it. A
-        connection that fails is an outage (:meth:`_failed`: logged, the
+        recovery: what they learnt is lost, and the shards are peeked at
+        again once the backoff is over, before the next lease call (which
+        would choose blind: in turn, its batch not cut). A peek that did
+        not run (``NOSCRIPT``, ``MOVED``, ...) is sent once more after the
+        scripts are loaded again (the slot map refreshed); another error
+        (a refusal) is passed over: the lease call meets it and deals with
+        it. A connection that fails is an outage (:meth:`_failed`: logged, the
         usual backoff; a configuration error stops the crawl), so no lease
         call follows it into a Redis that is down (it would be left in
-        doubt); the next lease call after the backoff finds Redis again."""
+        doubt); the peeks after the backoff find Redis again."""
         n = len(self._shard_best)
-        if n <= 1 or self._unreachable or self._in_doubt is not None:
+        if n <= 1 or self._in_doubt is not None or time.monotonic() < self._down_until:
             return
         now = time.monotonic()
         stale = [i for i in range(n) if now - self._shard_best_at[i] >= EMPTY_SHARD_RECHECK]
@@ -726,28 +761,72 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return
         for i in stale:
             self._shard_best_at[i] = now
+        for attempt in (1, 2):
+            try:
+                not_run = self._peek(stale, now)
+            except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
+                for i in stale:  # (peeked at again after the backoff)
+                    self._shard_best_at[i] = -math.inf
+                self._failed(exc)
+                return
+            # Scripts forgotten (a restart, a failover) or a slot moved: the
+            # peeks that met it did not run. Once more after reloading them,
+            # else those shards stay unknown for a second (asked in turn,
+            # cutting no batch: first in, first out would not hold).
+            if not not_run or attempt == 2 or not self._scripts_lost():
+                return
+            stale = not_run
+
+    def _peek(self, stale: list[int], now: float) -> list[int]:
+        """One round trip of peeks at the shards ``stale`` (see
+        :meth:`_peek_stale`); learn what they tell.
+
+        :returns: the shards whose peek did not run (``NOSCRIPT``, ``MOVED``,
+            ...: :data:`~crawler.frontier.connection.NOT_RUN`).
+        :raises redis.exceptions.RedisError: a connection failed.
+        """
         shards = self.queue.shards
+        not_run: list[int] = []
+        for pipe, indices in shards.groups(stale):
+            with pipe:
+                for i in indices:
+                    shards[i].peek(self.holder, pipe)
+                replies = pipe.execute(raise_on_error=False)
+            for i, reply in zip(indices, replies, strict=True):
+                if isinstance(reply, Exception):
+                    if isinstance(reply, NOT_RUN):
+                        not_run.append(i)
+                    continue
+                result = Frontier.leases_of(reply, [])
+                if isinstance(result, NotDue):
+                    self._housekeeping(result, i)
+                    self._learn_best(i, result.best, result.head)
+                    if result.best is not None:  # (its wait: it was asked for nothing)
+                        self._shard_due[i] = 0.0
+                    elif result.wait is None:
+                        self._shard_due[i], self._shard_empty_at[i] = None, now
+                    else:
+                        self._shard_due[i] = now + result.wait
+        return not_run
+
+    def _scripts_lost(self) -> bool:
+        """Redis restarted (or failed over) and forgot the scripts, or a
+        slot moved: refresh a cluster's slot map and load the scripts. What
+        Redis holds may be older than what this worker recorded: the local
+        fingerprints are forgotten.
+
+        :returns: False when Redis could not be reached (an outage).
+        """
+        self._seen.clear()
         try:
-            for pipe, indices in shards.groups(stale):
-                with pipe:
-                    for i in indices:
-                        shards[i].peek(self.holder, pipe)
-                    replies = pipe.execute(raise_on_error=False)
-                for i, reply in zip(indices, replies, strict=True):
-                    if isinstance(reply, Exception):
-                        continue
-                    result = Frontier.leases_of(reply, [])
-                    if isinstance(result, NotDue):
-                        self._housekeeping(result, i)
-                        self._learn_best(i, result.best, result.head)
-                        if result.best is not None:  # (its wait: it was asked for nothing)
-                            self._shard_due[i] = 0.0
-                        elif result.wait is None:
-                            self._shard_due[i], self._shard_empty_at[i] = None, now
-                        else:
-                            self._shard_due[i] = now + result.wait
-        except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
-            self._failed(exc)
+            refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
+            if refresh is not None:
+                refresh()  # a cluster's slot map
+            self.queue.shards.load_scripts()
+        except UNREACHABLE as exc:
+            self._outage(exc)
+            return False
+        return True
 
     def _earliest_due(self) -> float | None:
         """``time.monotonic()`` when the first shard that has work becomes
@@ -1086,17 +1165,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if not not_run or attempt == 2:
                 break
             # Redis restarted (or failed over) and forgot the scripts, or a
-            # slot moved: the calls that met it did not run. What Redis holds
-            # may be older than what this worker recorded: forget the local
-            # fingerprints.
-            self._seen.clear()
-            try:
-                refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
-                if refresh is not None:
-                    refresh()  # a cluster's slot map
-                self.queue.shards.load_scripts()
-            except UNREACHABLE as exc:
-                self._outage(exc)
+            # slot moved: the calls that met it did not run.
+            if not self._scripts_lost():
                 break
         if asked:
             return result
@@ -1137,6 +1207,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if isinstance(reply, Committed):
                 self._done(groups[i], reply)
                 self._shard_due[i] = 0.0  # new work or free slots there: ask it
+                self._learn_pushed(i, reply)
         self._settle()
         result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
         errors = [r for r in (*committed.values(), leased) if isinstance(r, ResponseError)]
@@ -1323,6 +1394,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._failed(exc)
             return False
         self._in_doubt = None
+        for i in asked:
+            if i < len(self._shard_best_at):
+                # (its best and head as learnt before the call, which may
+                # have leased that head, or queued a site whose join time
+                # the lost reply told: peeked at again before it is chosen)
+                self._shard_best_at[i] = -math.inf
         ran = [i for i in doubt.commits if found[i][0]]
         for i in ran:
             self._done(doubt.commits[i], None)

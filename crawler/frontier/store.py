@@ -243,6 +243,9 @@ class Committed(NamedTuple):
     :ivar problems: bad values met in Redis, one line of text each (the key,
         the field, the value and what was done instead).
     :ivar claimed: False when ``claim`` was not in the list (nothing done).
+    :ivar joined: when the commit ran, µs of the Redis server's clock (the
+        sites it put in ``{s}:ready`` joined then), with join times kept
+        (several shards); else None.
     """
 
     pushed: list[bool]
@@ -251,14 +254,16 @@ class Committed(NamedTuple):
     given: int
     problems: list[str]
     claimed: bool
+    joined: int | None = None
 
     @classmethod
     def of(cls, reply: list[Any]) -> Committed:
         """Read ``commit.lua``'s reply."""
-        pushed, freed, acked, given, problems, claimed = reply
+        pushed, freed, acked, given, problems, claimed, joined = reply
         return cls(
             [bool(p) for p in pushed], int(freed), int(acked), int(given),
             [_text(p) for p in problems], bool(claimed),
+            int(joined) if joined not in (b"", "") else None,
         )
 
 

@@ -70,10 +70,14 @@
 --          interval (KEYS[17], else ARGV[15]) from now, replacing any
 --          revisit of that fingerprint; an interval of 0 removes it. Its
 --          entry skips the dupefilter when it comes due (lease.lua).
--- Returns {pushed, slots freed, acks ended, given back, problems, claimed}:
--- pushed has per push 1 (queued) or 0 (filtered as seen); problems lists
--- the bad values met (each a line of text); claimed is 0 when ARGV[8] was
--- not in the list (then nothing else was done).
+-- Returns {pushed, slots freed, acks ended, given back, problems, claimed,
+-- joined}: pushed has per push 1 (queued) or 0 (filtered as seen); problems
+-- lists the bad values met (each a line of text); claimed is 0 when ARGV[8]
+-- was not in the list (then nothing else was done); joined is the time of
+-- the call, µs of the Redis clock, when join times are kept (ARGV[17]; a
+-- site the call put in KEYS[18] joined then), else "" (so a worker that
+-- pushed a better priority than it knew on this shard learns when that
+-- site joined, for first in, first out across shards).
 K.P = ARGV[1]
 K.cap = tonumber(ARGV[2])
 K.gate = ARGV[5] == '1'
@@ -150,7 +154,7 @@ end
 
 -- A dead letter being requeued: take it out first, or do nothing.
 if ARGV[8] ~= '' and redis.call('LREM', dead, 1, ARGV[8]) == 0 then
-  return {{}, 0, 0, 0, {}, 0}
+  return {{}, 0, 0, 0, {}, 0, ''}
 end
 
 K.now = now_ms()
@@ -287,4 +291,6 @@ if ARGV[6] ~= '' then
   redis.call('SET', KEYS[14], ARGV[6], 'PX', tonumber(ARGV[7]))
 end
 save_turns()
-return {pushed, freed, ended, given, problems, 1}
+local joined = ''
+if K.join then joined = clock_us end
+return {pushed, freed, ended, given, problems, 1, joined}
