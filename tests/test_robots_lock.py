@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -34,33 +35,48 @@ def _lock_pexpires(proxy: FaultProxy, lock: str) -> list[float]:
     return [c.at for c in proxy.commands("PEXPIRE") if c.args and c.args[0] == lock.encode()]
 
 
+class _SlowRobots:
+    """A site handler whose first ``/robots.txt`` request hangs until
+    :attr:`release` is set (the test sets it once it saw what it waits
+    for), then answers ``answer``; later ones answer the rules."""
+
+    def __init__(self, answer: Page | None = None) -> None:
+        self.release = threading.Event()
+        self.asked: list[float] = []  # time.monotonic() of each robots.txt request
+        self.answer = answer or Page(200, TEXT, RULES)
+
+    def __call__(self, path: str, nth: int) -> Page | None:
+        if path != "/robots.txt":
+            return None
+        self.asked.append(time.monotonic())
+        if nth == 1:
+            self.release.wait(30)
+            return self.answer
+        return Page(200, TEXT, RULES)
+
+
+def _lock_of(site: Any) -> str:
+    return "{pages}:robots:lock:" + site.url.split("//")[1]
+
+
+def _gone(rds: redis.Redis, lock: str) -> float:
+    """Wait until ``lock`` is deleted (its fetch ended); when, monotonic."""
+    wait_for(lambda: not rds.exists(lock), 30, f"{lock} to go", rds)
+    return time.monotonic()
+
+
 @pytest.mark.parametrize("outcome", ["503", "redirects", "timeout", "200"])
 def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
     redis_url: str, outcome: str,
 ) -> None:
-    ended: list[float] = []
-
-    def handler(path: str, nth: int) -> Page | None:  # noqa: PLR0911
-        if path != "/robots.txt":
-            return None
-        if nth == 1:
-            time.sleep(3.0)
-            ended.append(time.monotonic())
-            if outcome == "503":
-                return Page(503, TEXT, b"busy")
-            if outcome == "redirects":
-                return Page(302, [("Location", "/robots.txt?again")], b"")
-            if outcome == "timeout":
-                return Page(200, TEXT, RULES)  # too late: DOWNLOAD_TIMEOUT 2
-            return Page(200, TEXT, RULES)
-        if outcome == "redirects" and nth < 10:
-            return Page(302, [("Location", f"/robots.txt?{nth}")], b"")
-        return Page(200, TEXT, RULES)
-
-    site = site_factory(pages(), handler=handler)
-    host = site.url.split("//")[1]
-    lock = "{pages}:robots:lock:" + host
+    """robots.txt answers after two renewals of the lock (or never: the
+    download times out): the lock is let go and renewed no more."""
+    answers = {"503": Page(503, TEXT, b"busy"),
+               "redirects": Page(302, [("Location", "/robots.txt?again")], b"")}
+    robots = _SlowRobots(answers.get(outcome))
+    site = site_factory(pages(), handler=robots)
+    lock = _lock_of(site)
     settings: dict[str, Any] = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
                                 "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
     if outcome == "timeout":
@@ -69,14 +85,20 @@ def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
         penv = {**env, "REDIS_URL": proxy.url}
         rds.lpush("pages:start_urls", site.url + "/")
         log = tmp_path / "w.log"
-        [worker] = wait_workers([start_worker("pages", penv, log, settings)], [log])
+        proc = start_worker("pages", penv, log, settings)
+        try:
+            wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= 2, 30, "two renewals", rds)
+            if outcome != "timeout":
+                robots.release.set()
+            ended = _gone(rds, lock)
+        finally:
+            robots.release.set()
+        [worker] = wait_workers([proc], [log])
         renewals = _lock_pexpires(proxy, lock)
     assert worker.returncode == 0, worker.log[-3000:]
     assert _bad(worker.log) == [], _bad(worker.log)
-    assert len(renewals) >= 2, renewals  # renewed during the 3 s fetch
-    if ended:
-        late = [t - ended[0] for t in renewals if t > ended[0] + 0.3]
-        assert late == [], late
+    late = [t - ended for t in renewals if t > ended + 0.3]
+    assert late == [], late
     assert not rds.exists(lock)
     assert_nothing_lost(rds)
 
@@ -87,37 +109,28 @@ def test_a_worker_stopped_while_fetching_robots_txt(
 ) -> None:
     """SIGTERM while robots.txt is fetched (slowly): the worker closes
     cleanly, renews no more after the fetch, the lock is gone."""
-    asked: list[float] = []
-    ended: list[float] = []
-
-    def handler(path: str, nth: int) -> Page | None:
-        if path == "/robots.txt":
-            asked.append(time.monotonic())
-            if nth == 1:
-                time.sleep(3.0)
-                ended.append(time.monotonic())
-            return Page(200, TEXT, RULES)
-        return None
-
-    site = site_factory(pages(), handler=handler)
-    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    robots = _SlowRobots()
+    site = site_factory(pages(), handler=robots)
+    lock = _lock_of(site)
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
     with FaultProxy(redis_url) as proxy:
         penv = {**env, "REDIS_URL": proxy.url}
         rds.lpush("pages:start_urls", site.url + "/")
         log = tmp_path / "w.log"
         proc = start_worker("pages", penv, log, settings)
-        wait_for(lambda: bool(asked), 30, "the robots.txt request", rds)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        try:
+            wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= 1, 30, "a renewal", rds)
+            proc.send_signal(signal.SIGTERM)
+            robots.release.set()  # the fetch ends while the worker closes
+            ended = _gone(rds, lock)
+        finally:
+            robots.release.set()
         [worker] = wait_workers([proc], [log])
         renewals = _lock_pexpires(proxy, lock)
     assert worker.returncode == 0, worker.log[-3000:]
     assert _bad(worker.log) == [], _bad(worker.log)
-    assert ended
-    late = [t - ended[0] for t in renewals if t > ended[0] + 0.3]
+    late = [t - ended for t in renewals if t > ended + 0.3]
     assert late == [], late
-    time.sleep(LOCK_S + 0.2)
     assert not rds.exists(lock)
 
 
@@ -127,18 +140,9 @@ def test_redis_lost_while_renewing(
 ) -> None:
     """The replies to renewals are lost, then Redis is cut off for a while
     during the fetch: the crawl goes on, nothing logged as an error, nothing lost."""
-    asked: list[float] = []
-
-    def handler(path: str, nth: int) -> Page | None:
-        if path == "/robots.txt":
-            asked.append(time.monotonic())
-            if nth == 1:
-                time.sleep(4.0)
-            return Page(200, TEXT, RULES)
-        return None
-
-    site = site_factory(pages(), handler=handler)
-    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    robots = _SlowRobots()
+    site = site_factory(pages(), handler=robots)
+    lock = _lock_of(site)
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
     with FaultProxy(redis_url) as proxy:
         penv = {**env, "REDIS_URL": proxy.url}
@@ -146,8 +150,15 @@ def test_redis_lost_while_renewing(
         rds.lpush("pages:start_urls", site.url + "/")
         log = tmp_path / "w.log"
         proc = start_worker("pages", penv, log, settings)
-        wait_for(lambda: rule.acted >= 2, 30, "two renewals lost", rds)
-        proxy.begin_outage(1.0)
+        try:
+            wait_for(lambda: rule.acted >= 2, 30, "two renewals lost", rds)
+            cut = time.monotonic()
+            proxy.begin_outage(1.0)
+            # (the fetch goes on until a renewal reaches Redis after the outage)
+            wait_for(lambda: any(t > cut + 1.0 for t in _lock_pexpires(proxy, lock)), 30,
+                     "a renewal after the outage", rds)
+        finally:
+            robots.release.set()
         [worker] = wait_workers([proc], [log])
     assert worker.returncode == 0, worker.log[-3000:]
     assert _bad(worker.log) == [], _bad(worker.log)
@@ -227,37 +238,37 @@ def test_two_sites_robots_fetched_at_once_each_renewed_and_let_go(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
     redis_url: str,
 ) -> None:
-    ended: dict[str, float] = {}
-
-    def slow(name: str) -> Any:
-        def handler(path: str, nth: int) -> Page | None:
-            if path != "/robots.txt":
-                return None
-            if nth == 1:
-                time.sleep(3.0 if name == "a" else 2.0)
-                ended[name] = time.monotonic()
-                return Page(503, TEXT, b"busy") if name == "a" else Page(200, TEXT, RULES)
-            return Page(200, TEXT, RULES)
-        return handler
-
-    a, b = site_factory(pages(), handler=slow("a")), site_factory(pages(), handler=slow("b"))
-    locks = {n: "{pages}:robots:lock:" + s.url.split("//")[1] for n, s in (("a", a), ("b", b))}
+    """Two sites' robots.txt fetched at once, ending at different times
+    (503, then 200): each lock renewed while its fetch runs, then let go."""
+    robots = {"a": _SlowRobots(Page(503, TEXT, b"busy")), "b": _SlowRobots()}
+    sites = {n: site_factory(pages(), handler=r) for n, r in robots.items()}
+    locks = {n: _lock_of(site) for n, site in sites.items()}
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    ended: dict[str, float] = {}
     with FaultProxy(redis_url) as proxy:
         penv = {**env, "REDIS_URL": proxy.url}
-        rds.lpush("pages:start_urls", a.url + "/", b.url + "/")
+        rds.lpush("pages:start_urls", *(s.url + "/" for s in sites.values()))
         log = tmp_path / "w.log"
-        [worker] = wait_workers([start_worker("pages", penv, log, settings)], [log])
+        proc = start_worker("pages", penv, log, settings)
+        try:
+            for name in ("b", "a"):
+                wait_for(lambda n=name: len(_lock_pexpires(proxy, locks[n])) >= 1, 30,
+                         f"a renewal of {name}'s lock", rds)
+                robots[name].release.set()
+                ended[name] = _gone(rds, locks[name])
+        finally:
+            for r in robots.values():
+                r.release.set()
+        [worker] = wait_workers([proc], [log])
         renewals = {n: _lock_pexpires(proxy, lock) for n, lock in locks.items()}
     assert worker.returncode == 0, worker.log[-3000:]
     assert _bad(worker.log) == [], _bad(worker.log)
     for name in ("a", "b"):
-        assert len(renewals[name]) >= 1, renewals
         late = [t - ended[name] for t in renewals[name] if t > ended[name] + 0.3]
         assert late == [], (name, late)
         assert not rds.exists(locks[name])
     assert_nothing_lost(rds)
-    for site in (a, b):
+    for site in sites.values():
         assert sorted(h.path for h in site.hits() if h.path != "/robots.txt") == ["/", "/public/y"]
 
 
@@ -266,28 +277,24 @@ def test_a_worker_forced_to_stop_while_fetching_robots_txt(
 ) -> None:
     """Two SIGTERMs (a forced stop) while robots.txt is fetched: nothing
     logged about a destroyed renewal task; the lock expires within its life."""
-    asked: list[float] = []
-
-    def handler(path: str, nth: int) -> Page | None:
-        if path == "/robots.txt":
-            asked.append(time.monotonic())
-            if nth == 1:
-                time.sleep(6.0)
-            return Page(200, TEXT, RULES)
-        return None
-
-    site = site_factory(pages(), handler=handler)
-    lock = "{pages}:robots:lock:" + site.url.split("//")[1]
+    robots = _SlowRobots()
+    site = site_factory(pages(), handler=robots)
+    lock = _lock_of(site)
     settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
     rds.lpush("pages:start_urls", site.url + "/")
     log = tmp_path / "w.log"
     proc = start_worker("pages", env, log, settings)
-    wait_for(lambda: bool(asked), 30, "the robots.txt request", rds)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    [worker] = wait_workers([proc], [log])
+    try:
+        wait_for(lambda: bool(robots.asked), 30, "the robots.txt request", rds)
+        first = rds.pttl(lock)
+        wait_for(lambda: rds.pttl(lock) > first, 30, "a renewal (its expiry rises)", rds)
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "shutting down gracefully" in log.read_text(), 30,
+                 "the first SIGTERM taken", rds)
+        proc.send_signal(signal.SIGTERM)
+        [worker] = wait_workers([proc], [log])
+    finally:
+        robots.release.set()
     stopped = time.monotonic()
     bad = [x for x in _bad(worker.log) if "Task" in x or "Traceback" in x]
     assert bad == [], worker.log[-4000:]
