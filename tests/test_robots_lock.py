@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -16,6 +17,8 @@ from tests.test_robots_rfc import FAST, RULES, TEXT, assert_nothing_lost, pages,
 from tests.workers import start_worker, wait_workers
 
 if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Iterator
     from pathlib import Path
 
     import redis
@@ -59,6 +62,30 @@ def _lock_of(site: Any) -> str:
     return "{pages}:robots:lock:" + site.url.split("//")[1]
 
 
+#: The workers' settings: a short lock, fast robots.txt backoff.
+SETTINGS: dict[str, Any] = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+                            "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+
+
+@contextlib.contextmanager
+def _through_proxy(
+    env: dict[str, str], redis_url: str, rds: redis.Redis, seeds: list[str], log: Path,
+    settings: dict[str, Any] = SETTINGS,
+) -> Iterator[tuple[FaultProxy, subprocess.Popen[bytes]]]:
+    """A ``pages`` worker whose Redis is behind a fault proxy, ``seeds`` pushed."""
+    with FaultProxy(redis_url) as proxy:
+        rds.lpush("pages:start_urls", *seeds)
+        yield proxy, start_worker("pages", {**env, "REDIS_URL": proxy.url}, log, settings)
+
+
+def _assert_clean(worker: Any, renewals: list[float], ended: float) -> None:
+    """The worker ended well, logged no error, renewed nothing after ``ended``."""
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert _bad(worker.log) == [], _bad(worker.log)
+    late = [t - ended for t in renewals if t > ended + 0.3]
+    assert late == [], late
+
+
 def _gone(rds: redis.Redis, lock: str) -> float:
     """Wait until ``lock`` is deleted (its fetch ended); when, monotonic."""
     wait_for(lambda: not rds.exists(lock), 30, f"{lock} to go", rds)
@@ -77,15 +104,11 @@ def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
     robots = _SlowRobots(answers.get(outcome))
     site = site_factory(pages(), handler=robots)
     lock = _lock_of(site)
-    settings: dict[str, Any] = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
-                                "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
+    settings = dict(SETTINGS)
     if outcome == "timeout":
         settings["DOWNLOAD_TIMEOUT"] = 2
-    with FaultProxy(redis_url) as proxy:
-        penv = {**env, "REDIS_URL": proxy.url}
-        rds.lpush("pages:start_urls", site.url + "/")
-        log = tmp_path / "w.log"
-        proc = start_worker("pages", penv, log, settings)
+    log = tmp_path / "w.log"
+    with _through_proxy(env, redis_url, rds, [site.url + "/"], log, settings) as (proxy, proc):
         try:
             wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= 2, 30, "two renewals", rds)
             if outcome != "timeout":
@@ -95,10 +118,7 @@ def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
             robots.release.set()
         [worker] = wait_workers([proc], [log])
         renewals = _lock_pexpires(proxy, lock)
-    assert worker.returncode == 0, worker.log[-3000:]
-    assert _bad(worker.log) == [], _bad(worker.log)
-    late = [t - ended for t in renewals if t > ended + 0.3]
-    assert late == [], late
+    _assert_clean(worker, renewals, ended)
     assert not rds.exists(lock)
     assert_nothing_lost(rds)
 
@@ -112,12 +132,8 @@ def test_a_worker_stopped_while_fetching_robots_txt(
     robots = _SlowRobots()
     site = site_factory(pages(), handler=robots)
     lock = _lock_of(site)
-    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
-    with FaultProxy(redis_url) as proxy:
-        penv = {**env, "REDIS_URL": proxy.url}
-        rds.lpush("pages:start_urls", site.url + "/")
-        log = tmp_path / "w.log"
-        proc = start_worker("pages", penv, log, settings)
+    log = tmp_path / "w.log"
+    with _through_proxy(env, redis_url, rds, [site.url + "/"], log) as (proxy, proc):
         try:
             wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= 1, 30, "a renewal", rds)
             proc.send_signal(signal.SIGTERM)
@@ -127,10 +143,7 @@ def test_a_worker_stopped_while_fetching_robots_txt(
             robots.release.set()
         [worker] = wait_workers([proc], [log])
         renewals = _lock_pexpires(proxy, lock)
-    assert worker.returncode == 0, worker.log[-3000:]
-    assert _bad(worker.log) == [], _bad(worker.log)
-    late = [t - ended for t in renewals if t > ended + 0.3]
-    assert late == [], late
+    _assert_clean(worker, renewals, ended)
     assert not rds.exists(lock)
 
 
@@ -143,13 +156,10 @@ def test_redis_lost_while_renewing(
     robots = _SlowRobots()
     site = site_factory(pages(), handler=robots)
     lock = _lock_of(site)
-    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
-    with FaultProxy(redis_url) as proxy:
-        penv = {**env, "REDIS_URL": proxy.url}
+    log = tmp_path / "w.log"
+    with _through_proxy(env, redis_url, rds, [site.url + "/"], log) as (proxy, proc):
+        # (set before the worker's first renewal: it fetches robots.txt after start-up)
         rule = proxy.lose_replies(command="PEXPIRE", times=2)
-        rds.lpush("pages:start_urls", site.url + "/")
-        log = tmp_path / "w.log"
-        proc = start_worker("pages", penv, log, settings)
         try:
             wait_for(lambda: rule.acted >= 2, 30, "two renewals lost", rds)
             cut = time.monotonic()
@@ -243,13 +253,10 @@ def test_two_sites_robots_fetched_at_once_each_renewed_and_let_go(
     robots = {"a": _SlowRobots(Page(503, TEXT, b"busy")), "b": _SlowRobots()}
     sites = {n: site_factory(pages(), handler=r) for n, r in robots.items()}
     locks = {n: _lock_of(site) for n, site in sites.items()}
-    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
     ended: dict[str, float] = {}
-    with FaultProxy(redis_url) as proxy:
-        penv = {**env, "REDIS_URL": proxy.url}
-        rds.lpush("pages:start_urls", *(s.url + "/" for s in sites.values()))
-        log = tmp_path / "w.log"
-        proc = start_worker("pages", penv, log, settings)
+    log = tmp_path / "w.log"
+    seeds = [site.url + "/" for site in sites.values()]
+    with _through_proxy(env, redis_url, rds, seeds, log) as (proxy, proc):
         try:
             for name in ("b", "a"):
                 wait_for(lambda n=name: len(_lock_pexpires(proxy, locks[n])) >= 1, 30,
@@ -261,11 +268,8 @@ def test_two_sites_robots_fetched_at_once_each_renewed_and_let_go(
                 r.release.set()
         [worker] = wait_workers([proc], [log])
         renewals = {n: _lock_pexpires(proxy, lock) for n, lock in locks.items()}
-    assert worker.returncode == 0, worker.log[-3000:]
-    assert _bad(worker.log) == [], _bad(worker.log)
     for name in ("a", "b"):
-        late = [t - ended[name] for t in renewals[name] if t > ended[name] + 0.3]
-        assert late == [], (name, late)
+        _assert_clean(worker, renewals[name], ended[name])
         assert not rds.exists(locks[name])
     assert_nothing_lost(rds)
     for site in sites.values():
@@ -280,10 +284,9 @@ def test_a_worker_forced_to_stop_while_fetching_robots_txt(
     robots = _SlowRobots()
     site = site_factory(pages(), handler=robots)
     lock = _lock_of(site)
-    settings = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
     rds.lpush("pages:start_urls", site.url + "/")
     log = tmp_path / "w.log"
-    proc = start_worker("pages", env, log, settings)
+    proc = start_worker("pages", env, log, SETTINGS)
     try:
         wait_for(lambda: bool(robots.asked), 30, "the robots.txt request", rds)
         first = rds.pttl(lock)

@@ -22,6 +22,7 @@ from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
 from tests.scheduler_harness import finish
 from tests.test_shards import _assert_stored_once, served_sites
+from tests.test_shards_variants import _serve
 from tests.workers import crawl, worker_env
 
 if TYPE_CHECKING:
@@ -36,17 +37,6 @@ pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
 class _Spider(Spider):
     name = "t"
-
-
-def _serve(scheduler: FrontierScheduler, n: int) -> list[Request]:
-    """Lease and handle ``n`` requests, one after another."""
-    out = []
-    for _ in range(n):
-        request = scheduler.next_request()
-        assert request is not None, [r.url for r in out]
-        out.append(request)
-        finish(scheduler, request)
-    return out
 
 
 def _hosts(requests: list[Request]) -> list[str]:
@@ -393,30 +383,6 @@ def test_replies_lost_at_random_served_as_one_frontier_serves_them(
 
 
 # -- bad values, housekeeping, clear ---------------------------------------------------
-
-
-@pytest.mark.parametrize("value", ["12.5", "1.5e3", " 5", "0x10", "+7", "9" * 20])
-def test_a_join_time_that_is_no_whole_number_is_reported_and_nothing_lost(
-    redis_url: str, rds: redis.Redis, value: str
-) -> None:
-    """``{s}:joined`` values edited by hand into floats, hex, signs, spaces
-    or past 16 digits: every request served once, the key empty at the end."""
-    scheduler, crawler = harness.open_scheduler(
-        redis_url, _Spider, FRONTIER_SHARDS=4, CONCURRENT_REQUESTS=4
-    )
-    urls = [f"https://x{i}.example/{j}" for i in range(8) for j in range(2)]
-    for url in urls:
-        scheduler.enqueue_request(Request(url))
-    assert scheduler.flush_outbox()
-    for shard in scheduler.queue.shards:
-        for site in rds.zrange(shard.key("ready"), 0, -1):
-            rds.hset(shard.key("joined"), site, value)
-    got = [r.url for r in _serve(scheduler, len(urls))]
-    assert sorted(got) == sorted(urls)
-    assert scheduler.next_request() is None
-    assert crawler.stats.get_value("frontier/problems")
-    for shard in scheduler.queue.shards:
-        assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
 
 
 def test_a_joined_key_that_is_a_list_is_reported_and_nothing_lost(

@@ -247,8 +247,10 @@ def test_a_stale_shard_peeked_at_is_served_first_when_its_site_joined_first(
     assert crawler.stats.get_value("frontier/lease_calls") == 2
 
 
-@pytest.mark.parametrize("value", ["abc", "-5", "1e15", "", "9" * 17])
-@pytest.mark.parametrize("shards", [2, 3])
+@pytest.mark.parametrize(
+    "value", ["abc", "-5", "1e15", "", "9" * 17, "12.5", "1.5e3", " 5", "0x10", "+7", "9" * 20]
+)
+@pytest.mark.parametrize("shards", [2, 4])
 def test_a_malformed_join_time_is_reported_counted_as_now_and_nothing_lost(
     redis_url: str, rds: redis.Redis, value: str, shards: int
 ) -> None:
