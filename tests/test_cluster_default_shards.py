@@ -20,6 +20,19 @@ from tests.test_shards_ops import _Quotes, _scrapy
 from tests.workers import crawl, start_worker, wait_workers, worker_env
 
 
+def _crawl_stored_once(
+    rc: RedisCluster, url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path,
+    sites: Any, n: int, workers: int, **settings: Any,
+) -> list[Any]:
+    """``workers`` workers crawl the first ``n`` of ``sites`` on the cluster
+    at ``url`` (FRONTIER_SHARDS unset); every page is stored once."""
+    rc.lpush("pages:start_urls", *sites.urls(n))
+    env = {**worker_env(url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+    done = crawl("pages", env, tmp_path, workers=workers, settings=settings or None)
+    _assert_stored_once(db, sites, n, done)
+    return done
+
+
 @pytest.mark.parametrize(("n", "workers"), [(150, 1), (200, 3)])
 def test_default_shards_spread_over_masters(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path,
@@ -28,11 +41,8 @@ def test_default_shards_spread_over_masters(
     rc = RedisCluster.from_url(redis_cluster_url)
     try:
         with served_sites() as sites:
-            rc.lpush("pages:start_urls", *sites.urls(n))
-            env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db),
-                   "FRONTIER_REDIS_CLUSTER": "1"}
-            done = crawl("pages", env, tmp_path, workers=workers)
-            _assert_stored_once(db, sites, n, done)
+            done = _crawl_stored_once(rc, redis_cluster_url, mongo_uri, mongo_db, db,
+                                      tmp_path, sites, n, workers)
         assert all("MOVED" not in w.log and "CROSSSLOT" not in w.log for w in done)
         assert all("] ERROR:" not in w.log and "Traceback" not in w.log for w in done)
         assert rc.get("{pages}:shards") == str(CLUSTER_SHARDS).encode()
@@ -178,12 +188,10 @@ def test_bloom_crawl_on_a_cluster_with_the_default(
     rc = RedisCluster.from_url(redis_cluster_url)
     try:
         with served_sites() as sites:
-            rc.lpush("pages:start_urls", *sites.urls(n))
-            env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db),
-                   "FRONTIER_REDIS_CLUSTER": "1"}
-            done = crawl("pages", env, tmp_path, workers=2, settings={
-                "DUPEFILTER_CLASS": "crawler.frontier.bloom.BloomDupeFilter"})
-            _assert_stored_once(db, sites, n, done)
+            done = _crawl_stored_once(
+                rc, redis_cluster_url, mongo_uri, mongo_db, db, tmp_path, sites, n, 2,
+                DUPEFILTER_CLASS="crawler.frontier.bloom.BloomDupeFilter",
+            )
         assert all("MOVED" not in w.log and "CROSSSLOT" not in w.log for w in done)
         assert all("] ERROR:" not in w.log for w in done)
         blooms = [p for p in shard_prefixes("pages", CLUSTER_SHARDS) if rc.exists(p + "bloom")]

@@ -14,6 +14,7 @@ from tests.test_shards_faults import _open, _Spider, proxy  # noqa: F401
 if TYPE_CHECKING:
     import redis
 
+    from crawler.frontier.scheduler import FrontierScheduler
     from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
@@ -27,18 +28,25 @@ def _forget_all_but_lease(rds: redis.Redis) -> None:
     rds.script_load(lib + (LUA / "lease.lua").read_text())
 
 
-@pytest.mark.parametrize("mode", ["drop", "hold"])
-@pytest.mark.parametrize("shards", [1, 3])
-def test_resent_lease_whose_reply_is_lost(
-    proxy: FaultProxy, rds: redis.Redis, mode: str, shards: int  # noqa: F811
-) -> None:
+def _arrange(via: FaultProxy, rds: redis.Redis, shards: int) -> FrontierScheduler:
+    """A scheduler through ``via`` that found every shard empty, with one
+    request in its outbox, and Redis holding only the lease script."""
     scheduler, _ = harness.open_scheduler(
-        proxy.url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4,
+        via.url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4,
         REDIS_PARAMS={"socket_timeout": 0.5, "socket_connect_timeout": 2},
     )
     assert scheduler.next_request() is None
     assert scheduler.enqueue_request(Request("https://late.example/a"))
     _forget_all_but_lease(rds)
+    return scheduler
+
+
+@pytest.mark.parametrize("mode", ["drop", "hold"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_resent_lease_whose_reply_is_lost(
+    proxy: FaultProxy, rds: redis.Redis, mode: str, shards: int  # noqa: F811
+) -> None:
+    scheduler = _arrange(proxy, rds, shards)
     lease = (LUA / "lease.lua").read_text()
     commit = (LUA / "commit.lua").read_text()
     # the first lease (nothing due) passes; the second (the resent one) is lost
@@ -65,13 +73,7 @@ def test_resent_lease_loops_once(
     proxy: FaultProxy, rds: redis.Redis, shards: int  # noqa: F811
 ) -> None:
     """A commit that meets NOSCRIPT twice: the lease is sent twice, no more."""
-    scheduler, _ = harness.open_scheduler(
-        proxy.url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4,
-        REDIS_PARAMS={"socket_timeout": 0.5, "socket_connect_timeout": 2},
-    )
-    assert scheduler.next_request() is None
-    assert scheduler.enqueue_request(Request("https://late.example/a"))
-    _forget_all_but_lease(rds)
+    scheduler = _arrange(proxy, rds, shards)
     lease = (LUA / "lease.lua").read_text()
     commit = (LUA / "commit.lua").read_text()
     # after the first lease's reply, the scripts are forgotten again... once loaded,

@@ -102,6 +102,12 @@ def _script(seed: int) -> list[tuple[Any, ...]]:
     return ops
 
 
+def _push(scheduler: FrontierScheduler, op: tuple[Any, ...]) -> None:
+    """Queue the request of a ``("push", site, path, priority)`` step."""
+    _, site, path, priority = op
+    scheduler.enqueue_request(Request(f"https://{site}/{path}", priority=priority))
+
+
 def _play(
     redis_url: str, rds: redis.Redis, shards: int, ops: list[tuple[Any, ...]],
     counts: list[int] | None = None,
@@ -116,8 +122,7 @@ def _play(
     got: list[str] = []
     for op in ops:
         if op[0] == "push":
-            _, site, path, priority = op
-            scheduler.enqueue_request(Request(f"https://{site}/{path}", priority=priority))
+            _push(scheduler, op)
             assert scheduler.flush_outbox()
             continue
         for _ in range(op[1]):
@@ -339,8 +344,7 @@ def _play_lossy(url: str, shards: int, ops: list[tuple[Any, ...]]) -> list[str]:
     got: list[str] = []
     for op in ops:
         if op[0] == "push":
-            _, site, path, priority = op
-            scheduler.enqueue_request(Request(f"https://{site}/{path}", priority=priority))
+            _push(scheduler, op)
             flush()
             continue
         misses = 0
@@ -383,26 +387,6 @@ def test_replies_lost_at_random_served_as_one_frontier_serves_them(
 
 
 # -- bad values, housekeeping, clear ---------------------------------------------------
-
-
-def test_a_joined_key_that_is_a_list_is_reported_and_nothing_lost(
-    redis_url: str, rds: redis.Redis
-) -> None:
-    scheduler, crawler = harness.open_scheduler(
-        redis_url, _Spider, FRONTIER_SHARDS=4, CONCURRENT_REQUESTS=4
-    )
-    for shard in scheduler.queue.shards:
-        rds.rpush(shard.key("joined"), "a", "b")
-    urls = [f"https://y{i}.example/{j}" for i in range(8) for j in range(2)]
-    for url in urls:
-        scheduler.enqueue_request(Request(url))
-    assert scheduler.flush_outbox()
-    got = [r.url for r in _serve(scheduler, len(urls))]
-    assert sorted(got) == sorted(urls)
-    assert scheduler.next_request() is None
-    assert crawler.stats.get_value("frontier/problems")
-    for shard in scheduler.queue.shards:
-        assert rds.lrange(shard.key("joined"), 0, -1) == [b"a", b"b"]  # left for the operator
 
 
 def test_housekeeping_and_clear_leave_no_join_time_behind(

@@ -276,17 +276,22 @@ def test_a_malformed_join_time_is_reported_counted_as_now_and_nothing_lost(
         assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
 
 
-@pytest.mark.parametrize("shards", [2, 3])
+@pytest.mark.parametrize("kind", ["string", "list"])
+@pytest.mark.parametrize("shards", [2, 3, 4])
 def test_a_joined_key_of_the_wrong_type_is_reported_and_nothing_lost(
-    redis_url: str, rds: redis.Redis, shards: int
+    redis_url: str, rds: redis.Redis, shards: int, kind: str
 ) -> None:
-    """``{s}:joined`` replaced by a string: join times are not kept there
-    (reported), no call is refused, every request is served once."""
+    """``{s}:joined`` replaced by a string or a list: join times are not
+    kept there (reported), no call is refused, every request is served
+    once, and the key is left for the operator."""
     scheduler, crawler = harness.open_scheduler(
         redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
     )
     for shard in scheduler.queue.shards:
-        rds.set(shard.key("joined"), "oops")
+        if kind == "string":
+            rds.set(shard.key("joined"), "oops")
+        else:
+            rds.rpush(shard.key("joined"), "a", "b")
     urls = [f"https://y{i}.example/{j}" for i in range(6) for j in range(2)]
     for url in urls:
         scheduler.enqueue_request(Request(url))
@@ -296,7 +301,10 @@ def test_a_joined_key_of_the_wrong_type_is_reported_and_nothing_lost(
     assert scheduler.next_request() is None
     assert crawler.stats.get_value("frontier/problems")
     for shard in scheduler.queue.shards:
-        assert rds.get(shard.key("joined")) == b"oops"  # left for the operator
+        if kind == "string":
+            assert rds.get(shard.key("joined")) == b"oops"  # left for the operator
+        else:
+            assert rds.lrange(shard.key("joined"), 0, -1) == [b"a", b"b"]
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
