@@ -42,8 +42,15 @@ def worker_env(redis_url: str, mongo_uri: str, database: str) -> dict[str, str]:
 def start_worker(
     spider: str, env: dict[str, str], log_file: Path, settings: dict[str, object]
 ) -> subprocess.Popen[bytes]:
-    """Start ``scrapy crawl spider`` with ``-s`` overrides, logging to ``log_file``."""
+    """Start ``scrapy crawl spider`` with ``-s`` overrides, logging to ``log_file``.
+
+    The telnet console is off unless ``settings`` turn it on: workers
+    started at once race for its ports (6023-6073), and the loser logs an
+    ERROR ("Address already in use") that tests checking for none would
+    take for the crawl's (as the benchmark's workers, ``bench/workers.py``).
+    """
     args = [sys.executable, "-m", "scrapy", "crawl", spider, "-s", f"LOG_FILE={log_file}"]
+    settings = {"TELNETCONSOLE_ENABLED": False, **settings}
     for name, value in settings.items():
         args += ["-s", f"{name}={value}"]
     return subprocess.Popen(args, cwd=PROJECT_DIR, env=env)
