@@ -193,23 +193,19 @@ for _ = 1, n_push do
   if added == 0 and dont_filter ~= '1' then
     pushed[#pushed + 1] = 0
   else
-    local why = enqueue(site, prio, data, false)
-    if why then
-      problem(why .. ': request dead-lettered')
-      bury(dead, 'could not be queued: ' .. why, site, prio, data, 0, K.now)
-    else
-      -- (wake, with its cheapest checks first: most pushes are on sites
-      -- in one of the two indexes already)
-      local score = redis.call('ZSCORE', K.ready, site)
-      if score then
-        raise(site, tonumber(score), tonumber(prio))
-      elseif redis.call('ZSCORE', K.wait, site) == false then
-        wake(site, nil, prio)
-      end
+    enqueue_buffered(site, prio, data)
+    -- (wake, with its cheapest checks first: most pushes are on sites
+    -- in one of the two indexes already)
+    local score = redis.call('ZSCORE', K.ready, site)
+    if score then
+      raise(site, tonumber(score), tonumber(prio))
+    elseif redis.call('ZSCORE', K.wait, site) == false then
+      wake(site, nil, prio)
     end
     pushed[#pushed + 1] = 1
   end
 end
+q_flush()
 
 -- Retries wait in the retry set until their backoff has passed.
 for _ = 1, n_retry do
@@ -223,27 +219,28 @@ for _ = 1, n_dead do
   i = i + 1
 end
 
-local freed = 0
-for _ = 1, n_slot do
-  local site, active = free_slot(ARGV[i])
-  i = i + 1
-  if site then
-    freed = freed + 1
-    wake(site, active)
-  end
+-- Freed slots and acks: each group's slots freed at once (free_slots),
+-- then each site woken once, in the order first met.
+local function take_ids(count)
+  local ids = {}
+  for j = 1, count do ids[j] = ARGV[i + j - 1] end
+  i = i + count
+  return ids
 end
+local sites, active, freed = free_slots(take_ids(n_slot))
+for _, site in ipairs(sites) do wake(site, active[site]) end
 
+-- An acknowledged lease ends: its data and deadline go (a deadline without
+-- data is dropped too: nothing is left to requeue).
+local ack_ids = take_ids(n_ack)
+sites, active = free_slots(ack_ids)
 local ended = 0
-for _ = 1, n_ack do
-  local id = ARGV[i]
-  i = i + 1
-  local site, active = free_slot(id)
-  if redis.call('HDEL', ldata, id) == 1 then
-    ended = ended + 1
-    redis.call('ZREM', leases, id)
-  end
-  if site then wake(site, active) end
+for j = 1, #ack_ids, 1000 do
+  local part = {unpack(ack_ids, j, math.min(j + 999, #ack_ids))}
+  ended = ended + redis.call('HDEL', ldata, unpack(part))
+  redis.call('ZREM', leases, unpack(part))
 end
+for _, site in ipairs(sites) do wake(site, active[site]) end
 
 local given = 0
 for _ = 1, n_give do

@@ -296,6 +296,9 @@ local least_us = least and tonumber(ARGV[14])
 local pos = 0 -- sites at the top of K.ready passed over in this call
 local looks = move_max + #ids + math.max(0, tonumber(ARGV[12]) or 0)
 local known = {}
+-- What the leases took, written after the loop (one call each): lease
+-- deadlines, slots and data, and the counters.
+local taken = {n = 0, prio = {}, sites = {}, leases = {}, slots = {}, data = {}}
 while a <= #ARGV and looks > 0 do
   local top = redis.call('ZRANGE', K.ready, pos, pos, 'WITHSCORES')
   if #top == 0 then break end
@@ -361,12 +364,19 @@ while a <= #ARGV and looks > 0 do
         end
       else
         if not empty then s.level, s.member = level, member end
-        redis.call('DECR', K.count)
-        hadd(K.prio, member, -1)
+        -- (the counters are written once per call, after the loop: nothing
+        -- in it reads them but this site's, known here)
+        taken.n = taken.n + 1
+        taken.prio[member] = (taken.prio[member] or 0) + 1
+        if not s.taken then
+          s.taken = 0
+          taken.sites[#taken.sites + 1] = site
+        end
+        s.taken = s.taken + 1
         local d, data = deliveries_of(entry)
         d = d + 1
-        s.active = hadd(K.active, site, 1)
-        s.mine = hadd(K.wactive, holder .. '\t' .. site, 1)
+        s.active = s.active + 1
+        s.mine = s.mine + 1
         if not s.pace then
           local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
                              'delay must be whole ms >= 0: default used')
@@ -385,9 +395,11 @@ while a <= #ARGV and looks > 0 do
           unready(site)
           if best and s.active < s.cap then redis.call('ZADD', K.wait, due, site) end
         end
-        redis.call('ZADD', leases, now + lease_ms, id)
-        redis.call('HSET', K.lslot, id, site)
-        redis.call('HSET', ldata, id, member .. '\t' .. site .. '\t#' .. d .. '#' .. data)
+        local z, h = taken.leases, taken.slots
+        z[#z + 1], z[#z + 2] = now + lease_ms, id
+        h[#h + 1], h[#h + 2] = id, site
+        h = taken.data
+        h[#h + 1], h[#h + 2] = id, member .. '\t' .. site .. '\t#' .. d .. '#' .. data
         out[#out + 1] = data
         out[#out + 1] = site
         out[#out + 1] = d
@@ -398,6 +410,21 @@ while a <= #ARGV and looks > 0 do
   end
 end
 out[1] = n
+if n > 0 then
+  -- (in parts: unpack is bounded by Lua's stack)
+  for j = 1, 2 * n, 2000 do
+    local last = math.min(j + 1999, 2 * n)
+    redis.call('ZADD', leases, unpack(taken.leases, j, last))
+    redis.call('HSET', K.lslot, unpack(taken.slots, j, last))
+    redis.call('HSET', ldata, unpack(taken.data, j, last))
+  end
+  redis.call('DECRBY', K.count, n)
+  for prio, k in pairs(taken.prio) do hadd(K.prio, prio, -k) end
+  for _, site in ipairs(taken.sites) do
+    hadd(K.active, site, known[site].taken)
+    hadd(K.wactive, holder .. '\t' .. site, known[site].taken)
+  end
+end
 save_turns()
 
 -- The best priority due now and when the site on top joined K.ready (µs),

@@ -441,6 +441,53 @@ local function enqueue(site, prio, data, front)
   return nil
 end
 
+-- Many requests queued at the back in one call (commit.lua's new
+-- requests), for fewer writes: each queue's last chunk is read once and
+-- appended to in Lua, and K.count and K.prio are added to once per
+-- priority, when q_flush() writes it all back. Until then K.qm and K.qc
+-- may lag behind for the queues buffered (nothing else may read them:
+-- the caller flushes before anything but wake/raise runs); K.lv is
+-- written at once, so a site's best priority is known meanwhile.
+local qbuf, qbuf_order, qbuf_prio, qbuf_n = {}, {}, {}, 0
+
+local function enqueue_buffered(site, prio, data)
+  local f = site .. '\t' .. prio
+  local q = qbuf[f]
+  if not q then
+    local b = redis.call('HGET', K.qm, f)
+    local head, tail = 0, 0
+    if b then
+      head, tail = q_repair(f, b)
+      if not head then b, head, tail = nil, 0, 0 end
+    end
+    q = {head = head, tail = tail, cur = '', moved = not b, dirty = false}
+    if b then q.cur = redis.call('HGET', K.qc, f .. '\t' .. tail) or '' end
+    qbuf[f] = q
+    qbuf_order[#qbuf_order + 1] = f
+    if not b then q_add_level(site, prio) end
+  end
+  local piece = #data .. ':' .. data
+  if #q.cur > 0 and #q.cur + #piece > CHUNK_BYTES then
+    if q.dirty then redis.call('HSET', K.qc, f .. '\t' .. q.tail, q.cur) end
+    q.tail, q.cur, q.moved = q.tail + 1, '', true
+  end
+  q.cur, q.dirty = q.cur .. piece, true
+  qbuf_prio[prio] = (qbuf_prio[prio] or 0) + 1
+  qbuf_n = qbuf_n + 1
+end
+
+-- Write back what enqueue_buffered() queued.
+local function q_flush()
+  for _, f in ipairs(qbuf_order) do
+    local q = qbuf[f]
+    if q.dirty then redis.call('HSET', K.qc, f .. '\t' .. q.tail, q.cur) end
+    if q.moved then redis.call('HSET', K.qm, f, q.head .. ' ' .. q.tail) end
+  end
+  if qbuf_n > 0 then redis.call('INCRBY', K.count, qbuf_n) end
+  for prio, n in pairs(qbuf_prio) do hadd(K.prio, prio, n) end
+  qbuf, qbuf_order, qbuf_prio, qbuf_n = {}, {}, {}, 0
+end
+
 -- The ready index (K.ready) scores a site by its best queued priority and
 -- its turn: -priority * TURN + turn, where turn is K.seq (one more each
 -- time a site joins the index, is raised or is served) modulo TURN. Priorities are clamped to
@@ -592,3 +639,47 @@ local function free_slot(id)
   return site, hadd(K.active, site, -1)
 end
 
+-- free_slot() for many lease ids at once, with fewer calls: one HMGET and
+-- one HDEL of K.lslot per 1,000 ids, and each slot counter added to once
+-- per site (an id given twice is freed once). Returns the sites freed, in
+-- the order first met, their slots taken now (site -> count), and how many
+-- of the ids held a slot.
+local function free_slots(ids)
+  local order, active = {}, {}
+  local by_worker, worker_order, by_site = {}, {}, {}
+  local seen, n = {}, 0
+  for j = 1, #ids, 1000 do
+    local part = {unpack(ids, j, math.min(j + 999, #ids))}
+    local sites = redis.call('HMGET', K.lslot, unpack(part))
+    local gone = {}
+    for k, id in ipairs(part) do
+      local site = sites[k]
+      if site and not seen[id] then
+        seen[id] = true
+        gone[#gone + 1] = id
+        if site == '1' then
+          local _, s = split3(redis.call('HGET', K.ldata, id) or '')
+          site = s
+        end
+        if site then
+          n = n + 1
+          local w = holder_of(id) .. '\t' .. site
+          if not by_worker[w] then
+            by_worker[w] = 0
+            worker_order[#worker_order + 1] = w
+          end
+          by_worker[w] = by_worker[w] + 1
+          if not by_site[site] then
+            by_site[site] = 0
+            order[#order + 1] = site
+          end
+          by_site[site] = by_site[site] + 1
+        end
+      end
+    end
+    if #gone > 0 then redis.call('HDEL', K.lslot, unpack(gone)) end
+  end
+  for _, w in ipairs(worker_order) do hadd(K.wactive, w, -by_worker[w]) end
+  for _, site in ipairs(order) do active[site] = hadd(K.active, site, -by_site[site]) end
+  return order, active, n
+end

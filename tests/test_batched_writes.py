@@ -1,0 +1,149 @@
+"""The scripts' batched writes, on a real redis-server: one ``commit.lua``
+call appends many pushes to a queue's last chunk in Lua and writes it back
+once, frees the slots of many acks with one ``HMGET``/``HDEL`` and one
+counter update per site; one ``lease.lua`` call writes its leases and
+counters once after its loop. Each must leave the frontier as the one-by-one
+writes did: same order, same counters (``Frontier.audit``), an id given
+twice counted once."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from crawler.frontier.store import Commit, Frontier, NotDue, Push
+
+if TYPE_CHECKING:
+    import redis
+
+
+def _frontier(rds: redis.Redis, **kwargs: object) -> Frontier:
+    frontier = Frontier(rds, "t", **{"default_concurrency": 1000, **kwargs})  # type: ignore[arg-type]
+    frontier.load_scripts()
+    return frontier
+
+
+def _push(url: str, priority: int = 0) -> Push:
+    return Push(url.encode(), url.split("/")[2], priority, url.encode(), False)
+
+
+def _lease(frontier: Frontier, ids: list[str]) -> list[str]:
+    leases = frontier.lease_many(ids)
+    assert not isinstance(leases, NotDue), leases
+    return [lease.lease_id for lease in leases]
+
+
+def _drain(frontier: Frontier, batch: int = 16) -> list[str]:
+    """Lease everything, ``batch`` per call, acking each call's leases in
+    the next commit; the URLs in the order served."""
+    served: list[str] = []
+    n = 0
+    while True:
+        ids = [f"w:{n + i}" for i in range(batch)]
+        n += batch
+        leases = frontier.lease_many(ids)
+        if isinstance(leases, NotDue):
+            return served
+        served += [lease.data.decode() for lease in leases]
+        frontier.commit(Commit(acks=[lease.lease_id for lease in leases]))
+
+
+def test_many_pushes_to_one_queue_in_one_commit_keep_their_order_across_chunks(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    rng = random.Random(7)
+    urls = [f"https://a.example/{i:04d}/" + "p" * rng.randint(0, 200) for i in range(400)]
+    # Some queued before, then one commit of 300 (about 40 chunks' worth)
+    # with another site's pushes between them, then one more.
+    frontier.commit(Commit(pushes=[_push(u) for u in urls[:50]]))
+    mixed: list[Push] = []
+    for i, u in enumerate(urls[50:350]):
+        mixed.append(_push(u))
+        if i % 7 == 0:
+            mixed.append(_push(f"https://b.example/{i}"))
+    committed = frontier.commit(Commit(pushes=mixed))
+    assert committed is not None and all(committed.pushed)
+    frontier.commit(Commit(pushes=[_push(u) for u in urls[350:]]))
+    assert int(rds.get("{t}:count") or 0) == 400 + 43
+    chunks = rds.hvals("{t}:qc")
+    assert max(len(c) for c in chunks) <= 2048 + 300  # one entry past the limit at most
+    served = _drain(frontier)
+    assert [u for u in served if "a.example" in u] == urls
+    assert [u for u in served if "b.example" in u] == [
+        f"https://b.example/{i}" for i in range(0, 300, 7)
+    ]
+    assert frontier.audit() == {}
+
+
+def test_a_commit_of_pushes_and_a_giveback_on_one_queue(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}") for i in range(3)]))
+    [first] = _lease(frontier, ["w:0"])
+    # The pushes go to the back, the request given back to the front.
+    frontier.commit(Commit(
+        pushes=[_push(f"https://a.example/new{i}") for i in range(3)], givebacks=[first]
+    ))
+    assert _drain(frontier) == [
+        "https://a.example/0", "https://a.example/1", "https://a.example/2",
+        "https://a.example/new0", "https://a.example/new1", "https://a.example/new2",
+    ]
+    assert frontier.audit() == {}
+
+
+def test_an_id_given_twice_frees_its_slot_once(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}") for i in range(4)]))
+    a, b, c, _ = _lease(frontier, ["w:0", "w:1", "w:2", "w:3"])
+    assert rds.hget("{t}:active", "a.example") == b"4"
+    committed = frontier.commit(Commit(slots=[a, a, b], acks=[c, c]))
+    assert committed is not None
+    assert (committed.freed, committed.acked) == (2, 1)
+    assert rds.hget("{t}:active", "a.example") == b"1"
+    assert rds.hget("{t}:wactive", "w\ta.example") == b"1"
+    # a and b still hold their leases (their slots are free).
+    assert rds.zcard("{t}:leases") == 3
+    frontier.commit(Commit(acks=[a, b, "w:3", "w:3", "w:99"]))
+    assert frontier.audit() == {}
+
+
+def test_one_lease_call_counts_each_site_worker_and_priority(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    pushes = [
+        _push(f"https://{site}.example/{p}/{i}", p)
+        for site in ("a", "b", "c") for p in (0, 3) for i in range(4)
+    ]
+    frontier.commit(Commit(pushes=pushes))
+    frontier.lease_many(["other:0"])  # another worker holds one
+    ids = _lease(frontier, [f"w:{n}" for n in range(15)])
+    assert len(ids) == 15
+    held = {
+        site: int(rds.hget("{t}:active", site) or 0)
+        for site in ("a.example", "b.example", "c.example")
+    }
+    assert sum(held.values()) == 16
+    mine = {
+        site: int(rds.hget("{t}:wactive", f"w\t{site}") or 0)
+        for site in ("a.example", "b.example", "c.example")
+    }
+    assert sum(mine.values()) == 15
+    assert int(rds.get("{t}:count") or 0) == 24 - 16
+    # The 12 priority-3 requests went first.
+    assert rds.hget("{t}:prio", "3") is None
+    assert rds.hget("{t}:prio", "0") == b"8"
+    assert rds.zcard("{t}:leases") == 16
+    assert rds.hlen("{t}:lslot") == rds.hlen("{t}:ldata") == 16
+    frontier.commit(Commit(acks=[*ids, "other:0"]))
+    _drain(frontier)
+    assert frontier.audit() == {}
+
+
+def test_a_malformed_slot_counter_under_batched_acks(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}") for i in range(3)]))
+    ids = _lease(frontier, ["w:0", "w:1", "w:2"])
+    rds.hset("{t}:active", "a.example", "lots")
+    committed = frontier.commit(Commit(acks=ids))
+    assert committed is not None and committed.acked == 3
+    assert any("{t}:active a.example is not an integer" in p for p in committed.problems)
+    assert frontier.audit() == {}
