@@ -351,18 +351,24 @@ local function q_repair(f, b)
   return head, tail
 end
 
+-- The bounds of queue `f` ("site\tprio") for a push: its K.qm value (nil
+-- when the queue is empty, or had no chunk left: q_repair), head, tail.
+local function q_tail_of(f)
+  local b = redis.call('HGET', K.qm, f)
+  if b then
+    local head, tail = q_repair(f, b)
+    if head then return b, head, tail end
+  end
+  return nil, 0, 0
+end
+
 -- Queue `data` on `site` at priority `prio` (front: next out; else last).
 -- Returns nil, or the reason it could not be queued (then nothing was
 -- written); a malformed K.qm value is rebuilt first (q_repair), so today
 -- every push is queued.
 local function q_push(site, prio, data, front)
   local f = site .. '\t' .. prio
-  local b = redis.call('HGET', K.qm, f)
-  local head, tail = 0, 0
-  if b then
-    head, tail = q_repair(f, b)
-    if not head then b, head, tail = nil, 0, 0 end
-  end
+  local b, head, tail = q_tail_of(f)
   local n = tail
   if front then n = head end
   local piece = #data .. ':' .. data
@@ -454,12 +460,7 @@ local function enqueue_buffered(site, prio, data)
   local f = site .. '\t' .. prio
   local q = qbuf[f]
   if not q then
-    local b = redis.call('HGET', K.qm, f)
-    local head, tail = 0, 0
-    if b then
-      head, tail = q_repair(f, b)
-      if not head then b, head, tail = nil, 0, 0 end
-    end
+    local b, head, tail = q_tail_of(f)
     q = {head = head, tail = tail, cur = '', moved = not b, dirty = false}
     if b then q.cur = redis.call('HGET', K.qc, f .. '\t' .. tail) or '' end
     qbuf[f] = q
