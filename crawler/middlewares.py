@@ -368,7 +368,17 @@ class ItemIdMiddleware:
         spider = self.crawler.spider
         if request is None or spider is None:
             return _leave
-        fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
+        fingerprinter = self.crawler.request_fingerprinter
+        # (derived at the first item: most pages of a crawl yield only
+        # requests, and a request leased from Redis is a new object, whose
+        # fingerprint Scrapy's fingerprinter has not cached)
+        known: list[bytes] = []
+
+        def fingerprint() -> bytes:
+            if not known:
+                known.append(fingerprinter.fingerprint(request))
+            return known[0]
+
         ranks: dict[tuple[str, str], int] = {}
         sources = self.sources
 
@@ -376,7 +386,7 @@ class ItemIdMiddleware:
             if sources is not None and not isinstance(output, Request) and ItemAdapter.is_item(
                 output
             ):
-                sources.put(output, fingerprint.hex())
+                sources.put(output, fingerprint().hex())
             if (
                 isinstance(output, Request)
                 or getattr(output, "key", None)
@@ -388,7 +398,8 @@ class ItemIdMiddleware:
             where = (collection_of(output, spider.name), f"{cls.__module__}.{cls.__qualname__}")
             rank = ranks.get(where, 0)
             ranks[where] = rank + 1
-            forgotten = self.ids.put(output, derive_item_id(spider.name, fingerprint, *where, rank))
+            item_id = derive_item_id(spider.name, fingerprint(), *where, rank)
+            forgotten = self.ids.put(output, item_id)
             if forgotten:
                 self.crawler.stats.inc_value("mongo/ids/forgotten", forgotten)
 
