@@ -225,3 +225,21 @@ def _lease_all(frontier: Frontier, ids: list[str]) -> list[Lease]:
     leases = frontier.lease_many(ids)
     assert not isinstance(leases, NotDue), leases
     return leases
+
+
+def test_a_priority_counter_below_zero_under_batched_pushes(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    rds.hset("{t}:prio", "0", "-3")
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}") for i in range(3)]))
+    # one write per push: -2 (dropped), then 1 and 2
+    assert rds.hget("{t}:prio", "0") == b"2"
+
+
+def test_batched_pushes_report_their_problems_in_the_order_met(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    rds.hset("{t}:prio", "3", "many")
+    rds.hset("{t}:due", "a.example", "soon")
+    committed = frontier.commit(Commit(pushes=[_push("https://a.example/1", 3)]))
+    assert committed is not None
+    assert [p.split()[0] for p in committed.problems] == ["{t}:prio", "{t}:due"]
+

@@ -118,6 +118,23 @@ local function hadd(key, field, by)
   return n
 end
 
+-- hadd(key, field, by) `times` times, in one HINCRBY when the counter is
+-- an integer that stays in range (else one by one, as hadd does it). It
+-- ends as the writes one by one would when `by` < 0, or the counter is 0
+-- or more (or absent) before: none of them falls to 0 on the way.
+local function hadd_times(key, field, by, times)
+  local n = redis.pcall('HINCRBY', key, field, by * times)
+  if type(n) == 'table' then
+    for _ = 1, times do n = hadd(key, field, by) end
+    return n
+  end
+  if n <= 0 then
+    redis.call('HDEL', key, field)
+    return 0
+  end
+  return n
+end
+
 -- The worker (lease holder) of a lease id "<holder>:<n>".
 local function holder_of(id)
   return string.match(id, '^(.*):[^:]*$') or id
@@ -453,7 +470,11 @@ end
 -- priority, when q_flush() writes it all back. Until then K.qm and K.qc
 -- may lag behind for the queues buffered (nothing else may read them:
 -- the caller flushes before anything but wake/raise runs); K.lv is
--- written at once, so a site's best priority is known meanwhile.
+-- written at once, so a site's best priority is known meanwhile. A
+-- priority's first request is counted in K.prio at once, as enqueue does
+-- it: a value that is not an integer, or is below 0, is set right then
+-- (reported in its place among the call's problems), and from 0 or more
+-- the rest adds up the same in one write.
 local qbuf, qbuf_order, qbuf_prio, qbuf_n = {}, {}, {}, 0
 
 local function enqueue_buffered(site, prio, data)
@@ -473,7 +494,12 @@ local function enqueue_buffered(site, prio, data)
     q.tail, q.cur, q.moved = q.tail + 1, '', true
   end
   q.cur, q.dirty = q.cur .. piece, true
-  qbuf_prio[prio] = (qbuf_prio[prio] or 0) + 1
+  if qbuf_prio[prio] then
+    qbuf_prio[prio] = qbuf_prio[prio] + 1
+  else
+    hadd(K.prio, prio, 1)
+    qbuf_prio[prio] = 0
+  end
   qbuf_n = qbuf_n + 1
 end
 
@@ -485,7 +511,9 @@ local function q_flush()
     if q.moved then redis.call('HSET', K.qm, f, q.head .. ' ' .. q.tail) end
   end
   if qbuf_n > 0 then redis.call('INCRBY', K.count, qbuf_n) end
-  for prio, n in pairs(qbuf_prio) do hadd(K.prio, prio, n) end
+  for prio, n in pairs(qbuf_prio) do
+    if n > 0 then hadd_times(K.prio, prio, 1, n) end
+  end
   qbuf, qbuf_order, qbuf_prio, qbuf_n = {}, {}, {}, 0
 end
 
