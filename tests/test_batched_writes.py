@@ -243,3 +243,22 @@ def test_batched_pushes_report_their_problems_in_the_order_met(rds: redis.Redis)
     assert committed is not None
     assert [p.split()[0] for p in committed.problems] == ["{t}:prio", "{t}:due"]
 
+
+def test_freed_slots_wake_their_sites_in_the_order_the_slots_freed_them(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    rds.hset("{t}:conc", mapping={"a.example": 2, "b.example": 1})
+    frontier.commit(Commit(pushes=[
+        *(_push(f"https://a.example/{i}") for i in range(4)),
+        *(_push(f"https://b.example/{i}") for i in range(3)),
+    ]))
+    leases = _lease_all(frontier, ["w:0", "w:1", "w:2"])
+    assert [lease.site for lease in leases] == ["a.example", "b.example", "a.example"]
+    a1, b1, a2 = (lease.lease_id for lease in leases)
+    rds.hset("{t}:conc", "a.example", 1)
+    # a.example is a candidate again only after its second slot: behind b.example
+    frontier.commit(Commit(slots=[a1, b1, a2]))
+    assert [lease.site for lease in _lease_all(frontier, ["w:3", "w:4"])] == [
+        "b.example", "a.example",
+    ]
