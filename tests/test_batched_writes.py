@@ -11,7 +11,9 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from crawler.frontier.store import Commit, Frontier, NotDue, Push
+import pytest
+
+from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push
 
 if TYPE_CHECKING:
     import redis
@@ -181,3 +183,82 @@ def test_malformed_counters_under_a_batched_lease(rds: redis.Redis) -> None:
     _drain(frontier)
     # (the 2 left were taken off a counter that was gone: it stays gone)
     assert frontier.audit() == {}
+
+
+@pytest.mark.parametrize(("key", "value", "conc", "leased", "after"), [
+    # below 0: the first lease's write sets it to 0, the next counts from there
+    ("{t}:active", "-3", 2, 2, b"1"),
+    # not an integer to HINCRBY (a leading zero): set to 1 at the first lease
+    ("{t}:active", "01", 2, 2, b"2"),
+    # too long for the scripts' reads, an integer to HINCRBY: the site is full
+    ("{t}:active", "1234567890123456", 2, 1, b"1234567890123457"),
+    # this worker's share (2 of 4, with another worker live): from 0 on
+    ("{t}:wactive", "-3", 4, 3, b"2"),
+])
+def test_odd_slot_counters_under_a_batched_lease_as_one_write_per_lease(
+    rds: redis.Redis, key: str, value: str, conc: int, leased: int, after: bytes
+) -> None:
+    frontier = _frontier(rds)
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}") for i in range(8)]))
+    rds.hset("{t}:conc", "a.example", conc)
+    field = "a.example"
+    if key == "{t}:wactive":
+        field = "w\ta.example"
+        frontier.alive("other")
+    rds.hset(key, field, value)
+    leases = frontier.lease_many([f"w:{n}" for n in range(6)])
+    assert isinstance(leases, list)
+    assert len(leases) == leased
+    assert rds.hget(key, field) == after
+
+
+def test_a_batched_lease_reports_its_problems_in_the_order_met(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}", 2) for i in range(2)]))
+    rds.hset("{t}:prio", "2", "many")
+    rds.hset("{t}:delay", "a.example", "soon")
+    [lease] = _lease_all(frontier, ["w:0"])
+    assert [p.split()[0] for p in lease.problems] == ["{t}:prio", "{t}:delay"]
+
+
+def _lease_all(frontier: Frontier, ids: list[str]) -> list[Lease]:
+    leases = frontier.lease_many(ids)
+    assert not isinstance(leases, NotDue), leases
+    return leases
+
+
+def test_a_priority_counter_below_zero_under_batched_pushes(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    rds.hset("{t}:prio", "0", "-3")
+    frontier.commit(Commit(pushes=[_push(f"https://a.example/{i}") for i in range(3)]))
+    # one write per push: -2 (dropped), then 1 and 2
+    assert rds.hget("{t}:prio", "0") == b"2"
+
+
+def test_batched_pushes_report_their_problems_in_the_order_met(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    rds.hset("{t}:prio", "3", "many")
+    rds.hset("{t}:due", "a.example", "soon")
+    committed = frontier.commit(Commit(pushes=[_push("https://a.example/1", 3)]))
+    assert committed is not None
+    assert [p.split()[0] for p in committed.problems] == ["{t}:prio", "{t}:due"]
+
+
+def test_freed_slots_wake_their_sites_in_the_order_the_slots_freed_them(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    rds.hset("{t}:conc", mapping={"a.example": 2, "b.example": 1})
+    frontier.commit(Commit(pushes=[
+        *(_push(f"https://a.example/{i}") for i in range(4)),
+        *(_push(f"https://b.example/{i}") for i in range(3)),
+    ]))
+    leases = _lease_all(frontier, ["w:0", "w:1", "w:2"])
+    assert [lease.site for lease in leases] == ["a.example", "b.example", "a.example"]
+    a1, b1, a2 = (lease.lease_id for lease in leases)
+    rds.hset("{t}:conc", "a.example", 1)
+    # a.example is a candidate again only after its second slot: behind b.example
+    frontier.commit(Commit(slots=[a1, b1, a2]))
+    assert [lease.site for lease in _lease_all(frontier, ["w:3", "w:4"])] == [
+        "b.example", "a.example",
+    ]

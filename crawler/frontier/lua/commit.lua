@@ -219,28 +219,26 @@ for _ = 1, n_dead do
   i = i + 1
 end
 
--- Freed slots and acks: each group's slots freed at once (free_slots),
--- then each site woken once, in the order first met.
+-- Freed slots and acks: each group's slots freed at once, their sites
+-- woken (free_slots).
 local function take_ids(count)
   local ids = {}
   for j = 1, count do ids[j] = ARGV[i + j - 1] end
   i = i + count
   return ids
 end
-local sites, active, freed = free_slots(take_ids(n_slot))
-for _, site in ipairs(sites) do wake(site, active[site]) end
+local freed = free_slots(take_ids(n_slot))
 
 -- An acknowledged lease ends: its data and deadline go (a deadline without
 -- data is dropped too: nothing is left to requeue).
 local ack_ids = take_ids(n_ack)
-sites, active = free_slots(ack_ids)
+free_slots(ack_ids)
 local ended = 0
 for j = 1, #ack_ids, 1000 do
   local part = {unpack(ack_ids, j, math.min(j + 999, #ack_ids))}
   ended = ended + redis.call('HDEL', ldata, unpack(part))
   redis.call('ZREM', leases, unpack(part))
 end
-for _, site in ipairs(sites) do wake(site, active[site]) end
 
 local given = 0
 for _ = 1, n_give do

@@ -365,18 +365,31 @@ while a <= #ARGV and looks > 0 do
       else
         if not empty then s.level, s.member = level, member end
         -- (the counters are written once per call, after the loop: nothing
-        -- in it reads them but this site's, known here)
+        -- in it reads them but this site's, known here. Each counter's
+        -- first change of the call is written at once, as hadd does it: a
+        -- value that is not an integer, or is below 0, is set right then,
+        -- so the slots counted for the site's next request, and the
+        -- problems reported, are those of one write per lease; from there
+        -- on the counter is 0 or more and the rest adds up the same at once)
         taken.n = taken.n + 1
-        taken.prio[member] = (taken.prio[member] or 0) + 1
-        if not s.taken then
-          s.taken = 0
-          taken.sites[#taken.sites + 1] = site
+        if taken.prio[member] then
+          taken.prio[member] = taken.prio[member] + 1
+        else
+          hadd(K.prio, member, -1)
+          taken.prio[member] = 0
         end
-        s.taken = s.taken + 1
         local d, data = deliveries_of(entry)
         d = d + 1
-        s.active = s.active + 1
-        s.mine = s.mine + 1
+        if s.taken then
+          s.taken = s.taken + 1
+          s.active = s.active + 1
+          s.mine = s.mine + 1
+        else
+          s.taken = 0
+          taken.sites[#taken.sites + 1] = site
+          s.active = hadd(K.active, site, 1)
+          s.mine = hadd(K.wactive, holder .. '\t' .. site, 1)
+        end
         if not s.pace then
           local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
                              'delay must be whole ms >= 0: default used')
@@ -419,10 +432,16 @@ if n > 0 then
     redis.call('HSET', ldata, unpack(taken.data, j, last))
   end
   redis.call('DECRBY', K.count, n)
-  for prio, k in pairs(taken.prio) do hadd(K.prio, prio, -k) end
+  -- (the first lease of each priority and site was counted in the loop)
+  for prio, k in pairs(taken.prio) do
+    if k > 0 then hadd(K.prio, prio, -k) end
+  end
   for _, site in ipairs(taken.sites) do
-    hadd(K.active, site, known[site].taken)
-    hadd(K.wactive, holder .. '\t' .. site, known[site].taken)
+    local k = known[site].taken
+    if k > 0 then
+      hadd(K.active, site, k)
+      hadd(K.wactive, holder .. '\t' .. site, k)
+    end
   end
 end
 save_turns()

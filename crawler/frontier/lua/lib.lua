@@ -118,6 +118,23 @@ local function hadd(key, field, by)
   return n
 end
 
+-- hadd(key, field, by) `times` times, in one HINCRBY when the counter is
+-- an integer that stays in range (else one by one, as hadd does it). It
+-- ends as the writes one by one would when `by` < 0, or the counter is 0
+-- or more (or absent) before: none of them falls to 0 on the way.
+local function hadd_times(key, field, by, times)
+  local n = redis.pcall('HINCRBY', key, field, by * times)
+  if type(n) == 'table' then
+    for _ = 1, times do n = hadd(key, field, by) end
+    return n
+  end
+  if n <= 0 then
+    redis.call('HDEL', key, field)
+    return 0
+  end
+  return n
+end
+
 -- The worker (lease holder) of a lease id "<holder>:<n>".
 local function holder_of(id)
   return string.match(id, '^(.*):[^:]*$') or id
@@ -453,7 +470,11 @@ end
 -- priority, when q_flush() writes it all back. Until then K.qm and K.qc
 -- may lag behind for the queues buffered (nothing else may read them:
 -- the caller flushes before anything but wake/raise runs); K.lv is
--- written at once, so a site's best priority is known meanwhile.
+-- written at once, so a site's best priority is known meanwhile. A
+-- priority's first request is counted in K.prio at once, as enqueue does
+-- it: a value that is not an integer, or is below 0, is set right then
+-- (reported in its place among the call's problems), and from 0 or more
+-- the rest adds up the same in one write.
 local qbuf, qbuf_order, qbuf_prio, qbuf_n = {}, {}, {}, 0
 
 local function enqueue_buffered(site, prio, data)
@@ -473,7 +494,12 @@ local function enqueue_buffered(site, prio, data)
     q.tail, q.cur, q.moved = q.tail + 1, '', true
   end
   q.cur, q.dirty = q.cur .. piece, true
-  qbuf_prio[prio] = (qbuf_prio[prio] or 0) + 1
+  if qbuf_prio[prio] then
+    qbuf_prio[prio] = qbuf_prio[prio] + 1
+  else
+    hadd(K.prio, prio, 1)
+    qbuf_prio[prio] = 0
+  end
   qbuf_n = qbuf_n + 1
 end
 
@@ -485,7 +511,9 @@ local function q_flush()
     if q.moved then redis.call('HSET', K.qm, f, q.head .. ' ' .. q.tail) end
   end
   if qbuf_n > 0 then redis.call('INCRBY', K.count, qbuf_n) end
-  for prio, n in pairs(qbuf_prio) do hadd(K.prio, prio, n) end
+  for prio, n in pairs(qbuf_prio) do
+    if n > 0 then hadd_times(K.prio, prio, 1, n) end
+  end
   qbuf, qbuf_order, qbuf_prio, qbuf_n = {}, {}, {}, 0
 end
 
@@ -600,27 +628,33 @@ end
 -- it to K.ready when due); one already in K.ready is raised to `prio` when
 -- given (a request was just queued at that priority).
 -- `active`: the site's slots taken, when the caller knows them.
+-- Returns true when the site is settled: a wake with fewer slots taken
+-- (and no `prio`) would change nothing until something else writes the
+-- site's keys; else false and, when the site is at its concurrency, that
+-- concurrency (a wake changes nothing while `active` is at least that).
 local function wake(site, active, prio)
   if redis.call('HEXISTS', K.lv, site) == 0 then
     redis.call('ZREM', K.wait, site)
     unready(site)
-    return
+    return true
   end
   local score = redis.call('ZSCORE', K.ready, site)
   if score then
     if prio then raise(site, tonumber(score), tonumber(prio)) end
-    return
+    return true
   end
   active = active or hnum(K.active, site, INT, 0, 'not an integer: counted as 0')
-  if active < cap_of(site) then
-    local due = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
-    if due > K.now then
-      redis.call('ZADD', K.wait, 'NX', due, site)
-    elseif not redis.call('ZSCORE', K.wait, site) then
-      local best = best_prio(site)
-      if best then make_ready(site, best) end
-    end
+  local cap = cap_of(site)
+  if active >= cap then return false, cap end
+  local due = hnum(K.due, site, INT, 0, 'not an integer: counted as 0')
+  if due > K.now then
+    redis.call('ZADD', K.wait, 'NX', due, site)
+  elseif not redis.call('ZSCORE', K.wait, site) then
+    local best = best_prio(site)
+    if not best then return false end
+    make_ready(site, best)
   end
+  return true
 end
 
 -- Free the download slot lease `id` holds, if it still holds one; returns
@@ -640,15 +674,18 @@ local function free_slot(id)
   return site, hadd(K.active, site, -1)
 end
 
--- free_slot() for many lease ids at once, with fewer calls: one HMGET and
--- one HDEL of K.lslot per 1,000 ids, and each slot counter added to once
--- per site (an id given twice is freed once). Returns the sites freed, in
--- the order first met, their slots taken now (site -> count), and how many
--- of the ids held a slot.
+-- free_slot() and wake() for many lease ids at once, with fewer calls:
+-- one HMGET and one HDEL of K.lslot per 1,000 ids, and each slot counter
+-- written once (an id given twice is freed once). Ends as free_slot(id)
+-- then wake(site, active) for each id in turn did: each site is woken
+-- with its slots taken after each of its ids, in the order of the ids (a
+-- site that becomes a candidate after its second id takes its turn in
+-- K.ready after a site that did at an id between), skipping only the
+-- wakes that would change nothing. Returns how many of the ids held a
+-- slot.
 local function free_slots(ids)
-  local order, active = {}, {}
-  local by_worker, worker_order, by_site = {}, {}, {}
-  local seen, n = {}, 0
+  local freed = {} -- per slot freed, in order: {site, "holder\tsite"}
+  local by_site, by_worker, seen = {}, {}, {}
   for j = 1, #ids, 1000 do
     local part = {unpack(ids, j, math.min(j + 999, #ids))}
     local sites = redis.call('HMGET', K.lslot, unpack(part))
@@ -663,24 +700,43 @@ local function free_slots(ids)
           site = s
         end
         if site then
-          n = n + 1
           local w = holder_of(id) .. '\t' .. site
-          if not by_worker[w] then
-            by_worker[w] = 0
-            worker_order[#worker_order + 1] = w
-          end
-          by_worker[w] = by_worker[w] + 1
-          if not by_site[site] then
-            by_site[site] = 0
-            order[#order + 1] = site
-          end
-          by_site[site] = by_site[site] + 1
+          freed[#freed + 1] = {site, w}
+          by_site[site] = (by_site[site] or 0) + 1
+          by_worker[w] = (by_worker[w] or 0) + 1
         end
       end
     end
     if #gone > 0 then redis.call('HDEL', K.lslot, unpack(gone)) end
   end
-  for _, w in ipairs(worker_order) do hadd(K.wactive, w, -by_worker[w]) end
-  for _, site in ipairs(order) do active[site] = hadd(K.active, site, -by_site[site]) end
-  return order, active, n
+  -- Each counter is written at its first slot, all its slots at once:
+  -- after a site's j-th slot, it had max(first - (j - 1), 0) taken, where
+  -- first is what it had after the first (a counter that is not an
+  -- integer is deleted then, as hadd does it).
+  local first, nth, settled, cap = {}, {}, {}, {}
+  for _, f in ipairs(freed) do
+    local site, w = f[1], f[2]
+    if by_worker[w] then
+      hadd_times(K.wactive, w, -1, by_worker[w])
+      by_worker[w] = nil
+    end
+    local j = (nth[site] or 0) + 1
+    nth[site] = j
+    if j == 1 then
+      local k = by_site[site]
+      local n = redis.pcall('HINCRBY', K.active, site, -k)
+      if type(n) == 'table' then
+        first[site] = hadd(K.active, site, -1)
+        if k > 1 then hadd(K.active, site, 1 - k) end
+      else
+        if n <= 0 then redis.call('HDEL', K.active, site) end
+        first[site] = math.max(n + k - 1, 0)
+      end
+    end
+    local active = math.max(first[site] - (j - 1), 0)
+    if not settled[site] and not (cap[site] and active >= cap[site]) then
+      settled[site], cap[site] = wake(site, active)
+    end
+  end
+  return #freed
 end
