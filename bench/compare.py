@@ -13,6 +13,11 @@ Figures:
   ratio is ours over the median of every in-memory run.
 * ``d``: :func:`bench.frontier_figs.frontier_ops` (ours, ``--clients``
   processes for ``--seconds``).
+* ``s``: :func:`bench.script_cost.script_cost`, Redis's time in the
+  scripts per push, lease and ack (µs, ``INFO commandstats``; ``--batch``
+  requests per call, ``--sites`` sites): less noisy than a/d, which time
+  the client too. This checkout's ``bench/script_cost.py`` is run in each
+  checkout (only APIs every version has), so older ones need not have it.
 
 Usage::
 
@@ -57,13 +62,22 @@ _RUN = {
 }
 
 
+def _source(figure: str) -> str:
+    if figure != "s":
+        return _RUN[figure]
+    return (Path(__file__).with_name("script_cost.py").read_text() + "\n"
+            "import json, sys\n"
+            "print(json.dumps(script_cost(sys.argv[1], batch=int(sys.argv[5]),"
+            " sites=int(sys.argv[6]))))\n")
+
+
 def _run(figure: str, checkout: Path, redis_url: str, opts: argparse.Namespace) -> Any:
     """One run of ``figure`` in ``checkout``; its JSON output.
 
     :raises RuntimeError: the run failed (its stderr's tail in the message).
     """
-    args = [sys.executable, "-c", _RUN[figure], redis_url, str(opts.pages),
-            str(opts.clients), str(opts.seconds)]
+    args = [sys.executable, "-c", _source(figure), redis_url, str(opts.pages),
+            str(opts.clients), str(opts.seconds), str(opts.batch), str(opts.sites)]
     done = subprocess.run(args, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{figure} in {checkout} failed:\n{done.stderr[-3000:]}")
@@ -74,12 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=sorted(_RUN))
+    parser.add_argument("figure", choices=sorted([*_RUN, "s"]))
     parser.add_argument("checkouts", nargs="+", type=Path, help="project directories")
     parser.add_argument("--repeat", type=int, default=5, help="runs per checkout (default 5)")
     parser.add_argument("--pages", type=int, default=5000, help="a: site size (default 5000)")
     parser.add_argument("--clients", type=int, default=4, help="d: processes (default 4)")
     parser.add_argument("--seconds", type=float, default=2.0, help="d: seconds (default 2.0)")
+    parser.add_argument("--batch", type=int, default=16, help="s: requests per call (default 16)")
+    parser.add_argument("--sites", type=int, default=1, help="s: sites (default 1)")
     opts = parser.parse_args(argv)
     names = [str(c) for c in opts.checkouts]
     runs: dict[str, list[Any]] = {name: [] for name in names}
@@ -97,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             out[name] = {"runs": values, "median": ours,
                          "memory": statistics.median(m for _, m in values),
                          "ratio": round(ours / memory, 3)}
+    elif opts.figure == "s":
+        for name, values in runs.items():
+            out[name] = {"runs": values, "median": {
+                part: statistics.median(v[part] for v in values) for part in values[0]}}
     else:
         out = {name: {"runs": values, "median": statistics.median(values)}
                for name, values in runs.items()}

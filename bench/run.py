@@ -49,7 +49,8 @@ do not edit them by hand). Rerun from the project directory with
 
 `python -m bench.compare a|d CHECKOUT...` runs figure a or d on several
 checkouts of the project in turn (medians; see `bench/compare.py`): how a
-figure's change is traced to a commit.
+figure's change is traced to a commit. `python -m bench.compare s ...`
+weighs the scripts alone: Redis's own µs per push, lease and ack.
 
 It starts its own `redis-server`, SecantusDB (`devtools.embedded`) and HTTP
 sites (`bench/sites.py`, an asyncio server: the threaded

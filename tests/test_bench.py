@@ -43,3 +43,16 @@ def test_compare_runs_a_figure_on_each_checkout_in_turn() -> None:
     result = json.loads(done.stdout)
     assert sorted(result) == sorted([".", str(PROJECT_DIR)])
     assert all(len(r["runs"]) == 2 and r["median"] > 0 for r in result.values())
+
+
+def test_compare_weighs_the_scripts_of_each_checkout() -> None:
+    """``python -m bench.compare s``: Redis's µs per push, lease and ack."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "s", ".", "--repeat", "1", "--batch", "4",
+         "--sites", "2"],
+        cwd=PROJECT_DIR, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    [result] = json.loads(done.stdout).values()
+    assert set(result["median"]) == {"push", "lease", "ack"}
+    assert all(v > 0 for v in result["median"].values())
