@@ -101,6 +101,15 @@ end
 local NAT = '^%d+$'
 local POS = '^[1-9]%d*$'
 
+-- `n`, the counter `field` of hash `key` just written; deleted (0) at 0 or below.
+local function kept(key, field, n)
+  if n <= 0 then
+    redis.call('HDEL', key, field)
+    return 0
+  end
+  return n
+end
+
 -- Add `by` to the counter `field` of hash `key`; a counter that falls to 0
 -- or below is deleted. A counter that is not an integer counts as 0 (and is
 -- reported).
@@ -111,11 +120,7 @@ local function hadd(key, field, by)
     n = by
     if n > 0 then redis.call('HSET', key, field, n) end
   end
-  if n <= 0 then
-    redis.call('HDEL', key, field)
-    return 0
-  end
-  return n
+  return kept(key, field, n)
 end
 
 -- hadd(key, field, by) `times` times, in one HINCRBY when the counter is
@@ -128,11 +133,7 @@ local function hadd_times(key, field, by, times)
     for _ = 1, times do n = hadd(key, field, by) end
     return n
   end
-  if n <= 0 then
-    redis.call('HDEL', key, field)
-    return 0
-  end
-  return n
+  return kept(key, field, n)
 end
 
 -- The worker (lease holder) of a lease id "<holder>:<n>".
@@ -729,7 +730,7 @@ local function free_slots(ids)
         first[site] = hadd(K.active, site, -1)
         if k > 1 then hadd(K.active, site, 1 - k) end
       else
-        if n <= 0 then redis.call('HDEL', K.active, site) end
+        kept(K.active, site, n)
         first[site] = math.max(n + k - 1, 0)
       end
     end
