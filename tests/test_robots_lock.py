@@ -18,7 +18,7 @@ from tests.workers import start_worker, wait_workers
 
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     import redis
@@ -92,6 +92,26 @@ def _gone(rds: redis.Redis, lock: str) -> float:
     return time.monotonic()
 
 
+def _renewed_then_gone(
+    proxy: FaultProxy, proc: subprocess.Popen[bytes], log: Path, rds: redis.Redis,
+    robots: _SlowRobots, lock: str, renewals: int, act: Callable[[], None],
+) -> tuple[Any, list[float], float]:
+    """Wait for ``renewals`` renewals of ``lock``, ``act``, wait until the
+    lock goes (the fetch is let go in any case), then for the worker.
+
+    :returns: the worker, the times of every renewal, when the lock went.
+    """
+    try:
+        wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= renewals, 30,
+                 f"{renewals} renewals", rds)
+        act()
+        ended = _gone(rds, lock)
+    finally:
+        robots.release.set()
+    [worker] = wait_workers([proc], [log])
+    return worker, _lock_pexpires(proxy, lock), ended
+
+
 @pytest.mark.parametrize("outcome", ["503", "redirects", "timeout", "200"])
 def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
@@ -109,15 +129,13 @@ def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
         settings["DOWNLOAD_TIMEOUT"] = 2
     log = tmp_path / "w.log"
     with _through_proxy(env, redis_url, rds, [site.url + "/"], log, settings) as (proxy, proc):
-        try:
-            wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= 2, 30, "two renewals", rds)
+
+        def answer() -> None:
             if outcome != "timeout":
                 robots.release.set()
-            ended = _gone(rds, lock)
-        finally:
-            robots.release.set()
-        [worker] = wait_workers([proc], [log])
-        renewals = _lock_pexpires(proxy, lock)
+
+        worker, renewals, ended = _renewed_then_gone(proxy, proc, log, rds, robots, lock, 2,
+                                                     answer)
     _assert_clean(worker, renewals, ended)
     assert not rds.exists(lock)
     assert_nothing_lost(rds)
@@ -134,15 +152,12 @@ def test_a_worker_stopped_while_fetching_robots_txt(
     lock = _lock_of(site)
     log = tmp_path / "w.log"
     with _through_proxy(env, redis_url, rds, [site.url + "/"], log) as (proxy, proc):
-        try:
-            wait_for(lambda: len(_lock_pexpires(proxy, lock)) >= 1, 30, "a renewal", rds)
+
+        def stop() -> None:
             proc.send_signal(signal.SIGTERM)
             robots.release.set()  # the fetch ends while the worker closes
-            ended = _gone(rds, lock)
-        finally:
-            robots.release.set()
-        [worker] = wait_workers([proc], [log])
-        renewals = _lock_pexpires(proxy, lock)
+
+        worker, renewals, ended = _renewed_then_gone(proxy, proc, log, rds, robots, lock, 1, stop)
     _assert_clean(worker, renewals, ended)
     assert not rds.exists(lock)
 
