@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from crawler.config import validate_settings
+from crawler.config import is_unset, validate_settings
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -40,13 +40,13 @@ class FrontierAddon:
             not allowed (the message names each one and what is allowed).
         """
         validate_settings(settings)
-        if settings.get("FRONTIER_DELAY") is None:
+        if is_unset(settings, "FRONTIER_DELAY"):
             settings.set(
                 "FRONTIER_DELAY",
                 settings.getfloat("DOWNLOAD_DELAY"),
                 settings.getpriority("DOWNLOAD_DELAY") or 0,
             )
-        if settings.get("FRONTIER_CONCURRENCY") is None:
+        if is_unset(settings, "FRONTIER_CONCURRENCY"):
             settings.set(
                 "FRONTIER_CONCURRENCY",
                 settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),

@@ -63,6 +63,7 @@ __all__ = [
     "SettingsError",
     "close_at_open",
     "config_error_of",
+    "is_unset",
     "masked_url",
     "scrub",
     "stop_on_config_error",
@@ -239,10 +240,26 @@ class Kind:
         :class:`_Invalid` with a detail when "must be ..." is not enough).
         None (unset) is never checked: Scrapy's getters read it as the
         component's default.
+    :ivar nullable: None is the setting's default (a value worked out at
+        start), so the text ``None`` means unset too (:func:`is_unset`).
     """
 
     allowed: str
     check: Callable[[Any], object]
+    nullable: bool = False
+
+
+#: Texts that mean "unset" for a setting whose default is None: what
+#: ``-s NAME=None`` (or ``-s NAME=``) gives, since ``-s`` values are text.
+_UNSET_TEXTS = frozenset({"", "none"})
+
+
+def is_unset(settings: BaseSettings, name: str) -> bool:
+    """Whether ``name`` is unset: None, or the text ``None`` (any case) or
+    empty, so that ``-s FRONTIER_SHARDS=None`` asks for the default as
+    leaving it out does. For settings whose default is None (``nullable``)."""
+    value = settings.get(name)
+    return value is None or (isinstance(value, str) and value.strip().lower() in _UNSET_TEXTS)
 
 
 def _is_bool(value: Any) -> bool:
@@ -264,8 +281,8 @@ def number(
     Accepts what Scrapy's ``getint`` / ``getfloat`` read (numbers and their
     text, as ``-s`` gives them), but neither bools, NaN, infinities, nor
     (for ``int``) fractions, which ``getint`` would truncate silently.
-    ``nullable`` only says, in the message, that None (unset) means a
-    default.
+    ``nullable`` says, in the message, that None (unset) means a default;
+    the text ``None`` is unset too (:func:`is_unset`, checked before).
     """
     what = "a whole number" if kind is int else "a number"
     if unit:
@@ -295,7 +312,7 @@ def number(
         if high is not None and (parsed > high or (high_open and parsed == high)):
             raise _Invalid()
 
-    return Kind(allowed, check)
+    return Kind(allowed, check, nullable)
 
 
 def _check_bool(value: Any) -> None:
@@ -784,6 +801,8 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
     for name, row in SETTINGS.items():
         value = settings.get(name)
         if value is None:  # unset: Scrapy's getters give the component's default
+            continue
+        if row.kind.nullable and is_unset(settings, name):
             continue
         try:
             row.kind.check(value)

@@ -73,6 +73,8 @@ from binascii import crc_hqx
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from crawler.config import is_unset
+
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
@@ -171,14 +173,14 @@ CLUSTER_SHARDS = 16
 
 def shard_count(settings: BaseSettings) -> int:
     """The crawl's shard count by its settings: ``FRONTIER_SHARDS``, or when
-    it is None (the default), :data:`CLUSTER_SHARDS` with
+    it is None (the default; or the text ``None``, :func:`crawler.config.is_unset`),
+    :data:`CLUSTER_SHARDS` with
     ``FRONTIER_REDIS_CLUSTER`` and 1 on one Redis server.
 
     :raises ValueError: ``FRONTIER_SHARDS`` is no whole number (the settings
         check, :mod:`crawler.config`, names it first).
     """
-    value = settings.get("FRONTIER_SHARDS")
-    if value is None:
+    if is_unset(settings, "FRONTIER_SHARDS"):
         return CLUSTER_SHARDS if settings.getbool("FRONTIER_REDIS_CLUSTER", False) else 1
     return max(1, settings.getint("FRONTIER_SHARDS"))
 

@@ -158,7 +158,8 @@ FRONTIER_MAX_DELIVERIES = 5
 #: scrapy frontier and deadletters commands read the recorded count.
 #: Default: None, which is 16 with FRONTIER_REDIS_CLUSTER (one crawl spreads
 #: over the masters without being told; a crawl on a cluster started with 1
-#: shard, the default before, needs FRONTIER_SHARDS = 1) and 1 on one Redis.
+#: shard, the default before, needs FRONTIER_SHARDS = 1) and 1 on one Redis
+#: (-s FRONTIER_SHARDS=None asks for it too).
 FRONTIER_SHARDS = None
 #: Most seeds a worker moves from <spider>:start_urls into the frontier at
 #: once, in one transaction (only while it has free download slots).

@@ -52,6 +52,7 @@ from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redi
 from crawler.frontier.housekeeping import FrontierHousekeeping
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
+from crawler.keys import CLUSTER_SHARDS, shard_count
 from crawler.pipelines import MongoPipeline, mongo_config_error
 from devtools.embedded import MongoServer, RedisServer
 from tests.cluster import free_cluster_port
@@ -283,6 +284,35 @@ def test_good_values_pass(name: str, value: Any) -> None:
     settings = get_project_settings()
     settings.set(name, value, priority="cmdline")
     validate_settings(settings)
+
+
+@pytest.mark.parametrize("text", ["None", "none", "", " NONE "])
+def test_none_given_as_text_asks_for_the_default_of_a_setting_whose_default_is_none(
+    text: str,
+) -> None:
+    """``-s FRONTIER_SHARDS=None`` gives the text "None": it means unset, as
+    leaving the setting out does, for every setting whose default is None;
+    the add-on then works out the defaults it would have."""
+    settings = get_project_settings()
+    settings.set("DOWNLOAD_DELAY", 1.5, priority="cmdline")
+    settings.set("CONCURRENT_REQUESTS_PER_DOMAIN", 3, priority="cmdline")
+    for name in ("FRONTIER_SHARDS", "FRONTIER_DELAY", "FRONTIER_CONCURRENCY"):
+        settings.set(name, text, priority="cmdline")
+    validate_settings(settings)
+    assert shard_count(settings) == 1
+    settings.set("FRONTIER_REDIS_CLUSTER", True, priority="cmdline")
+    assert shard_count(settings) == CLUSTER_SHARDS
+    FrontierAddon().update_settings(settings)
+    assert settings.getfloat("FRONTIER_DELAY") == 1.5
+    assert settings.getint("FRONTIER_CONCURRENCY") == 3
+
+
+def test_none_as_text_is_still_refused_where_the_default_is_not_none() -> None:
+    settings = get_project_settings()
+    settings.set("FRONTIER_LEASE_BATCH", "None", priority="cmdline")
+    with pytest.raises(SettingsError) as refused:
+        validate_settings(settings)
+    assert refused.value.problems[0].startswith("FRONTIER_LEASE_BATCH=None: must be a whole")
 
 
 def test_every_bad_setting_is_reported_at_once() -> None:

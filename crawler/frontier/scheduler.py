@@ -21,7 +21,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
 
-from crawler.config import close_at_open, stop_on_config_error
+from crawler.config import close_at_open, is_unset, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import NOT_RUN, config_error_message, get_redis
@@ -422,7 +422,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _shard_count_message(self, exc: ShardCountError, count: int) -> str:
         """The error's message, saying where this worker's count came from
         when ``FRONTIER_SHARDS`` is not set (its default)."""
-        if self.crawler.settings.get("FRONTIER_SHARDS") is not None:
+        if not is_unset(self.crawler.settings, "FRONTIER_SHARDS"):
             return str(exc)
         where = "on a Redis Cluster" if self.crawler.settings.getbool(
             "FRONTIER_REDIS_CLUSTER") else "on one Redis server"
