@@ -807,7 +807,27 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         self._shard_due[i], self._shard_empty_at[i] = None, now
                     else:
                         self._shard_due[i] = now + result.wait
+        self._learn_unsent(stale)
         return not_run
+
+    def _learn_unsent(self, shards: list[int]) -> None:
+        """After a peek at ``shards``: the pushes of this worker still in
+        its outbox were not in Redis when the peek ran (it goes before the
+        round trip that commits them), so what the peek learnt leaves them
+        out; note them again as :meth:`enqueue_request` did. Otherwise a
+        worker whose first round trip carried its seeds (or whose peek of a
+        shard came between a callback's push there and its commit) took a
+        shard for empty, or its best for lower, for a second: a priority-9
+        seed waited behind a whole other shard of priority-0 ones."""
+        wanted = set(shards)
+        for op in self._outbox:
+            if op.kind != "pushes" or op.shard not in wanted:
+                continue
+            i, priority = op.shard, op.item.priority
+            self._shard_due[i] = 0.0  # it has work now: ask it
+            if priority > self._shard_best[i]:
+                self._shard_best[i] = priority
+                self._shard_head[i] = math.inf  # (the commit's reply tells)
 
     def _scripts_lost(self) -> bool:
         """Redis restarted (or failed over) and forgot the scripts, or a
