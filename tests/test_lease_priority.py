@@ -265,6 +265,35 @@ def test_a_lease_on_100000_due_sites_does_bounded_work(rds: redis.Redis) -> None
 # -- the count per priority, and a crawl upgraded mid-way ---------------------------------
 
 
+def test_the_turns_are_rebased_before_they_wrap_keeping_the_order_of_the_ready_sites(
+    rds: redis.Redis,
+) -> None:
+    """Once ``{s}:seq`` reaches 2^31 the call that took it there renumbers
+    the ready sites in their order, so a turn never wraps at 2^32 (where
+    the sites that joined just before the wrap would rank behind every
+    later one). A score no frontier writes is left as it is."""
+    frontier = _frontier(rds)
+    rds.set("{t}:seq", 2**31 - 3)
+    frontier.push_many([_p("https://a.example/1"), _p("https://b.example/1", 5),
+                        _p("https://c.example/1"), _p("https://d.example/1", -2)])
+    rds.zadd("{t}:ready", {"odd.example": float("inf")})  # a hand-made entry
+    frontier.push_many([_p("https://e.example/1", 5), _p("https://f.example/1")])
+    assert int(rds.get("{t}:seq") or 0) == 6  # re-based: one turn per ready site
+    scores = dict(rds.zrange("{t}:ready", 0, -1, withscores=True))
+    assert scores[b"odd.example"] == float("inf")
+    assert [s.decode() for s in rds.zrange("{t}:ready", 0, -1)] == [
+        "b.example", "e.example", "a.example", "c.example", "f.example", "d.example",
+        "odd.example",
+    ]
+    rds.zrem("{t}:ready", "odd.example")
+    frontier.push_many([_p("https://g.example/1", 5)])
+    assert int(rds.get("{t}:seq") or 0) == 7
+    hosts = [lease.data.decode().split("/")[2] for n in range(7)
+             for lease in _leased(frontier.lease_many([f"w#1:{n}"]))]
+    assert hosts == ["b.example", "e.example", "g.example", "a.example", "c.example",
+                     "f.example", "d.example"]
+
+
 def test_the_count_per_priority_follows_every_path(rds: redis.Redis) -> None:
     frontier = _frontier(rds)
     frontier.push_many([_p("https://a.example/1", 3), _p("https://a.example/2", 3),

@@ -7,7 +7,7 @@
   seeds, or a callback's push between two peeks); and through ``scrapy
   crawl`` with seeds pushed as the README says.
 * Equal priorities first in, first out when the turn counter ``{s}:seq``
-  passes 2^32 (xfail: a known limit, see the test).
+  would pass 2^32 (its turns are re-based first: lib.lua's save_turns).
 """
 
 from __future__ import annotations
@@ -141,15 +141,6 @@ def _one_by_one(frontier: Frontier, worker: str = "w#1") -> list[str]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lib.lua's ready score is -priority * 2^32 + (turn mod 2^32): once {s}:seq "
-    "passes 2^32 (a join, raise or lease each: about 50 days of one shard at 1,000 "
-    "leases/s), the sites that took their turn just before the wrap rank behind every "
-    "site that takes one after it, until the counter comes round again: starved, not "
-    "first in, first out. A fix needs a rebase of the ready index's turns (or fewer "
-    "priority bits); not small",
-)
 def test_equal_priorities_stay_first_in_first_out_when_the_turn_counter_passes_2_32(
     rds: redis.Redis,
 ) -> None:

@@ -38,6 +38,8 @@ key                                 type    holds
                                             their best queued request (the top is
                                             served first; see ``lua/lease.lua``)
 ``{s}:seq``                         string  the last turn given in ``{s}:ready``
+                                            (re-based to the count of its sites
+                                            once it reaches 2**31)
 ``{s}:joined``                      hash    site in ``{s}:ready`` -> when it took its
                                             turn there, µs of the Redis clock
                                             (first in, first out across shards)

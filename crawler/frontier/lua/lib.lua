@@ -520,7 +520,8 @@ end
 
 -- The ready index (K.ready) scores a site by its best queued priority and
 -- its turn: -priority * TURN + turn, where turn is K.seq (one more each
--- time a site joins the index, is raised or is served) modulo TURN. Priorities are clamped to
+-- time a site joins the index, is raised or is served; re-based before it
+-- reaches TURN, see save_turns). Priorities are clamped to
 -- +-1,000,000 (< 2^20), so a score stays below 2^52: an exact double.
 local TURN = 4294967296 -- 2^32
 
@@ -598,8 +599,39 @@ local function joined_of(site)
   return tonumber(clock_us)
 end
 
+-- Turns are re-based long before they could wrap at TURN (where the sites
+-- that took their turn just before the wrap would rank behind every later
+-- one: starved): once K.seq reaches REBASE_AT, the call's last act renumbers
+-- the sites of K.ready 1, 2, ... in their order (priority, then turn), and
+-- K.seq becomes their count. Once per 2^31 turns of a shard (a join, raise
+-- or lease each), O(N log N) in the sites of K.ready in that one call (about
+-- a second for a million). Entries whose score no frontier writes (see
+-- lease.lua's best_due) keep their score.
+local REBASE_AT = 2147483648 -- 2^31
+
+local function rebase_turns()
+  local all = redis.call('ZRANGE', K.ready, 0, -1, 'WITHSCORES')
+  local n, args = 0, {}
+  for j = 1, #all, 2 do
+    local p = prio_of(tonumber(all[j + 1]))
+    if p >= -1000000 and p <= 1000000 then
+      n = n + 1
+      args[#args + 1] = -p * TURN + n
+      args[#args + 1] = all[j]
+      if #args >= 2000 then
+        redis.call('ZADD', K.ready, unpack(args))
+        args = {}
+      end
+    end
+  end
+  if #args > 0 then redis.call('ZADD', K.ready, unpack(args)) end
+  last_turn = n
+end
+
 local function save_turns()
-  if last_turn then redis.call('SET', K.seq, last_turn) end
+  if not last_turn then return end
+  if last_turn >= REBASE_AT then rebase_turns() end
+  redis.call('SET', K.seq, last_turn)
 end
 
 -- A site in K.ready with score `score` got a request at priority `prio`:
