@@ -1,4 +1,4 @@
-"""Review of issue 13: held-back variants of its acceptance list.
+"""Priority on a sharded crawl, held-back variants of issue 13's acceptance (a review):
 
 * Priority across shards, through a worker: a priority-9 request pushed by
   this worker is leased first whatever shard it lands in, also when a peek
