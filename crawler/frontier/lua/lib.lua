@@ -604,9 +604,9 @@ end
 -- one: starved): once K.seq reaches REBASE_AT, the call's last act renumbers
 -- the sites of K.ready 1, 2, ... in their order (priority, then turn), and
 -- K.seq becomes their count. Once per 2^31 turns of a shard (a join, raise
--- or lease each), O(N log N) in the sites of K.ready in that one call (about
--- a second for a million). Entries whose score no frontier writes (see
--- lease.lua's best_due) keep their score.
+-- or lease each), O(N log N) in the sites of K.ready in that one call (3.2 s
+-- for a million, 0.25 s for 100,000, measured ad hoc). Entries whose score
+-- no frontier writes (see lease.lua's best_due) keep their score.
 local REBASE_AT = 2147483648 -- 2^31
 
 local function rebase_turns()
