@@ -294,6 +294,23 @@ def test_the_turns_are_rebased_before_they_wrap_keeping_the_order_of_the_ready_s
                      "f.example", "d.example"]
 
 
+def test_equal_priorities_stay_first_in_first_out_when_the_turn_counter_passes_2_32(
+    rds: redis.Redis,
+) -> None:
+    """Found by a review: with ``{s}:seq`` at 2^32 - 2, a site that took its
+    turn just before the wrap was served after every later one (starved)."""
+    frontier = _frontier(rds)
+    rds.set("{t}:seq", 2**32 - 2)
+    frontier.push_many([_p("https://old.example/1")])  # its turn: 2^32 - 1
+    # Two busy sites that join after it and keep taking turns.
+    frontier.push_many([_p(f"https://busy{k}.example/{j}") for j in range(10) for k in (1, 2)])
+    served, n = [], 0
+    while isinstance(result := frontier.lease_many([f"w#1:{n}"]), list):
+        served += [lease.data.decode() for lease in result]
+        n += 1
+    assert served.index("https://old.example/1") == 0, served.index("https://old.example/1")
+
+
 def test_the_count_per_priority_follows_every_path(rds: redis.Redis) -> None:
     frontier = _frontier(rds)
     frontier.push_many([_p("https://a.example/1", 3), _p("https://a.example/2", 3),

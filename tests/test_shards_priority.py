@@ -6,21 +6,18 @@
   round trip that commits it (the first round trip of a worker fed its
   seeds, or a callback's push between two peeks); and through ``scrapy
   crawl`` with seeds pushed as the README says.
-* Equal priorities first in, first out when the turn counter ``{s}:seq``
-  would pass 2^32 (its turns are re-based first: lib.lua's save_turns).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from scrapy import Request, Spider
 
 from crawler.frontier import scheduler as scheduler_module
-from crawler.frontier.store import Frontier, Push
 from crawler.keys import shard_of
 from tests import scheduler_harness as harness
 from tests.test_shards import served_sites
@@ -118,36 +115,3 @@ def test_a_priority_9_seed_pushed_last_of_200_is_fetched_among_the_first(
     crawled = _CRAWLED.findall(worker.log)
     assert len(crawled) == 200
     assert urls[199] in crawled[:3], crawled.index(urls[199])
-
-
-# -- the turn counter past 2^32 ------------------------------------------------------------
-
-
-def _frontier(rds: redis.Redis, **kwargs: Any) -> Frontier:
-    frontier = Frontier(rds, "t", **{"default_concurrency": 8, **kwargs})
-    frontier.load_scripts()
-    return frontier
-
-
-def _p(url: str, priority: int = 0) -> Push:
-    return Push(url.encode(), url.split("/")[2], priority, url.encode(), False)
-
-
-def _one_by_one(frontier: Frontier, worker: str = "w#1") -> list[str]:
-    out, n = [], 0
-    while isinstance(result := frontier.lease_many([f"{worker}:{n}"]), list):
-        out += [lease.data.decode() for lease in result]
-        n += 1
-    return out
-
-
-def test_equal_priorities_stay_first_in_first_out_when_the_turn_counter_passes_2_32(
-    rds: redis.Redis,
-) -> None:
-    frontier = _frontier(rds)
-    rds.set("{t}:seq", 2**32 - 2)
-    frontier.push_many([_p("https://old.example/1")])  # its turn: 2^32 - 1
-    # Two busy sites that join after the wrap and keep taking turns.
-    frontier.push_many([_p(f"https://busy{k}.example/{j}") for j in range(10) for k in (1, 2)])
-    served = _one_by_one(frontier)
-    assert served.index("https://old.example/1") == 0, served.index("https://old.example/1")
