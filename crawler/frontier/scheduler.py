@@ -553,13 +553,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             fingerprint = self.df.request_fingerprint(request)
         push = Push(data, site, priority, fingerprint, request.dont_filter)
         self._write("pushes", item=push, request=request, shard=shard)
-        if self._shard_due and self._shard_due[shard] is None:
-            self._shard_due[shard] = 0.0  # it has work now: ask it again
-        if self._shard_best and priority > self._shard_best[shard]:
-            # (its site joins the shard's ready index now: after the heads
-            # learnt so far; at an equal priority it joins behind the head)
-            self._shard_best[shard] = priority
-            self._shard_head[shard] = math.inf
+        self._note_push(shard, priority)
         self._remember(fingerprint)
         return True
 
@@ -821,13 +815,22 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         seed waited behind a whole other shard of priority-0 ones."""
         wanted = set(shards)
         for op in self._outbox:
-            if op.kind != "pushes" or op.shard not in wanted:
-                continue
-            i, priority = op.shard, op.item.priority
-            self._shard_due[i] = 0.0  # it has work now: ask it
-            if priority > self._shard_best[i]:
-                self._shard_best[i] = priority
-                self._shard_head[i] = math.inf  # (the commit's reply tells)
+            if op.kind == "pushes" and op.shard in wanted:
+                self._note_push(op.shard, op.item.priority, ask_now=True)
+
+    def _note_push(self, shard: int, priority: int, *, ask_now: bool = False) -> None:
+        """What a push of ``priority`` to ``shard``, not yet committed, tells
+        of that shard (several shards only): it has work, so it is asked again
+        (when it was taken for empty, or, with ``ask_now``, whatever due time
+        a peek just learnt without the push); and its best priority is at
+        least ``priority``. A better one joins the shard's ready index after
+        the heads learnt so far (at an equal priority, behind the head): its
+        head is unknown until the commit's reply tells."""
+        if self._shard_due and (ask_now or self._shard_due[shard] is None):
+            self._shard_due[shard] = 0.0
+        if self._shard_best and priority > self._shard_best[shard]:
+            self._shard_best[shard] = priority
+            self._shard_head[shard] = math.inf
 
     def _scripts_lost(self) -> bool:
         """Redis restarted (or failed over) and forgot the scripts, or a
