@@ -9,8 +9,9 @@ medians printed. It is how a change of a figure is traced to a commit.
 Figures:
 
 * ``a``: :func:`bench.crawls.crawl_throughput` with one repeat per run
-  (ours, then Scrapy's in-memory scheduler: a baseline per run); the
-  ratio is ours over the median of every in-memory run.
+  (an uncounted warm-up crawl, then ours, then Scrapy's in-memory
+  scheduler: a baseline per run); the ratio is ours over the median of
+  every in-memory run.
 * ``d``: :func:`bench.frontier_figs.frontier_ops` (ours, ``--clients``
   processes for ``--seconds``).
 * ``s``: :func:`bench.script_cost.script_cost`, Redis's time in the

@@ -4,6 +4,17 @@ Throughput is measured at the site server: pages served per second over the
 middle 80% of the crawl (between the 10th and the 90th percentile of
 response times), so worker start-up and the last stragglers of a crawl,
 which are the same for every variant, do not dilute the steady rate.
+
+The variants of a figure run in turn, their order reversed every other
+repeat (A B, B A, A B, ...: :func:`in_turn`), and figures a and g first
+run one crawl that is not counted. On this machine (figure a,
+2026-12-02) the first crawl of a process was the slowest of its kind in
+both of two runs of eight crawls (278 and 297 pages/s against medians of
+301-394); with ours always first in its pair (A B A B ...) ours lost all
+four pairs (ratio of the medians 0.76), where A B B A A B B A on the
+same code gave 1.03; six in-memory crawls in a row ranged 317-364
+pages/s. Whatever weighs on a position in the sequence then weighs on
+every variant alike.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ import logging
 import random
 import statistics
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
@@ -21,13 +32,16 @@ from bench.workers import start_worker, stop_workers, wait_blocked
 from devtools.replay import generated_site
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
     from bench.sites import ServedHit
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cpu_scaling", "crawl_throughput", "scaling_throughput", "seed_pickup"]
+__all__ = ["cpu_scaling", "crawl_throughput", "in_turn", "scaling_throughput", "seed_pickup"]
+
+T = TypeVar("T")
 
 #: Settings of the CPU-bound crawl, for both schedulers.
 CPU_SETTINGS: dict[str, object] = {
@@ -59,6 +73,17 @@ def steady_rate(hits: list[ServedHit]) -> float:
         return 0.0
     window = times[len(times) // 10 : len(times) - len(times) // 10]
     return float(statistics.linear_regression(window, range(len(window))).slope)
+
+
+def in_turn(variants: Sequence[T], repeat: int) -> Iterator[tuple[int, T]]:
+    """``(repeat index, variant)`` for ``repeat`` rounds of ``variants``, the
+    order reversed every other round: ``A B, B A, A B, ...`` (an ABBA design,
+    so that a drift of the machine's speed or a carry-over from the previous
+    run weighs on every variant alike).
+    """
+    for r in range(repeat):
+        for variant in variants if r % 2 == 0 else reversed(variants):
+            yield r, variant
 
 
 def _wait_distinct(site: FastSite, count: int, timeout: float) -> None:
@@ -104,30 +129,38 @@ def _crawl_once(
 
 
 def crawl_throughput(
-    redis_url: str, log_dir: Path, *, pages: int, repeat: int
+    redis_url: str, log_dir: Path, *, pages: int, repeat: int, warmup: bool = True
 ) -> dict[str, object]:
     """Figure a: one worker, our frontier vs Scrapy's in-memory scheduler.
 
     The site is :func:`devtools.replay.generated_site` (a tree of ``pages``
     pages, 5 links each plus a link home and one off-site link) on
-    :class:`~bench.sites.FastSite`; runs alternate ours / in-memory.
+    :class:`~bench.sites.FastSite`; runs alternate ours / in-memory
+    (:func:`in_turn`).
+
+    :param warmup: first run one in-memory crawl that is not counted.
+    :returns: ``{"ours": [pages/s, ...], "baseline": [...], "pages": pages}``.
     """
     ours: list[float] = []
     base: list[float] = []
+    variants = [("ours", {}, ours), ("memory", IN_MEMORY, base)]
+    timeout = 60 if pages < 1000 else 300
     with FastSite(generated_site(pages)) as site:
-        for r in range(repeat):
-            for name, extra, out in (("ours", {}, ours), ("memory", IN_MEMORY, base)):
-                hits = _crawl_once(
-                    site, redis_url, log_dir=log_dir, tag=f"a-{name}-{r}", workers=1,
-                    settings={**CPU_SETTINGS, **extra}, expected=pages + 1,
-                    timeout=60 if pages < 1000 else 300,
-                )
-                out.append(steady_rate(hits))
+        if warmup:
+            _crawl_once(site, redis_url, log_dir=log_dir, tag="a-warmup", workers=1,
+                        settings={**CPU_SETTINGS, **IN_MEMORY}, expected=pages + 1,
+                        timeout=timeout)
+        for r, (name, extra, out) in in_turn(variants, repeat):
+            hits = _crawl_once(
+                site, redis_url, log_dir=log_dir, tag=f"a-{name}-{r}", workers=1,
+                settings={**CPU_SETTINGS, **extra}, expected=pages + 1, timeout=timeout,
+            )
+            out.append(steady_rate(hits))
     return {"ours": ours, "baseline": base, "pages": pages}
 
 
 def cpu_scaling(
-    redis_url: str, log_dir: Path, *, pages: int, repeat: int
+    redis_url: str, log_dir: Path, *, pages: int, repeat: int, warmup: bool = True
 ) -> dict[str, object]:
     """Figure g: two workers against one on the CPU-bound site of figure a.
 
@@ -137,21 +170,24 @@ def cpu_scaling(
     fair shares (16 each) are what one worker runs alone. The site is one
     host, so the frontier's per-site bookkeeping is shared by both workers:
     what limits two workers is the workers' CPU, the site server's and
-    Redis's, all on the same cores. Runs alternate one and two workers.
+    Redis's, all on the same cores. Runs alternate one and two workers
+    (:func:`in_turn`), after one uncounted one-worker crawl if ``warmup``.
 
     :returns: ``{"rates": {1: [pages/s, ...], 2: [...]}, "pages": pages}``.
     """
     rates: dict[int, list[float]] = {1: [], 2: []}
     settings = {**CPU_SETTINGS, "FRONTIER_CONCURRENCY": 32}
+    timeout = 60 if pages < 1000 else 300
     with FastSite(generated_site(pages)) as site:
-        for r in range(repeat):
-            for workers, out in rates.items():
-                hits = _crawl_once(
-                    site, redis_url, log_dir=log_dir, tag=f"g-{workers}-{r}",
-                    workers=workers, settings=settings, expected=pages + 1,
-                    timeout=60 if pages < 1000 else 300,
-                )
-                out.append(steady_rate(hits))
+        if warmup:
+            _crawl_once(site, redis_url, log_dir=log_dir, tag="g-warmup", workers=1,
+                        settings=settings, expected=pages + 1, timeout=timeout)
+        for r, workers in in_turn(list(rates), repeat):
+            hits = _crawl_once(
+                site, redis_url, log_dir=log_dir, tag=f"g-{workers}-{r}",
+                workers=workers, settings=settings, expected=pages + 1, timeout=timeout,
+            )
+            rates[workers].append(steady_rate(hits))
     return {"rates": rates, "pages": pages}
 
 
@@ -164,22 +200,22 @@ def scaling_throughput(
     so every page is known after the first fetch. Each worker runs 16
     requests at once (``CONCURRENT_REQUESTS`` and ``_PER_DOMAIN``); the
     cluster-wide ``FRONTIER_CONCURRENCY`` is 64, so each of four workers'
-    fair share is still 16 and politeness is not the limit.
+    fair share is still 16 and politeness is not the limit. Runs go
+    1, 2, 4 workers, then 4, 2, 1 (:func:`in_turn`).
     """
     rates: dict[int, list[float]] = {1: [], 2: [], 4: []}
     settings = {
         **CPU_SETTINGS,
         "FRONTIER_CONCURRENCY": 64,
     }
-    for r in range(repeat):
-        for workers, out in rates.items():
-            n = pages_per_worker * workers
-            with FastSite(flat_site(n), delay=delay) as site:
-                hits = _crawl_once(
-                    site, redis_url, log_dir=log_dir, tag=f"b-{workers}-{r}",
-                    workers=workers, settings=settings, expected=n + 1, timeout=300,
-                )
-            out.append(steady_rate([h for h in hits if h.path != "/"]))
+    for r, workers in in_turn(list(rates), repeat):
+        n = pages_per_worker * workers
+        with FastSite(flat_site(n), delay=delay) as site:
+            hits = _crawl_once(
+                site, redis_url, log_dir=log_dir, tag=f"b-{workers}-{r}",
+                workers=workers, settings=settings, expected=n + 1, timeout=300,
+            )
+        rates[workers].append(steady_rate([h for h in hits if h.path != "/"]))
     return {"rates": rates, "delay": delay, "pages_per_worker": pages_per_worker}
 
 

@@ -31,6 +31,18 @@ def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     assert text.count("\n| ") >= len(summary["rows"]) + 1
 
 
+def test_variants_run_in_turn_their_order_reversed_every_other_repeat() -> None:
+    """A B, B A, A B: each variant holds each position in a round as often
+    (an odd repeat count leaves the first order one round ahead)."""
+    from bench.crawls import in_turn
+
+    assert list(in_turn(["a", "b"], 3)) == [
+        (0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b"),
+    ]
+    assert [v for _, v in in_turn([1, 2, 4], 2)] == [1, 2, 4, 4, 2, 1]
+    assert list(in_turn(["a"], 0)) == []
+
+
 def test_compare_runs_a_figure_on_each_checkout_in_turn() -> None:
     """``python -m bench.compare d`` on this checkout twice (tiny sizes):
     one median per checkout, every run counted."""
