@@ -368,6 +368,28 @@ def test_a_closing_worker_leaves_the_fair_share_at_once(redis_url: str) -> None:
     assert len(lease_all(b)) == 2  # now alone: all 4
 
 
+def test_a_closing_worker_deletes_its_commit_markers_in_every_shard(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A marker serves only its own process (a holder is one process): a
+    closed worker leaves none behind, a killed one's expire within a day."""
+    a, _ = open_scheduler(redis_url, FRONTIER_SHARDS=3)
+    b, _ = open_scheduler(redis_url, FRONTIER_SHARDS=3)
+    for s in (a, b):
+        for i in range(30):
+            s.enqueue_request(Request(f"https://h{i}.example/"))
+        assert s.flush_outbox()
+    markers = {k for k in rds.scan_iter("{*}:sent:*")}
+    mine = {k for k in markers if k.decode().endswith(a.holder)}
+    assert len(mine) == 3  # the 30 sites fall in every shard
+    ttl = {rds.pttl(k) for k in markers}
+    assert all(0 < t <= 86_400_000 for t in ttl)
+    a.close("finished")
+    assert {k for k in rds.scan_iter("{*}:sent:*")} == markers - mine
+    a.queue.shards.leave(a.holder)  # sent again (a lost reply): nothing changes
+    assert {k for k in rds.scan_iter("{*}:sent:*")} == markers - mine
+
+
 def test_the_local_memory_is_dropped_when_redis_may_have_rolled_back(
     redis_url: str, rds: redis.Redis
 ) -> None:

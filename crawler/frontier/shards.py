@@ -218,8 +218,23 @@ class FrontierShards:
         self._each(lambda f, pipe: f.alive(holder, client=pipe))
 
     def leave(self, holder: str) -> None:
-        """:meth:`Frontier.leave` on every shard."""
-        self._each(lambda f, pipe: pipe.zrem(f.key("alive"), holder))
+        """:meth:`Frontier.leave` on every shard (one pipeline per node).
+
+        It also deletes the holder's commit markers (``{s}:sent:<holder>``):
+        a holder is one process, and a closing process sends no commit
+        after this, so no one reads them again (a killed process's expire
+        after :attr:`Frontier.MARKER_TTL_MS`). Both writes are idempotent: a
+        lost reply, or the call sent twice, changes nothing.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+
+        for pipe, indices in self.groups(range(len(self.frontiers))):
+            with pipe:
+                for i in indices:
+                    pipe.zrem(self.frontiers[i].key("alive"), holder)
+                    pipe.delete(self.frontiers[i].marker_key(holder))
+                pipe.execute()
 
     def pending(self) -> int:
         """Requests queued, waiting to be retried, or leased, in every shard

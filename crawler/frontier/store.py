@@ -67,7 +67,9 @@ key                                 type    holds
 ``{s}:alive``                       zset    holder -> ms of its last lease call
                                             or heartbeat
 ``{s}:sent:<holder>``               string  sequence number of the holder's last
-                                            commit (found out after a lost reply)
+                                            commit (found out after a lost reply);
+                                            deleted when the worker closes, else
+                                            expires after a day
 ``{s}:lslot``                       hash    lease id -> its site, while its download
                                             holds a slot there
 ``{s}:wactive``                     hash    ``holder\tsite`` -> slots the worker holds
