@@ -77,14 +77,14 @@ def _row(
 
 
 def _ops(url: str, repeat: int, seconds: float) -> dict[str, list[float]]:
-    """Figure d's runs, alternating ours and stock, 1 and 4 clients."""
+    """Figure d's runs: ours and stock, 1 and 4 clients, in turn
+    (:func:`crawls.in_turn`: the order reversed every other repeat)."""
     ops: dict[str, list[float]] = {}
-    for _ in range(repeat):
-        for kind in ("ours", "stock"):
-            for clients in (1, 4):
-                ops.setdefault(f"{kind}-{clients}", []).append(
-                    frontier_figs.frontier_ops(url, kind, clients, seconds)
-                )
+    variants = [(kind, clients) for kind in ("ours", "stock") for clients in (1, 4)]
+    for _, (kind, clients) in crawls.in_turn(variants, repeat):
+        ops.setdefault(f"{kind}-{clients}", []).append(
+            frontier_figs.frontier_ops(url, kind, clients, seconds)
+        )
     return ops
 
 
@@ -381,7 +381,12 @@ _NOTES = """\
   `SCHEDULER=scrapy.core.scheduler.Scheduler` and
   `DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter`. `CONCURRENT_REQUESTS`
   and `_PER_DOMAIN` 16. Pages/s counted at the site between the 10th and
-  90th percentile of response times (start-up and tail excluded).
+  90th percentile of response times (start-up and tail excluded). One
+  uncounted in-memory crawl first; then the runs alternate, the order
+  reversed every other repeat (ours, in-memory; in-memory, ours; ...), as
+  in b, d and g: on this machine the first crawl of a process was the
+  slowest, and the variant always first in its pair lost every pair
+  (`bench/crawls.py`).
 - **b.** 1, 2, 4 workers on a hub page linking to 160 pages per worker, each
   response held 1 s (`--quick`: 30 pages, 150 ms); 16 requests at once per
   worker, cluster-wide `FRONTIER_CONCURRENCY=64`; same steady-rate measure.
