@@ -169,3 +169,62 @@ def test_fair_share_while_the_other_due_sites_wait_on_robots_txt_costs_a_few_cal
     _idle_loop(scheduler, 2.0)
     calls = _evalsha(rds)
     assert calls <= shards * 3 * 2, calls
+
+
+def _another_workers_push(redis_url: str, shards: int) -> tuple[FrontierScheduler, float]:
+    """Worker b queues 59 priority-0 requests; worker a handles two; then
+    b queues a priority-9 one on the 70th site. Returns a and when that push
+    was committed (``time.monotonic()``)."""
+    a, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=1
+    )
+    b, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=1
+    )
+    for i in range(1, 60):
+        b.enqueue_request(Request(f"https://s{i}.example/"))
+    assert b.flush_outbox()
+    _serve_n(a, 2)
+    b.enqueue_request(Request("https://s70.example/", priority=9))
+    assert b.flush_outbox()
+    return a, time.monotonic()
+
+
+def _serve_n(scheduler: FrontierScheduler, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        request = scheduler.next_request()
+        assert request is not None, out
+        out.append(request.url)
+        harness.finish(scheduler, request)
+    return out
+
+
+@pytest.mark.parametrize(
+    "shards",
+    [1, pytest.param(4, marks=pytest.mark.xfail(
+        strict=True,
+        reason="documented (README, Sharded frontier): a worker knows another shard's "
+        "best priority from lease replies and a peek a second; another worker's "
+        "priority-9 push there waits for that peek (served within about a second)",
+    ))],
+)
+def test_a_priority_9_request_queued_by_another_worker_mid_crawl_is_leased_next(
+    redis_url: str, shards: int
+) -> None:
+    a, _ = _another_workers_push(redis_url, shards)
+    assert _serve_n(a, 1) == ["https://s70.example/"]
+
+
+def test_with_shards_another_workers_priority_9_request_waits_at_most_a_peek(
+    redis_url: str,
+) -> None:
+    """The bound the README gives: within EMPTY_SHARD_RECHECK (1 s) of its
+    commit, the next lease of a worker busy on other shards is that request."""
+    a, pushed = _another_workers_push(redis_url, 4)
+    got: list[str] = []
+    while "https://s70.example/" not in got:
+        got += _serve_n(a, 1)
+        if "https://s70.example/" not in got:
+            time.sleep(0.05)  # a download's time
+    assert time.monotonic() - pushed <= 1.0 + 0.2, got
