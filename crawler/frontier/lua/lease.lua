@@ -294,7 +294,8 @@ local a = 16
 local least = tonumber(ARGV[13])
 local least_us = least and tonumber(ARGV[14])
 local pos = 0 -- sites at the top of K.ready passed over in this call
-local looks = move_max + #ids + math.max(0, tonumber(ARGV[12]) or 0)
+local looks_max = move_max + math.max(0, tonumber(ARGV[12]) or 0)
+local looks = looks_max + #ids
 local known = {}
 -- What the leases took, written after the loop (one call each): lease
 -- deadlines, slots and data, and the counters.
@@ -485,8 +486,24 @@ if redis.call('HLEN', K.qm) == 0 and tonumber(redis.call('GET', K.count) or '0')
   redis.call('SET', K.count, 0)
   redis.call('DEL', K.prio)
 end
-local nxt = redis.call('ZRANGE', K.wait, 0, 0, 'WITHSCORES')
-if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
+-- The next site in K.wait this worker may lease from when it comes due:
+-- sites where it holds its fair share are passed over (it asks again at
+-- once when one of its downloads ends), else a worker holding its share of
+-- every site under a delay would wake as each of them comes due, many times
+-- a second. At most ARGV[6] + ARGV[12] are looked at (the sites passed over
+-- are among those it holds slots of); past them, the next one's time.
+local nxt = redis.call('ZRANGE', K.wait, 0, looks_max, 'WITHSCORES')
+for j = 1, #nxt, 2 do
+  local site = nxt[j]
+  local s = known[site]
+  local share = s and s.share or math.ceil(cap_of(site) / live)
+  local mine = s and s.mine or
+    hnum(K.wactive, holder .. '\t' .. site, INT, 0, 'not an integer: counted as 0')
+  if mine < share or j + 1 > 2 * looks_max then
+    wait = math.max(0, tonumber(nxt[j + 1]) - now)
+    break
+  end
+end
 if redis.call('ZCARD', K.ready) > 0 or
    (wait < 0 and tonumber(redis.call('GET', K.count) or '0') > 0) then
   -- Due sites where this worker holds its share, or work only on sites at
