@@ -96,6 +96,7 @@ __all__ = [
     "shard_prefixes",
     "shards_key",
     "site_prefix",
+    "slot_warning",
     "stats_key",
     "workers_key",
 ]
@@ -259,6 +260,28 @@ def shard_prefix(spider: str, index: int, shards: int) -> str:
         if low <= crc_hqx(tag.encode(), 0) % SLOTS < high:  # Redis Cluster's CRC16
             return f"{{{tag}}}:"
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def slot_warning(spider: str, shards: int) -> str | None:
+    """Why the keys of ``spider``'s crawl would not spread over a Redis
+    Cluster as :func:`shard_prefix` means them to (None: they would).
+
+    Redis Cluster hashes a key by the text between its first ``{`` and the
+    first ``}`` after it (Redis Cluster specification, "Hash tags"). A ``}``
+    in the spider's name ends every tag there: with ``shards`` > 1 all of the
+    crawl's shards share one slot, one master; a name that starts with
+    ``}`` leaves the tag empty, so Redis hashes whole keys and each script's
+    keys fall in different slots (``CROSSSLOT``).
+    """
+    if spider.startswith("}"):
+        return (f"the spider's name {spider!r} starts with '}}': on a Redis Cluster "
+                "its keys carry no hash tag and every frontier call fails with "
+                "CROSSSLOT; rename the spider")
+    if "}" in spider and shards > 1:
+        return (f"the spider's name {spider!r} holds '}}': on a Redis Cluster all "
+                f"{shards} shards of its crawl hash to one slot (the tag ends at "
+                "the '}'), so they share one master; rename the spider")
+    return None
 
 
 def shard_prefixes(spider: str, shards: int) -> list[str]:

@@ -22,7 +22,7 @@ from crawler.config import config_error_of
 from crawler.frontier import scheduler as scheduler_module
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Push
-from crawler.keys import CrawlKeys, shard_of, shard_prefixes
+from crawler.keys import CrawlKeys, shard_of, shard_prefixes, slot_warning
 from tests import scheduler_harness as harness
 from tests.faultproxy import Command, FaultProxy
 from tests.scheduler_harness import finish, lease_all, wait_for_request
@@ -79,6 +79,30 @@ def test_one_shard_keeps_the_keys_of_today_and_shards_have_a_tag_each() -> None:
     assert four.shard_for("a.example").index == shard_of("a.example", 4)
     # Crawl-wide keys stay.
     assert (four.stats, four.control, four.shards_key) == ("{s}:stats", "{s}:control", "{s}:shards")
+
+
+@pytest.mark.parametrize("spider", ["a}b", "pages}", "x{y}z"])
+def test_a_closing_brace_in_the_spider_name_is_warned_of_where_it_puts_every_shard_in_one_slot(
+    spider: str,
+) -> None:
+    """Redis hashes a key by the text up to the first ``}``: the warning is
+    given exactly when the shards' keys share one slot (redis-py's
+    ``key_slot`` computes what the cluster does)."""
+    slots = {key_slot(p.encode() + b"wait") for p in shard_prefixes(spider, 4)}
+    assert len(slots) == 1
+    warning = slot_warning(spider, 4)
+    assert warning is not None
+    assert repr(spider) in warning and "4 shards" in warning
+    assert slot_warning(spider, 1) is None  # one shard is one slot anyway
+    assert slot_warning("pages", 4) is None
+    assert len({key_slot(p.encode() + b"wait") for p in shard_prefixes("pages", 4)}) == 4
+
+
+def test_a_spider_name_that_starts_with_a_closing_brace_is_warned_of_crossslot() -> None:
+    prefix = shard_prefixes("}x", 1)[0]
+    assert key_slot(prefix.encode() + b"wait") != key_slot(prefix.encode() + b"count")
+    warning = slot_warning("}x", 1)
+    assert warning is not None and "CROSSSLOT" in warning
 
 
 # -- one Redis ------------------------------------------------------------------------

@@ -24,7 +24,12 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.config import close_at_open, is_unset, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.connection import NOT_RUN, config_error_message, get_redis
+from crawler.frontier.connection import (
+    NOT_RUN,
+    cluster_enabled,
+    config_error_message,
+    get_redis,
+)
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
@@ -39,6 +44,7 @@ from crawler.frontier.store import (
     Retry,
     Revisit,
 )
+from crawler.keys import slot_warning
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -376,6 +382,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # its slots).
             spider.server = get_redis(self.crawler.settings)
         shards = self.queue.shards
+        if cluster_enabled(self.crawler.settings) and (
+            warning := slot_warning(spider.name, len(shards))
+        ):
+            logger.warning("%s", warning, extra={"spider": spider})
         self._shard_due = [0.0] * len(shards)
         self._shard_empty_at = [0.0] * len(shards)
         self._shard_best = [math.inf] * len(shards)
