@@ -53,7 +53,11 @@ metric                                                what
 ====================================================  ==========================================
 
 Settings: ``METRICS_HOST`` (default ``127.0.0.1``), ``METRICS_PORT`` (default
-9410), and those of :mod:`crawler.status`.
+9410), and those of :mod:`crawler.status`; they are checked at start
+(:func:`crawler.config.validate_settings`): a bad one is reported in one line
+(``Bad setting: METRICS_PORT='abc': ...``) and the exporter exits with status 2.
+A server that cannot be read is logged (a warning naming it, password masked,
+and the cause) when it fails and when it can be read again, not per scrape.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -79,6 +84,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: How the log names each server of ``ClusterStatus.errors``.
+_NAMES = {"redis": "Redis", "mongodb": "MongoDB"}
+
 __all__ = ["StatusCollector", "main", "serve"]
 
 
@@ -90,12 +98,16 @@ class StatusCollector(Collector):
 
     def __init__(self, reader: StatusReader) -> None:
         self.reader = reader
+        #: ``"redis"``/``"mongodb"`` -> the error of the last scrape that
+        #: failed to read it (logged once per change).
+        self._errors: dict[str, str] = {}
 
     def collect(self) -> Iterator[Metric]:
         """Read the status and yield the metric families of the module table."""
         began = time.monotonic()
         status = self.reader.read()
         took = time.monotonic() - began
+        self._log_errors(status.errors)
 
         up = GaugeMetricFamily("crawler_up", "Whether the server could be read", labels=["server"])
         for server in ("redis", "mongodb"):
@@ -190,6 +202,25 @@ class StatusCollector(Collector):
             "crawler_status_read_seconds", "Seconds the last status reading took", value=took
         )
 
+    def _log_errors(self, errors: dict[str, str]) -> None:
+        """Log a server that cannot be read (its address, password masked,
+        and the cause, as ``status.errors`` holds them) when it starts
+        failing or fails with another type of error, and when it can be read
+        again: not at every scrape."""
+        for server in ("redis", "mongodb"):
+            error, before = errors.get(server), self._errors.get(server)
+            if error is not None and (before is None or _kind(error) != _kind(before)):
+                logger.warning("could not read %s: %s (crawler_up is 0)", _NAMES[server], error)
+            elif error is None and before is not None:
+                logger.info("%s can be read again", _NAMES[server])
+        self._errors = dict(errors)
+
+
+def _kind(error: str) -> list[str]:
+    """The server and error type of a ``status.errors`` value (``<address>:
+    <Type>: <message>``), without the message, which may vary per attempt."""
+    return error.split(": ", 2)[:2]
+
 
 def _bounds(status: ClusterStatus) -> Iterator[Metric]:
     """Whether each spider has keys in Redis, its shards, revisits and dead
@@ -231,11 +262,19 @@ def serve(reader: StatusReader, host: str, port: int) -> tuple[Any, threading.Th
 def main(argv: list[str] | None = None) -> int:
     """Run the exporter until SIGINT or SIGTERM.
 
-    :returns: the exit status (0).
+    :returns: the exit status: 0; 2 for a bad setting (nothing served).
     """
     from scrapy.utils.project import get_project_settings  # noqa: PLC0415
 
+    from crawler.config import SettingsError, validate_settings  # noqa: PLC0415
+
     settings = get_project_settings()
+    try:
+        validate_settings(settings, warn_unknown=False)
+    except SettingsError as exc:
+        for line in exc.problems:
+            print(f"Bad setting: {line}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="python -m crawler.metrics", description="Prometheus exporter of the crawl"
     )

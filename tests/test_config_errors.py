@@ -53,8 +53,10 @@ from crawler.frontier.housekeeping import FrontierHousekeeping
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
 from crawler.keys import CLUSTER_SHARDS, shard_count
+from crawler.metrics import StatusCollector
 from crawler.pipelines import MongoPipeline, mongo_config_error
-from devtools.embedded import MongoServer, RedisServer
+from crawler.status import StatusReader
+from devtools.embedded import MongoServer, RedisServer, free_port
 from tests.cluster import free_cluster_port
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
@@ -860,3 +862,56 @@ def test_a_bad_metrics_port_in_the_environment_is_a_settings_error() -> None:
         result.stderr[-2000:]
     )
     assert "Traceback" not in result.stderr
+
+
+def test_the_metrics_exporter_refuses_a_bad_port_in_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "crawler.metrics"], check=False, cwd=PROJECT_DIR,
+        env={**os.environ, "METRICS_PORT": "abc"}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Bad setting: METRICS_PORT=abc: must be a whole number" in result.stderr, (
+        result.stderr[-2000:]
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_spider_exits_2_naming_the_project_s_spiders() -> None:
+    """No traceback (Scrapy's ``KeyError``), no server contacted."""
+    closed = f"redis://:a-secret-7@127.0.0.1:{free_port()}/0"
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "crawl", "quotez"], check=False, cwd=PROJECT_DIR,
+        env={**os.environ, "REDIS_URL": closed}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "unknown spider 'quotez': expected one of pages, quotes" in result.stderr, (
+        result.stderr[-2000:]
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_the_metrics_exporter_logs_a_server_it_cannot_read_once_password_masked(
+    password_redis: PasswordRedisServer, mongo_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"redis://:wrong-secret-9@{password_redis.host}:{password_redis.port}/0"
+    settings = Settings({"REDIS_URL": url, "MONGO_URI": mongo_uri})
+    reader = StatusReader.from_settings(settings, ["quotes"])
+    collector = StatusCollector(reader)
+    try:
+        with caplog.at_level("INFO", logger="crawler.metrics"):
+            for _ in range(3):
+                up = {s.labels["server"]: s.value for s in next(iter(collector.collect())).samples}
+                assert up["redis"] == 0
+            reader.redis.close()
+            reader.redis = redis.Redis.from_url(
+                f"redis://:{password_redis.password}@{password_redis.host}:{password_redis.port}/0"
+            )
+            list(collector.collect())
+    finally:
+        reader.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "crawler.metrics"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("could not read Redis: redis://:****@"), lines
+    assert "AuthenticationError" in lines[0], lines
+    assert lines[1] == "Redis can be read again"
+    assert "wrong-secret-9" not in caplog.text

@@ -15,6 +15,8 @@ as Scrapy's does, and adds:
   database that cannot be used: see :mod:`crawler.config`) stops the crawl
   with the finish reason ``config_error`` and the command exits with status
   1, as Scrapy's does when a crawl fails to start.
+* **A spider the project does not have** is a usage error (status 2): the
+  message lists the spiders it has, without Scrapy's ``KeyError`` traceback.
 * A :class:`~crawler.config.ConfigurationError` raised while the crawl
   starts (by :class:`crawler.addon.FrontierAddon`'s check, say) is logged in
   one line, not as asyncio's "Task exception was never retrieved" traceback.
@@ -71,13 +73,20 @@ class Command(crawl.Command):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         """Check the settings, run the crawl, set the exit status.
 
-        :raises UsageError: no spider, or more than one.
+        :raises UsageError: no spider, more than one, or one the project
+            does not have (the message lists those it has).
         """
         if len(args) < 1:
             raise UsageError
         if len(args) > 1:
             raise UsageError("running 'scrapy crawl' with more than one spider is not supported")
         assert self.crawler_process
+        known = sorted(self.crawler_process.spider_loader.list())
+        if args[0] not in known:
+            raise UsageError(
+                f"unknown spider {args[0]!r}: expected one of {', '.join(known)}",
+                print_help=False,
+            )
         self._bad_setting = False
         crawler = self._create_crawler(args[0])
         try:
