@@ -204,9 +204,9 @@ class FrontierShards:
         if int(text) != n:
             raise ShardCountError(
                 f"FRONTIER_SHARDS is {n} but the crawl of spider {self.spider!r} was started "
-                f"with {int(text)} shards ({key} = {int(text)}): set FRONTIER_SHARDS = "
-                f"{int(text)}, or clear the crawl (scrapy frontier clear {self.spider} --yes) "
-                "to change it"
+                f"with {int(text)} shards ({key} = {int(text)}): start every worker with "
+                f"-s FRONTIER_SHARDS={int(text)} (or set it in the project's settings), or "
+                f"clear the crawl (scrapy frontier clear {self.spider} --yes) to change it"
             )
 
     def load_scripts(self) -> None:
