@@ -446,9 +446,12 @@ class RevisitMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """Build from ``crawler``; raise NotConfigured when revisits are off."""
+        """Build from ``crawler``; raise NotConfigured when revisits are off
+        (their default: logged at DEBUG, where Scrapy would warn of every
+        crawl that did not turn them on)."""
         if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) <= 0:
-            raise NotConfigured("FRONTIER_REVISIT_AFTER is 0")
+            logger.debug("Disabled %s: FRONTIER_REVISIT_AFTER is 0", cls.__name__)
+            raise NotConfigured
         return cls(crawler)
 
     def process_request(self, request: Request) -> None:

@@ -36,3 +36,31 @@ def test_site_of(url: str, site: str) -> None:
 )
 def test_on_sites_follows_allowed_domains_rules(url: str, allowed: bool) -> None:
     assert on_sites(Request(url), ["example.com"]) is allowed
+
+
+def test_the_features_off_by_default_are_disabled_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Revisits and the WARC archive are off unless configured: Scrapy's
+    middleware manager then skips them without its "Disabled ..." warning
+    (NotConfigured without a message), so a default crawl's log has none."""
+    import logging
+
+    from scrapy.core.downloader.middleware import DownloaderMiddlewareManager
+    from scrapy.settings import Settings
+    from scrapy.utils.test import get_crawler
+
+    from crawler import settings as project_settings
+    from tests import scheduler_harness  # noqa: F401 - installs the reactor Scrapy expects
+
+    settings = Settings()
+    settings.setmodule(project_settings)
+    crawler = get_crawler(settings_dict=dict(settings))
+    with caplog.at_level(logging.DEBUG):
+        manager = DownloaderMiddlewareManager.from_crawler(crawler)
+    names = {type(mw).__name__ for mw in manager.middlewares}
+    assert not names & {"RevisitMiddleware", "WarcWriterMiddleware"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in warnings if "Revisit" in w or "Warc" in w], warnings
+    debug = " ".join(r.getMessage() for r in caplog.records)
+    assert "FRONTIER_REVISIT_AFTER is 0" in debug and "WARC_DIR is not set" in debug
