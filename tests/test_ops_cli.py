@@ -359,3 +359,12 @@ def test_a_dead_letter_records_its_first_priority_by_the_crawls_own_adjustment(
     push = requeue_push(record)  # the command's default adjustment, -1
     assert push is not None and push.priority == 5
     scheduler.server.delete(frontier.key("dead"))
+
+
+def test_listing_no_dead_letters_says_so(env: dict[str, str]) -> None:
+    """Text output says there are none; ``--json`` prints nothing (no object)."""
+    listed = scrapy(env, "deadletters", "list", "quotes")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() == "no dead letters of quotes"
+    as_json = scrapy(env, "deadletters", "list", "quotes", "--json")
+    assert as_json.returncode == 0 and as_json.stdout == ""

@@ -126,3 +126,13 @@ def test_seed_usage_errors_exit_2_and_push_nothing(
         assert client.dbsize() == 0
     finally:
         client.close()
+
+
+def test_seed_names_the_redis_that_failed_with_its_password_masked(redis_url: str) -> None:
+    """As every other command does: the server's address, never the password."""
+    wrong = redis_url.replace("redis://", "redis://nobody:s3cret-pw@", 1)  # no such user
+    done = seed(wrong, "quotes", "https://quotes.toscrape.com/")
+    assert done.returncode == 3, done.stderr
+    host = redis_url.split("://", 1)[1].split("/", 1)[0]
+    assert f"Redis at redis://nobody:****@{host}" in done.stderr, done.stderr
+    assert "s3cret-pw" not in done.stderr + done.stdout

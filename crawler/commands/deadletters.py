@@ -354,7 +354,8 @@ class Command(ScrapyCommand):
                 redis, spider, shard_count(self.settings)
             ))
             if action == "list":
-                self._list(frontier, opts)
+                if not self._list(frontier, opts) and not opts.json:
+                    print(f"no dead letters of {spider}")
             elif action == "requeue":
                 adjust = self.settings.getint("RETRY_PRIORITY_ADJUST", DEFAULT_PRIORITY_ADJUST)
                 kept = 0
@@ -378,8 +379,11 @@ class Command(ScrapyCommand):
         sys.stdout.flush()
 
     @staticmethod
-    def _list(frontier: FrontierShards, opts: argparse.Namespace) -> None:
+    def _list(frontier: FrontierShards, opts: argparse.Namespace) -> int:
+        """Print the dead letters (one line each); how many were printed."""
+        count = 0
         for _, raw in dead_letters(frontier, opts.limit):
+            count += 1
             record = load_record(raw)
             record.pop(MOVING, None)
             if opts.json:
@@ -389,3 +393,4 @@ class Command(ScrapyCommand):
                 when = datetime.fromtimestamp(record.get("time", 0), UTC)
                 print(f"{when:%Y-%m-%d %H:%M:%S}  attempts={record.get('attempts')}  "
                       f"{record.get('url')}  {record.get('reason')}")
+        return count

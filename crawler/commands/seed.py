@@ -27,7 +27,7 @@ from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
 from crawler.commands.frontier import check_spider
-from crawler.frontier.connection import get_redis
+from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.keys import CrawlKeys
 
@@ -241,7 +241,8 @@ class Command(ScrapyCommand):
             pusher.flush()
         except RedisError as exc:
             print(
-                f"Redis failed after {pusher.pushed} seeds were queued in {key}: {exc}",
+                f"Redis at {redis_location(self.settings)} failed after {pusher.pushed} "
+                f"seeds were queued in {key}: {type(exc).__name__}: {exc}",
                 file=sys.stderr,
             )
             self.exitcode = 3
