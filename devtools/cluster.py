@@ -9,6 +9,11 @@ Each master is a :class:`~devtools.embedded.RedisServer` started with
         client = redis.cluster.RedisCluster.from_url(cluster.url)
 
 Processes and directories are removed on exit, also when start-up fails.
+With ``appendonly=True`` every master keeps an append-only file fsynced on
+every write, so a master stopped (even with SIGKILL) and started again on
+its port (``cluster.nodes[i].stop()``, ``.start()``, then
+:meth:`RedisClusterServers.wait_ready`) comes back with its data, its node
+id and its slots.
 """
 
 from __future__ import annotations
@@ -53,13 +58,18 @@ def free_cluster_port(host: str = "127.0.0.1") -> int:
 
 
 class ClusterNodeServer(RedisServer):
-    """A ``redis-server`` with cluster mode on (``nodes-<port>.conf`` in its dir)."""
+    """A ``redis-server`` with cluster mode on (``nodes-<port>.conf`` in its dir).
+
+    With ``appendonly=True`` its append-only file is fsynced on every write
+    (``appendfsync always``): a SIGKILL loses nothing acknowledged.
+    """
 
     _name = "redis-cluster-node"
 
     def _command(self) -> list[str]:
         return [
             *super()._command(),
+            *(["--appendfsync", "always"] if self.appendonly else []),
             "--cluster-enabled", "yes",
             "--cluster-config-file", f"nodes-{self.port}.conf",
             "--cluster-node-timeout", "5000",
@@ -71,14 +81,20 @@ class RedisClusterServers:
 
     :param masters: number of masters (at least 3, Redis's minimum).
     :param host: loopback address to bind.
+    :param appendonly: give every master an append-only file fsynced on
+        every write (see :class:`ClusterNodeServer`), so that it can be
+        stopped and started again with its data.
     :raises RuntimeError: (from :meth:`start`) ``redis-cli`` is missing, the
         cluster could not be created, or it is not ``ok`` in time.
     """
 
-    def __init__(self, masters: int = 3, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, masters: int = 3, host: str = "127.0.0.1", appendonly: bool = False
+    ) -> None:
         self.host = host
         self.nodes = [
-            ClusterNodeServer(port=free_cluster_port(host), host=host) for _ in range(masters)
+            ClusterNodeServer(port=free_cluster_port(host), host=host, appendonly=appendonly)
+            for _ in range(masters)
         ]
 
     @property
@@ -109,9 +125,9 @@ class RedisClusterServers:
                 f"redis-cli --cluster create failed ({created.returncode}):\n"
                 f"{created.stdout}\n{created.stderr}"
             )
-        self._wait_ready()
+        self.wait_ready()
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         """Wait until every node sees the whole cluster, all slots served.
 
         :raises RuntimeError: a node is not ``ok`` within

@@ -13,8 +13,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from redis.exceptions import (
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -90,6 +96,11 @@ CONFIG_ERROR_PAUSE = 3600.0
 #: too late (redis-py's cluster client raises RedisClusterException, which
 #: is no RedisError).
 UNREACHABLE = (RedisError, RedisClusterException)
+#: Replies of a Redis Cluster that is not serving a slot yet (``CLUSTERDOWN``:
+#: a master restarted and not back in the cluster; ``TRYAGAIN``: a slot
+#: being moved): an outage to wait out, although redis-py raises them as
+#: a ``ResponseError``.
+CLUSTER_BUSY = (ClusterDownError, TryAgainError)
 
 
 #: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
@@ -1455,10 +1466,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _failed(self, exc: Exception) -> None:
         """A Redis call outside the outbox failed: a configuration error (see
         :meth:`_config_error`), a refusal (a key of the wrong type answers an
-        error) or an outage."""
+        error) or an outage (a cluster not serving the slot, :data:`CLUSTER_BUSY`,
+        is one too)."""
         if self._config_error(exc):
             return
-        if isinstance(exc, ResponseError):
+        if isinstance(exc, ResponseError) and not isinstance(exc, CLUSTER_BUSY):
             self._refused(exc)
         else:
             self._outage(exc)

@@ -1,0 +1,172 @@
+"""The sharded frontier on a real Redis Cluster whose master or worker fails
+mid-crawl: two ``scrapy crawl pages`` workers, the default shard count (16
+over three masters), many loopback sites; one master is stopped (SIGTERM,
+or SIGKILL: its append-only file is fsynced on every write) and started
+again on its port with its data, or one worker is SIGKILLed and started
+again under its ``FRONTIER_WORKER_ID``. Every page ends up stored once and
+the frontier holds nothing."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from redis.cluster import RedisCluster
+
+from crawler.frontier.shards import FrontierShards
+from crawler.keys import CLUSTER_SHARDS, shard_prefixes
+from tests.cluster import RedisClusterServers
+from tests.test_shards import PAGES_PER_SITE, _assert_stored_once, served_sites
+from tests.test_shards_ops import _scrapy
+from tests.waiting import wait_for
+from tests.workers import Worker, start_worker, wait_workers, worker_env
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+    from subprocess import Popen
+
+    from tests.test_shards import _Sites
+
+#: Sites crawled (6 pages each), and the seconds each page takes to serve.
+SITES, DELAY = 150, 0.02
+#: Seconds a stopped master stays down at least (under the cluster's node
+#: timeout, 5 s, so the other masters never mark it failed).
+DOWN = 1.5
+
+
+@pytest.fixture(scope="module")
+def durable_cluster() -> Iterator[RedisClusterServers]:
+    """A three-master cluster whose masters keep their data over a restart."""
+    with RedisClusterServers(masters=3, appendonly=True) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(durable_cluster: RedisClusterServers) -> Iterator[RedisClusterServers]:
+    yield durable_cluster
+    for node in durable_cluster.nodes:
+        node.start()  # (a test that failed with a master down)
+    durable_cluster.wait_ready()
+    durable_cluster.flushall()
+
+
+@pytest.fixture
+def sites() -> Iterator[_Sites]:
+    with served_sites(delay=DELAY) as server:
+        yield server
+
+
+def _start(env: dict[str, str], tmp_path: Path, name: str, **settings: object
+           ) -> tuple[Popen[bytes], Path]:
+    log = tmp_path / f"{name}.log"
+    return start_worker("pages", env, log, {"MAX_IDLE_TIME_BEFORE_CLOSE": 2, **settings}), log
+
+
+def _fetched(sites: _Sites) -> int:
+    with sites.lock:
+        return sum(n for (_, path), n in sites.hits.items() if path != "/robots.txt")
+
+
+def _assert_frontier_empty(rc: RedisCluster, env: dict[str, str]) -> None:
+    """Nothing queued, leased or dead, on the keys and by ``frontier status``."""
+    assert FrontierShards.build(rc, "pages", CLUSTER_SHARDS).audit() == {}
+    prefixes = shard_prefixes("pages", CLUSTER_SHARDS)
+    assert sum(int(rc.get(p + "count") or 0) for p in prefixes) == 0
+    assert [rc.llen(p + "dead") for p in prefixes] == [0] * CLUSTER_SHARDS
+    assert rc.llen("pages:start_urls") == 0
+    status = _scrapy(env, "frontier", "status", "pages", "--json")
+    assert status.returncode == 0, status.stderr
+    spider = json.loads(status.stdout)["spiders"]["pages"]
+    assert (spider["queued"], spider["leases"], spider["dead_letters"]) == (0, 0, 0), spider
+    assert spider["items"]["pages"] == SITES * PAGES_PER_SITE
+
+
+def _assert_no_crash(workers: list[Worker]) -> None:
+    for w in workers:
+        assert "Traceback" not in w.log and "] CRITICAL:" not in w.log, w.log[-5000:]
+        assert "] ERROR:" not in w.log, w.log[-5000:]
+        assert "MOVED" not in w.log and "CROSSSLOT" not in w.log, w.log[-5000:]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_master_restarted_mid_crawl_loses_nothing(
+    cluster: RedisClusterServers, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
+    tmp_path: Path, signum: signal.Signals,
+) -> None:
+    """A master stopped once a quarter of the pages are fetched, started
+    again on its port at least :data:`DOWN` s later (and once a worker has
+    logged the outage): the workers wait it out and finish; every page is
+    fetched and stored once, the frontier is empty."""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        rc.lpush("pages:start_urls", *sites.urls(SITES))
+        env = {**worker_env(cluster.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+        started = time.monotonic()
+        procs, logs = zip(*(_start(env, tmp_path, f"w{i}") for i in range(2)), strict=True)
+        total = SITES * PAGES_PER_SITE
+        wait_for(lambda: _fetched(sites) >= total // 4, 60, "a quarter of the pages", 0.05)
+        node = cluster.nodes[1]
+        down_at, fetched_at_stop = time.monotonic(), _fetched(sites)
+        if signum == signal.SIGKILL:
+            node.kill()
+        else:
+            node.stop()
+        wait_for(lambda: any("Redis unreachable" in p.read_text() for p in logs if p.exists()),
+                 10, "a worker to log the outage", 0.05)
+        logged = time.monotonic() - down_at
+        time.sleep(max(0.0, down_at + DOWN - time.monotonic()))  # the outage itself
+        node.start()
+        up = time.monotonic() - down_at
+        cluster.wait_ready()
+        outage = time.monotonic() - down_at
+        assert all(p.poll() is None for p in procs), "a worker stopped during the outage"
+        workers = wait_workers(list(procs), list(logs), 90)
+        elapsed = time.monotonic() - started
+        print(f"{signum.name}: {total} pages in {elapsed:.1f}s; master down {outage:.1f}s "
+              f"(logged at {logged:.1f}s, up at {up:.1f}s) after {fetched_at_stop} fetched")
+        _assert_no_crash(workers)
+        _assert_stored_once(db, sites, SITES, workers)
+        assert sum(w.stats.get("frontier/redis/outages", 0) for w in workers) >= 1
+        # The restarted master answers CLUSTERDOWN until it has joined the
+        # others again: an outage, not a refusal (a bad key, logged as ERROR).
+        assert sum(w.stats.get("frontier/redis/refused", 0) for w in workers) == 0
+        _assert_frontier_empty(rc, env)
+    finally:
+        rc.close()
+
+
+def test_a_worker_killed_mid_crawl_and_restarted_under_its_id_loses_nothing(
+    cluster: RedisClusterServers, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
+    tmp_path: Path,
+) -> None:
+    """Worker w1 is SIGKILLed once a quarter of the pages are fetched and
+    started again at once under the same FRONTIER_WORKER_ID: every page is
+    stored once (those w1 held are fetched again), the frontier is empty."""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        rc.lpush("pages:start_urls", *sites.urls(SITES))
+        env = {**worker_env(cluster.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+        settings = {"FRONTIER_LEASE_TIMEOUT": 5}
+        started = time.monotonic()
+        w1, _ = _start(env, tmp_path, "w1", FRONTIER_WORKER_ID="w1", **settings)
+        w2, w2_log = _start(env, tmp_path, "w2", FRONTIER_WORKER_ID="w2", **settings)
+        total = SITES * PAGES_PER_SITE
+        wait_for(lambda: _fetched(sites) >= total // 4, 60, "a quarter of the pages", 0.05)
+        w1.send_signal(signal.SIGKILL)
+        w1.wait(10)
+        fetched_at_kill = _fetched(sites)
+        again, again_log = _start(env, tmp_path, "w1-again", FRONTIER_WORKER_ID="w1", **settings)
+        workers = wait_workers([w2, again], [w2_log, again_log], 90)
+        print(f"{total} pages in {time.monotonic() - started:.1f}s; w1 killed after "
+              f"{fetched_at_kill} fetched; {_fetched(sites) - total} fetched again")
+        _assert_no_crash(workers)
+        assert [w.returncode for w in workers] == [0, 0], [w.log[-3000:] for w in workers]
+        assert db.pages.count_documents({}) == total
+        assert len(db.pages.distinct("url")) == total
+        _assert_frontier_empty(rc, env)
+    finally:
+        rc.close()
