@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from scrapy import Request, Spider
 
 from crawler.frontier.shards import FrontierShards
-from crawler.keys import CLUSTER_SHARDS, shard_prefixes
+from crawler.keys import CLUSTER_SHARDS, shard_prefixes, site_prefix
+from tests import scheduler_harness as harness
 from tests.cluster import RedisClusterServers
 from tests.test_shards import PAGES_PER_SITE, _assert_stored_once, served_sites
 from tests.test_shards_ops import _scrapy
@@ -168,5 +171,54 @@ def test_a_worker_killed_mid_crawl_and_restarted_under_its_id_loses_nothing(
         assert db.pages.count_documents({}) == total
         assert len(db.pages.distinct("url")) == total
         _assert_frontier_empty(rc, env)
+    finally:
+        rc.close()
+
+
+class _Pages(Spider):
+    name = "pages"
+
+
+def test_a_slot_the_cluster_does_not_serve_is_an_outage_waited_out_with_backoff(
+    cluster: RedisClusterServers,
+) -> None:
+    """The master of a shard's slot stops serving it (``CLUSTER DELSLOTS``:
+    it answers ``CLUSTERDOWN Hash slot not served``, as while a restarted
+    master rejoins): the commit did not run, is sent once more after the
+    slot map is read again, then the worker backs off as from any outage,
+    instead of sending it again at every flush. Once the slot is served
+    again, the request is committed and leased once."""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        scheduler, crawler = harness.open_scheduler(
+            cluster.url, _Pages, FRONTIER_REDIS_CLUSTER=True, CONCURRENT_REQUESTS=4
+        )
+        site = "down.example"
+        prefix = site_prefix("pages", site, CLUSTER_SHARDS)
+        slot = key_slot((prefix + "count").encode())
+        owner = rc.get_redis_connection(rc.get_node_from_key(prefix + "count"))
+        owner.execute_command("CLUSTER DELSLOTS", slot)
+        try:
+            assert scheduler.enqueue_request(Request(f"https://{site}/1"))
+            assert not scheduler.flush_outbox()
+            assert scheduler._down_until > time.monotonic()
+            assert crawler.stats.get_value("frontier/redis/outages") == 1
+            assert not crawler.stats.get_value("frontier/redis/refused")
+            busy = owner.info("errorstats").get("errorstat_CLUSTERDOWN", {}).get("count", 0)
+            assert 1 <= busy <= 2  # sent, then once more after the slot map
+            for _ in range(5):  # backing off: nothing sent
+                assert not scheduler.flush_outbox()
+            again = owner.info("errorstats").get("errorstat_CLUSTERDOWN", {}).get("count", 0)
+            assert again == busy
+        finally:
+            owner.execute_command("CLUSTER ADDSLOTS", slot)
+        cluster.wait_ready()
+        scheduler._down_until = 0.0  # (the backoff's end)
+        assert scheduler.flush_outbox()
+        got = harness.wait_for_request(scheduler, 3.0)
+        assert got.url == f"https://{site}/1"
+        harness.finish(scheduler, got)
+        assert scheduler.next_request() is None
+        assert scheduler.queue.shards.audit() == {}
     finally:
         rc.close()

@@ -338,6 +338,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._seq = 0
         self._unreachable = False
         self._in_doubt: _InDoubt | None = None
+        #: A CLUSTERDOWN or TRYAGAIN of the last round trip (the call did
+        #: not run; once more after the slot map is refreshed, then an outage).
+        self._busy: ResponseError | None = None
         self._problems: set[str] = set()
         #: Lease id -> the shard it was taken from.
         self._lease_shards: dict[str, int] = {}
@@ -1181,7 +1184,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scripts Redis forgot (a restart, a failover) are loaded and the calls
         that met ``NOSCRIPT``, which did not run, are sent once more; so is
         a lease that ran but found nothing due before a commit of its shard
-        that did not run (what that commit queues is leased at once).
+        that did not run (what that commit queues is leased at once). A
+        call that a Redis Cluster did not serve twice (``CLUSTERDOWN``,
+        ``TRYAGAIN``: :data:`CLUSTER_BUSY`) is an outage: backoff, a
+        warning, ``frontier/redis/outages``.
 
         :returns: None when Redis could not be reached, refused the call or
             left it in doubt (the writes stay queued); else the lease's
@@ -1206,7 +1212,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                     # under the same ids.
                     self._housekeeping(leased, shard)
                     result, lease_ids = None, ids
-            if not not_run or attempt == 2:
+            if not not_run:
+                break
+            if attempt == 2:
+                if self._busy is not None:
+                    # The cluster still does not serve the slot (a master
+                    # rejoining, every slot once one is marked failed): an
+                    # outage, waited out with backoff, not tried again at
+                    # every flush.
+                    self._outage(self._busy)
+                    return None
                 break
             # Redis restarted (or failed over) and forgot the scripts, or a
             # slot moved: the calls that met it did not run.
@@ -1255,6 +1270,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._settle()
         result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
         errors = [r for r in (*committed.values(), leased) if isinstance(r, ResponseError)]
+        self._busy = next((r for r in errors if isinstance(r, CLUSTER_BUSY)), None)
         refused = next((r for r in errors if not isinstance(r, NOT_RUN)), None)
         if refused is not None:
             self._refused(refused)
