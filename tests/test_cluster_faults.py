@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from redis import Redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from scrapy import Request, Spider
@@ -220,5 +221,70 @@ def test_a_slot_the_cluster_does_not_serve_is_an_outage_waited_out_with_backoff(
         harness.finish(scheduler, got)
         assert scheduler.next_request() is None
         assert scheduler.queue.shards.audit() == {}
+    finally:
+        rc.close()
+
+
+def _cluster_failed(cluster: RedisClusterServers, down: int) -> bool:
+    """Whether every running master says ``cluster_state:fail`` (a master
+    was marked failed: the whole cluster answers ``CLUSTERDOWN``)."""
+    for i, node in enumerate(cluster.nodes):
+        if i == down:
+            continue
+        client = Redis(host=cluster.host, port=node.port, socket_timeout=2)
+        try:
+            if client.cluster("info").get("cluster_state") != "fail":
+                return False
+        finally:
+            client.close()
+    return True
+
+
+def test_a_master_down_past_the_node_timeout_is_an_outage_the_workers_wait_out(
+    cluster: RedisClusterServers, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
+    tmp_path: Path,
+) -> None:
+    """A master stopped until the others mark it failed (the cluster's node
+    timeout, 5 s): every master answers ``CLUSTERDOWN`` for every slot, and
+    still after it is started again, until it has rejoined. The workers keep
+    running, log the outage as a WARNING and back off (a bounded number of
+    warnings, not one per flush), refuse nothing (the seed calls included),
+    and finish: every page stored once, the frontier empty. (About 40 s:
+    Redis clears a master's FAIL flag two node timeouts after it was set,
+    and a worker's backoff may have doubled to 16 s by then.)"""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        rc.lpush("pages:start_urls", *sites.urls(SITES))
+        env = {**worker_env(cluster.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+        started = time.monotonic()
+        procs, logs = zip(*(_start(env, tmp_path, f"w{i}") for i in range(2)), strict=True)
+        total = SITES * PAGES_PER_SITE
+        wait_for(lambda: _fetched(sites) >= total // 4, 60, "a quarter of the pages", 0.05)
+        node = cluster.nodes[1]
+        down_at, fetched_at_stop = time.monotonic(), _fetched(sites)
+        node.stop()
+        wait_for(lambda: _cluster_failed(cluster, 1), 15, "the cluster to fail", 0.1)
+        failed = time.monotonic() - down_at
+        node.start()
+        cluster.wait_ready()
+        outage = time.monotonic() - down_at
+        assert all(p.poll() is None for p in procs), "a worker stopped during the outage"
+        workers = wait_workers(list(procs), list(logs), 90)
+        elapsed = time.monotonic() - started
+        warnings = [w.log.count("Redis unreachable") for w in workers]
+        print(f"{total} pages in {elapsed:.1f}s; cluster failed at {failed:.1f}s, ok again at "
+              f"{outage:.1f}s after {fetched_at_stop} fetched; 'Redis unreachable' {warnings}; "
+              f"outages {[w.stats.get('frontier/redis/outages') for w in workers]}")
+        _assert_no_crash(workers)
+        # (redis-py words CLUSTERDOWN "The cluster is down"): an outage for
+        # the frontier calls and the seed calls alike, not a refusal
+        logs_text = "".join(w.log for w in workers)
+        assert "Redis unreachable (" in logs_text and "The cluster is down" in logs_text
+        assert "Redis unreachable while reading seeds (The cluster is down)" in logs_text
+        assert "Redis refused" not in logs_text, [w.log[-3000:] for w in workers]
+        assert all(1 <= n <= 40 for n in warnings), warnings
+        _assert_stored_once(db, sites, SITES, workers)
+        assert sum(w.stats.get("frontier/redis/refused", 0) for w in workers) == 0
+        _assert_frontier_empty(rc, env)
     finally:
         rc.close()

@@ -228,3 +228,53 @@ def test_with_shards_another_workers_priority_9_request_waits_at_most_a_peek(
         if "https://s70.example/" not in got:
             time.sleep(0.05)  # a download's time
     assert time.monotonic() - pushed <= 1.0 + 0.2, got
+
+
+@pytest.mark.parametrize("change", ["leave", "conc"])
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_share_that_grows_is_leased_within_a_second_though_the_next_site_is_far(
+    redis_url: str, rds: redis.Redis, shards: int, change: str
+) -> None:
+    """This worker holds its share (1 of 2) of 10 sites that come due 0.3 s
+    after its leases; the only other site in wait is 30 s away. lease.lua
+    passes the held sites over when it tells the wait (30 s), so the worker
+    is not woken by them. Then its share grows (the other worker leaves,
+    or the sites' concurrency is raised): it leases their next requests
+    within about a second of their coming due (FRONTIER_IDLE_WAIT, the
+    peeks of a sharded crawl), not 30 s later."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_CONCURRENCY=2, FRONTIER_SHARDS=shards,
+        CONCURRENT_REQUESTS=64,
+    )
+    fs = scheduler.queue.shards
+    fs.alive("other#1")
+    far = fs.for_site("far.example")
+    rds.hset(far.key("delay"), "far.example", 30_000)
+    far.push_many([_push("far.example", j) for j in range(2)])
+    assert far.lease_many(["other#1:1"])[0].site == "far.example"  # next due in 30 s
+    sites = [f"s{i}.example" for i in range(10)]
+    for site in sites:
+        shard = fs.for_site(site)
+        rds.hset(shard.key("delay"), site, 300)
+        shard.push_many([_push(site, j) for j in range(4)])
+    held = harness.lease_all(scheduler)
+    assert sorted(r.url for r in held) == sorted(f"https://{site}/0" for site in sites)
+    fs.alive("other#1")
+    assert scheduler.next_request() is None
+    if shards == 1:  # (the held sites passed over: told the far one's time)
+        assert scheduler.next_due is not None and scheduler.next_due > 20, scheduler.next_due
+    if change == "leave":
+        fs.leave("other#1")
+    else:
+        for site in sites:
+            rds.hset(fs.for_site(site).key("conc"), site, 4)
+    began = time.monotonic()
+    got = None
+    while got is None and time.monotonic() - began < 5.0:
+        got = scheduler.next_request()
+        if got is None:
+            due = scheduler.next_due
+            time.sleep(min(1.0 if due is None else due, 1.0))  # the spider's idle wait
+    took = time.monotonic() - began
+    assert got is not None and got.url.endswith("/1"), got
+    assert took <= 0.3 + 1.3, took

@@ -9,7 +9,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ClusterDownError, RedisError, ResponseError, TryAgainError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later
 from scrapy_redis.spiders import RedisSpider
@@ -296,7 +296,12 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     stop_on_config_error(self.crawler, message)
                     return
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
-                what = "refused a seed call" if isinstance(exc, ResponseError) else "unreachable"
+                # (a cluster not serving the slot yet, CLUSTERDOWN or
+                # TRYAGAIN, is an outage too, as for the scheduler)
+                refused = isinstance(exc, ResponseError) and not isinstance(
+                    exc, (ClusterDownError, TryAgainError)
+                )
+                what = "refused a seed call" if refused else "unreachable"
                 logger.warning(
                     "Redis %s while reading seeds (%s); retrying in %.1fs",
                     what, exc, backoff, extra={"spider": self},
