@@ -89,6 +89,11 @@ FAIL_FAST_PARAMS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout
 #: (``CLUSTERDOWN``). Any other reply to a call whose reply was lost leaves
 #: it in doubt: it may have run.
 NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
+#: Replies of a Redis Cluster that is not serving a slot yet (``CLUSTERDOWN``:
+#: a master restarted and not back in the cluster, or every slot once one is
+#: marked failed; ``TRYAGAIN``: a slot being moved): an outage to wait out,
+#: although redis-py raises them as a ``ResponseError``.
+CLUSTER_BUSY = (ClusterDownError, TryAgainError)
 
 
 def cluster_enabled(settings: BaseSettings) -> bool:

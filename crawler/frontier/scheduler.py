@@ -13,14 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from redis.exceptions import (
-    ClusterDownError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-    TryAgainError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -31,6 +25,7 @@ from crawler.config import close_at_open, is_unset, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import (
+    CLUSTER_BUSY,
     NOT_RUN,
     cluster_enabled,
     config_error_message,
@@ -96,11 +91,6 @@ CONFIG_ERROR_PAUSE = 3600.0
 #: too late (redis-py's cluster client raises RedisClusterException, which
 #: is no RedisError).
 UNREACHABLE = (RedisError, RedisClusterException)
-#: Replies of a Redis Cluster that is not serving a slot yet (``CLUSTERDOWN``:
-#: a master restarted and not back in the cluster; ``TRYAGAIN``: a slot
-#: being moved): an outage to wait out, although redis-py raises them as
-#: a ``ResponseError``.
-CLUSTER_BUSY = (ClusterDownError, TryAgainError)
 
 
 #: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
@@ -1186,7 +1176,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         a lease that ran but found nothing due before a commit of its shard
         that did not run (what that commit queues is leased at once). A
         call that a Redis Cluster did not serve twice (``CLUSTERDOWN``,
-        ``TRYAGAIN``: :data:`CLUSTER_BUSY`) is an outage: backoff, a
+        ``TRYAGAIN``: :data:`~crawler.frontier.connection.CLUSTER_BUSY`) is an outage: backoff, a
         warning, ``frontier/redis/outages``.
 
         :returns: None when Redis could not be reached, refused the call or
@@ -1482,7 +1472,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _failed(self, exc: Exception) -> None:
         """A Redis call outside the outbox failed: a configuration error (see
         :meth:`_config_error`), a refusal (a key of the wrong type answers an
-        error) or an outage (a cluster not serving the slot, :data:`CLUSTER_BUSY`,
+        error) or an outage (a cluster not serving the slot,
+        :data:`~crawler.frontier.connection.CLUSTER_BUSY`,
         is one too)."""
         if self._config_error(exc):
             return

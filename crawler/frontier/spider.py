@@ -9,14 +9,14 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ClusterDownError, RedisError, ResponseError, TryAgainError
+from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later
 from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import stop_on_config_error
 from crawler.extensions import worker_id
-from crawler.frontier.connection import config_error_message
+from crawler.frontier.connection import CLUSTER_BUSY, config_error_message
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
@@ -298,9 +298,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 # (a cluster not serving the slot yet, CLUSTERDOWN or
                 # TRYAGAIN, is an outage too, as for the scheduler)
-                refused = isinstance(exc, ResponseError) and not isinstance(
-                    exc, (ClusterDownError, TryAgainError)
-                )
+                refused = isinstance(exc, ResponseError) and not isinstance(exc, CLUSTER_BUSY)
                 what = "refused a seed call" if refused else "unreachable"
                 logger.warning(
                     "Redis %s while reading seeds (%s); retrying in %.1fs",
