@@ -586,3 +586,45 @@ def test_a_counter_past_what_incr_and_lua_hold_refuses_the_call_before_any_write
     assert rds.exists("{t}:qc", "{t}:qm", "{t}:lv", "{t}:ready", "{t}:wait") == 0
     with pytest.raises(ResponseError, match="nothing was written"):
         frontier.lease_many(["w#1:1"])
+
+
+class _BeatSpider(Spider):
+    name = "beat"
+
+
+def test_the_heartbeat_during_an_outages_backoff_keeps_the_leases_and_ends_it(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """An outage's backoff outlasts the outage (it doubles to 30 s): the
+    heartbeat still goes, and when Redis answers it extends the leases and
+    ends the backoff. While Redis is down it changes nothing: no second
+    outage counted, the backoff as it was."""
+    from tests.faultproxy import FaultProxy
+
+    rds.script_flush()  # (loaded again through the proxy)
+    with FaultProxy(redis_url) as proxy:
+        scheduler, crawler = harness.open_scheduler(
+            proxy.url, _BeatSpider, FRONTIER_LEASE_TIMEOUT=30
+        )
+        scheduler.enqueue_request(Request("https://a.example/page"))
+        assert scheduler.flush_outbox()
+        [request] = lease_all(scheduler)
+        [lease_id] = [m.decode() for m in rds.zrange("{beat}:leases", 0, -1)]
+        with proxy.outage():
+            scheduler._outage(RedisConnectionError("gone"))
+            scheduler._backoff = 16.0  # (a long outage's, doubled since)
+            scheduler._outage(RedisConnectionError("gone"))
+            down_until = scheduler._down_until
+            assert down_until > time.monotonic() + 25
+            scheduler._beat()  # Redis still down: nothing changes
+            assert scheduler._down_until == down_until
+            assert crawler.stats.get_value("frontier/redis/outages") == 1
+        seconds, micros = rds.time()
+        now_ms = seconds * 1000 + micros // 1000
+        rds.zadd("{beat}:leases", {lease_id: now_ms + 1000}, xx=True)  # about to expire
+        scheduler._beat()  # Redis is back, the backoff not over
+        assert scheduler._down_until == 0.0
+        assert rds.zscore("{beat}:leases", lease_id) >= now_ms + 25_000  # extended
+        assert crawler.stats.get_value("frontier/redis/outages") == 1
+        finish(scheduler, request)
+        assert rds.zcard("{beat}:leases") == 0

@@ -954,23 +954,42 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._write("acks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
 
     def _beat(self) -> None:
+        """The heartbeat (every third of ``FRONTIER_LEASE_TIMEOUT``): send the
+        outbox, mark this worker live (``{s}:alive``) and extend the leases
+        it holds.
+
+        It also goes while an outage's backoff runs (up to
+        ``OUTAGE_BACKOFF_CAP``, 30 s, past the outage's end): both writes
+        are idempotent. When Redis answers, the backoff ends there, so the
+        leases are extended and the worker goes on within a heartbeat of
+        Redis's return, instead of its leases expiring (another worker would
+        crawl them again) and the other workers' fair shares counting it
+        dead; when Redis is still down, nothing changes (the outage is
+        logged already). A refused call is no outage: the heartbeat goes.
+        """
         self.flush_outbox()
-        # A refused call is no outage: the heartbeat still goes.
-        if not self._unreachable or time.monotonic() >= self._down_until:
-            # Leases stay extended until their ack is in Redis (an ack
-            # refused or in doubt waits in the outbox).
-            held: dict[int, list[str]] = {}
-            for lease_id in self._leases.values():
-                held.setdefault(self._lease_shards.get(lease_id, 0), []).append(lease_id)
-            for op in self._outbox:
-                if op.kind == "acks":
-                    held.setdefault(op.shard, []).append(op.item)
-            try:
-                self.queue.shards.alive(self.holder)
-                if held:
-                    self.queue.shards.extend(held)
-            except UNREACHABLE as exc:
+        probing = self._unreachable and time.monotonic() < self._down_until
+        # Leases stay extended until their ack is in Redis (an ack refused
+        # or in doubt waits in the outbox).
+        held: dict[int, list[str]] = {}
+        for lease_id in self._leases.values():
+            held.setdefault(self._lease_shards.get(lease_id, 0), []).append(lease_id)
+        for op in self._outbox:
+            if op.kind == "acks":
+                held.setdefault(op.shard, []).append(op.item)
+        try:
+            self.queue.shards.alive(self.holder)
+            if held:
+                self.queue.shards.extend(held)
+        except UNREACHABLE as exc:
+            if not probing:
                 self._failed(exc)
+            return
+        if probing:
+            logger.info("Redis answers the heartbeat: the outage's backoff ends",
+                        extra={"spider": self.spider})
+            self._down_until = 0.0
+            self.flush_outbox()
 
     def has_pending_requests(self) -> bool:
         """Whether any request is queued, waiting for a retry or leased, anywhere.
