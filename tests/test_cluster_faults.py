@@ -17,6 +17,7 @@ import pytest
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import RedisClusterException, RedisError
 from scrapy import Request, Spider
 
 from crawler.frontier.shards import FrontierShards
@@ -286,5 +287,30 @@ def test_a_master_down_past_the_node_timeout_is_an_outage_the_workers_wait_out(
         _assert_stored_once(db, sites, SITES, workers)
         assert sum(w.stats.get("frontier/redis/refused", 0) for w in workers) == 0
         _assert_frontier_empty(rc, env)
+    finally:
+        rc.close()
+
+
+def test_a_closing_worker_leaves_the_shards_of_every_master_that_answers(
+    cluster: RedisClusterServers,
+) -> None:
+    """With one master down at close, the worker still leaves the fair
+    shares (and deletes its commit markers) on the others, then reports
+    the failure: the live workers there need not wait a lease's length."""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        scheduler, _ = harness.open_scheduler(
+            cluster.url, _Pages, FRONTIER_REDIS_CLUSTER=True, CONCURRENT_REQUESTS=4
+        )
+        shards = scheduler.queue.shards
+        node_of = {i: rc.get_node_from_key(f.key("alive")).port for i, f in enumerate(shards)}
+        assert all(rc.zscore(f.key("alive"), scheduler.holder) for f in shards)
+        down = cluster.nodes[0]
+        down.stop()
+        with pytest.raises((RedisError, RedisClusterException)):
+            shards.leave(scheduler.holder)
+        live = [f for i, f in enumerate(shards) if node_of[i] != down.port]
+        assert live and len(live) < len(shards)
+        assert not any(rc.zscore(f.key("alive"), scheduler.holder) for f in live)
     finally:
         rc.close()

@@ -28,6 +28,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from redis import StrictRedis
+from redis.exceptions import RedisClusterException, RedisError
 
 from crawler.frontier.store import Frontier, Lease, NotDue
 from crawler.keys import shard_of, shard_prefixes, shards_key
@@ -229,12 +230,20 @@ class FrontierShards:
         :raises redis.exceptions.RedisError: Redis failed.
         """
 
+        failed: Exception | None = None
         for pipe, indices in self.groups(range(len(self.frontiers))):
-            with pipe:
-                for i in indices:
-                    pipe.zrem(self.frontiers[i].key("alive"), holder)
-                    pipe.delete(self.frontiers[i].marker_key(holder))
-                pipe.execute()
+            # One node down does not keep the others' fair shares counting
+            # this worker until its last heartbeat is a lease's length old.
+            try:
+                with pipe:
+                    for i in indices:
+                        pipe.zrem(self.frontiers[i].key("alive"), holder)
+                        pipe.delete(self.frontiers[i].marker_key(holder))
+                    pipe.execute()
+            except (RedisError, RedisClusterException) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def pending(self) -> int:
         """Requests queued, waiting to be retried, or leased, in every shard
