@@ -314,3 +314,48 @@ def test_a_closing_worker_leaves_the_shards_of_every_master_that_answers(
         assert not any(rc.zscore(f.key("alive"), scheduler.holder) for f in live)
     finally:
         rc.close()
+
+
+def test_commits_that_ran_beside_one_the_cluster_did_not_serve_end_no_outage(
+    cluster: RedisClusterServers, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While a master rejoins, one round trip's commits run on the masters
+    that serve their slots and meet CLUSTERDOWN on the one that does not:
+    the outage goes on (its backoff doubles), it is not "reachable again"
+    at every flush."""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        scheduler, _ = harness.open_scheduler(
+            cluster.url, _Pages, FRONTIER_REDIS_CLUSTER=True, CONCURRENT_REQUESTS=4
+        )
+        sites = [f"p{i}.example" for i in range(40)]
+        owner_of = {s: rc.get_node_from_key(site_prefix("pages", s, CLUSTER_SHARDS) + "count")
+                    for s in sites}
+        down_site = sites[0]
+        others = [s for s in sites if owner_of[s].name != owner_of[down_site].name]
+        slot = key_slot((site_prefix("pages", down_site, CLUSTER_SHARDS) + "count").encode())
+        owner = rc.get_redis_connection(owner_of[down_site])
+        owner.execute_command("CLUSTER DELSLOTS", slot)
+        backoffs = []
+        try:
+            for n in range(3):
+                scheduler.enqueue_request(Request(f"https://{down_site}/{n}"))
+                scheduler.enqueue_request(Request(f"https://{others[n]}/"))
+                assert not scheduler.flush_outbox()
+                backoffs.append(scheduler._backoff)
+                scheduler._down_until = 0.0  # (the backoff's end)
+        finally:
+            owner.execute_command("CLUSTER ADDSLOTS", slot)
+        assert backoffs == [0.5, 1.0, 2.0]
+        assert "Redis reachable again" not in caplog.text
+        cluster.wait_ready()
+        assert scheduler.flush_outbox()
+        got = [harness.wait_for_request(scheduler, 3.0) for _ in range(6)]
+        assert sorted(r.url for r in got) == sorted(
+            [f"https://{down_site}/{n}" for n in range(3)]
+            + [f"https://{others[n]}/" for n in range(3)])
+        for r in got:
+            harness.finish(scheduler, r)
+        assert scheduler.queue.shards.audit() == {}
+    finally:
+        rc.close()

@@ -1284,7 +1284,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if refused is not None:
             self._refused(refused)
             return None if result is None else (set(), result)
-        if not errors or any(isinstance(r, Committed) for r in committed.values()):
+        if not errors or (
+            # (commits that ran beside one a cluster did not serve end no
+            # outage: its backoff goes on doubling, not back to 0.5 s)
+            self._busy is None and any(isinstance(r, Committed) for r in committed.values())
+        ):
             self._recovered()
         not_run: set[int | None] = {
             i for i, r in committed.items() if isinstance(r, ResponseError)
