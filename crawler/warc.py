@@ -372,15 +372,12 @@ class WarcWriterMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; opens no file yet (the first response does).
 
-        :raises NotConfigured: ``WARC_DIR`` is unset or empty (the default:
-            logged at DEBUG, where Scrapy would warn of every crawl that
-            writes no archive).
+        :raises NotConfigured: ``WARC_DIR`` is unset or empty.
         """
         settings = crawler.settings
         directory = settings.get("WARC_DIR") or ""
         if not str(directory).strip():
-            logger.debug("Disabled %s: WARC_DIR is not set", cls.__name__)
-            raise NotConfigured
+            raise NotConfigured("WARC_DIR is not set")
         max_size = settings.getint("WARC_MAX_SIZE", DEFAULT_MAX_SIZE)
         spider = crawler.spidercls.name
         worker = worker_id(settings)

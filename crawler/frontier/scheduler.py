@@ -331,6 +331,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: A CLUSTERDOWN or TRYAGAIN of the last round trip (the call did
         #: not run; once more after the slot map is refreshed, then an outage).
         self._busy: ResponseError | None = None
+        #: A configuration error stops the crawl: no Redis call until it closes.
+        self._config_stopped = False
         self._problems: set[str] = set()
         #: Lease id -> the shard it was taken from.
         self._lease_shards: dict[str, int] = {}
@@ -419,6 +421,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 # it is raised once the spider is open instead.
                 self._close_spider = close_at_open(self.crawler, message)
                 self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
+                self._config_stopped = True
                 self._unreachable = True
                 self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
                 return
@@ -965,10 +968,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         Redis's return, instead of its leases expiring (another worker would
         crawl them again) and the other workers' fair shares counting it
         dead; when Redis is still down, nothing changes (the outage is
-        logged already). A refused call is no outage: the heartbeat goes.
+        logged already). After a configuration error it sends nothing (the
+        crawl is closing). A refused call is no outage: the heartbeat goes.
         """
         self.flush_outbox()
         probing = self._unreachable and time.monotonic() < self._down_until
+        if probing and self._config_stopped:
+            return  # a configuration error: no call until the crawl closes
         # Leases stay extended until their ack is in Redis (an ack refused
         # or in doubt waits in the outbox).
         held: dict[int, list[str]] = {}
@@ -1567,6 +1573,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._outbox.clear()
         self._in_doubt = None
         self._seen.clear()
+        self._config_stopped = True
         self._unreachable = True
         self._backoff = OUTAGE_BACKOFF_CAP
         self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
