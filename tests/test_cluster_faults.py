@@ -90,6 +90,22 @@ def _assert_frontier_empty(rc: RedisCluster, env: dict[str, str]) -> None:
     assert spider["items"]["pages"] == SITES * PAGES_PER_SITE
 
 
+def _crawl_a_quarter(
+    rc: RedisCluster, cluster: RedisClusterServers, mongo_uri: str, mongo_db: str,
+    sites: _Sites, tmp_path: Path,
+) -> tuple[dict[str, str], tuple[Popen[bytes], ...], tuple[Path, ...], float]:
+    """Seed every site, start two workers on the cluster and wait until a
+    quarter of the pages are fetched. Returns the workers' environment, the
+    processes, their logs and when they were started (``time.monotonic()``)."""
+    rc.lpush("pages:start_urls", *sites.urls(SITES))
+    env = {**worker_env(cluster.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+    started = time.monotonic()
+    procs, logs = zip(*(_start(env, tmp_path, f"w{i}") for i in range(2)), strict=True)
+    total = SITES * PAGES_PER_SITE
+    wait_for(lambda: _fetched(sites) >= total // 4, 60, "a quarter of the pages", 0.05)
+    return env, procs, logs, started
+
+
 def _assert_no_crash(workers: list[Worker]) -> None:
     for w in workers:
         assert "Traceback" not in w.log and "] CRITICAL:" not in w.log, w.log[-5000:]
@@ -108,12 +124,10 @@ def test_a_master_restarted_mid_crawl_loses_nothing(
     fetched and stored once, the frontier is empty."""
     rc = RedisCluster.from_url(cluster.url)
     try:
-        rc.lpush("pages:start_urls", *sites.urls(SITES))
-        env = {**worker_env(cluster.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
-        started = time.monotonic()
-        procs, logs = zip(*(_start(env, tmp_path, f"w{i}") for i in range(2)), strict=True)
+        env, procs, logs, started = _crawl_a_quarter(
+            rc, cluster, mongo_uri, mongo_db, sites, tmp_path
+        )
         total = SITES * PAGES_PER_SITE
-        wait_for(lambda: _fetched(sites) >= total // 4, 60, "a quarter of the pages", 0.05)
         node = cluster.nodes[1]
         down_at, fetched_at_stop = time.monotonic(), _fetched(sites)
         if signum == signal.SIGKILL:
@@ -255,12 +269,10 @@ def test_a_master_down_past_the_node_timeout_is_an_outage_the_workers_wait_out(
     and a worker's backoff may have doubled to 16 s by then.)"""
     rc = RedisCluster.from_url(cluster.url)
     try:
-        rc.lpush("pages:start_urls", *sites.urls(SITES))
-        env = {**worker_env(cluster.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
-        started = time.monotonic()
-        procs, logs = zip(*(_start(env, tmp_path, f"w{i}") for i in range(2)), strict=True)
+        env, procs, logs, started = _crawl_a_quarter(
+            rc, cluster, mongo_uri, mongo_db, sites, tmp_path
+        )
         total = SITES * PAGES_PER_SITE
-        wait_for(lambda: _fetched(sites) >= total // 4, 60, "a quarter of the pages", 0.05)
         node = cluster.nodes[1]
         down_at, fetched_at_stop = time.monotonic(), _fetched(sites)
         node.stop()
