@@ -227,9 +227,9 @@ class FrontierShards:
         after :attr:`Frontier.MARKER_TTL_MS`). Both writes are idempotent: a
         lost reply, or the call sent twice, changes nothing.
 
-        :raises redis.exceptions.RedisError: Redis failed.
+        :raises redis.exceptions.RedisError: Redis failed (on a cluster, the
+            first node's error, once every node was tried).
         """
-
         failed: Exception | None = None
         for pipe, indices in self.groups(range(len(self.frontiers))):
             # One node down does not keep the others' fair shares counting
