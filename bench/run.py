@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -194,9 +195,10 @@ def _cluster_figure(
     size: dict[str, Any], repeat: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Figure h's runs and rows: a three-master cluster with
-    ``FRONTIER_SHARDS=12`` against one plain Redis with 1 shard, alternating
-    (see :mod:`bench.cluster_fig`); then, on one plain Redis, 8 shards
-    against 1 on figure d's requests (10 sites; not with ``--quick``)."""
+    ``FRONTIER_SHARDS=12`` against one plain Redis with 1 shard (see
+    :mod:`bench.cluster_fig`), and, on one plain Redis, 8 shards against 1 on
+    figure d's requests (10 sites; not with ``--quick``); the four runs in
+    turn, the order reversed every other repeat (:func:`crawls.in_turn`)."""
     seconds, prefill = size["ops_seconds"], size["prefill"]
     raw: dict[str, Any] = {"cluster": [], "one": [], "shards_1": [], "shards_8": []}
     with contextlib.ExitStack() as stack:
@@ -208,18 +210,22 @@ def _cluster_figure(
         plain = stack.enter_context(RedisServer())
         one = {"url": plain.url, "node_urls": [plain.url], "cluster": False,
                "clients": H_CLIENTS, "seconds": seconds, "prefill": prefill}
-        for _ in range(repeat):
-            if cluster is not None:
-                raw["cluster"].append(cluster_fig.sharded_ops(
-                    cluster.url, [node.url for node in cluster.nodes], cluster=True,
-                    shards=H_SHARDS, clients=H_CLIENTS, seconds=seconds, sites=H_SITES,
-                    prefill=prefill,
-                ))
-            raw["one"].append(cluster_fig.sharded_ops(**one, shards=1, sites=H_SITES))
-            for shards in (1, 8) if size["shard_cost"] else ():
-                raw[f"shards_{shards}"].append(
-                    cluster_fig.sharded_ops(**one, shards=shards, sites=10)
+        runs: dict[str, Callable[[], dict[str, Any]]] = {}
+        if cluster is not None:
+            nodes = [node.url for node in cluster.nodes]
+            runs["cluster"] = functools.partial(
+                cluster_fig.sharded_ops, cluster.url, nodes, cluster=True,
+                shards=H_SHARDS, clients=H_CLIENTS, seconds=seconds, sites=H_SITES,
+                prefill=prefill,
+            )
+        runs["one"] = functools.partial(cluster_fig.sharded_ops, **one, shards=1, sites=H_SITES)
+        if size["shard_cost"]:
+            for shards in (1, 8):
+                runs[f"shards_{shards}"] = functools.partial(
+                    cluster_fig.sharded_ops, **one, shards=shards, sites=10
                 )
+        for _, key in crawls.in_turn(list(runs), repeat):
+            raw[key].append(runs[key]())
     ops = {k: _median([r["ops_s"] for r in v]) for k, v in raw.items() if isinstance(v, list)}
     ratio = ops["cluster"] / ops["one"] if ops["one"] else float("nan")
     cost = ops["shards_8"] / ops["shards_1"] if raw["shards_1"] else float("nan")
@@ -434,8 +440,8 @@ _NOTES = """\
   nothing due is followed by the next), on requests spread over 120
   sites: a three-master Redis Cluster (`devtools.cluster`, one
   `redis-server` per master on this machine) with `FRONTIER_SHARDS=12`
-  against one plain `redis-server` with 1 shard, alternating, 20,000
-  requests prefilled. The CPU rows are the clients' `process_time` and the
+  against one plain `redis-server` with 1 shard, 20,000 requests
+  prefilled. The CPU rows are the clients' `process_time` and the
   nodes' `INFO cpu` over the window, in cores: the clients and the masters
   share the machine's cores, so on a small machine the ratio is bounded by
   the cores there are (the clients' encoding and decoding cost more CPU per
@@ -444,7 +450,8 @@ _NOTES = """\
   setup would reach with clients on other cores, until its busiest node
   runs at one full core. The last row:
   figure d's requests (10 sites) on one plain Redis with 8 shards against
-  1, same clients.
+  1, same clients. The four runs go in turn, the order reversed every other
+  repeat, as in a.
 - **i.** `bench.frontier_figs.bytes_per_site`: 10,000 sites (`--quick`:
   1,000), each with one queued request and its robots.txt as the robots
   middleware stores it (compact: the rules of the group for our agent);
