@@ -61,6 +61,31 @@ def test_a_crawl_on_a_cluster_is_sharded_without_being_told(
     assert shard_count(Settings({})) == 1
 
 
+class _BraceSpider(Spider):
+    name = "a}b"
+
+
+def test_a_worker_on_a_cluster_warns_at_open_when_the_spider_name_puts_its_shards_in_one_slot(
+    redis_cluster_url: str, rc: RedisCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``a}b``: every shard's keys hash to one slot, one master (the crawl
+    still runs there); the warning names the spider. ``c`` gets none."""
+    with caplog.at_level("WARNING", logger="crawler.frontier.scheduler"):
+        scheduler, _ = harness.open_scheduler(
+            redis_cluster_url, _BraceSpider, FRONTIER_REDIS_CLUSTER=True
+        )
+    warned = [r.getMessage() for r in caplog.records if "one slot" in r.getMessage()]
+    assert len(warned) == 1 and "'a}b'" in warned[0] and f"{CLUSTER_SHARDS} shards" in warned[0]
+    prefixes = shard_prefixes("a}b", CLUSTER_SHARDS)
+    assert len({rc.keyslot(p + "wait") for p in prefixes}) == 1
+    scheduler.enqueue_request(Request("http://a.example/1"))
+    assert [r.url for r in lease_all(scheduler)] == ["http://a.example/1"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="crawler.frontier.scheduler"):
+        open_scheduler(redis_cluster_url)
+    assert not [r for r in caplog.records if "one slot" in r.getMessage()]
+
+
 def test_the_cluster_switch_builds_a_cluster_client(redis_cluster_url: str) -> None:
     client = get_redis(Settings({"REDIS_URL": redis_cluster_url, "FRONTIER_REDIS_CLUSTER": True}))
     assert isinstance(client, FrontierRedisCluster)
