@@ -278,3 +278,36 @@ def test_a_share_that_grows_is_leased_within_a_second_though_the_next_site_is_fa
     took = time.monotonic() - began
     assert got is not None and got.url.endswith("/1"), got
     assert took <= 0.3 + 1.3, took
+
+
+@pytest.mark.parametrize("share_held", ["1", "x"])
+def test_a_malformed_share_count_in_the_wait_loop_counts_as_none_held(
+    redis_url: str, rds: redis.Redis, caplog: pytest.LogCaptureFixture, share_held: str
+) -> None:
+    """A worker holds its share (1 of 2 slots, another worker live) of the
+    one site with work, which waits out a 600 ms delay. Its count intact,
+    the worker is told to ask again after FRONTIER_IDLE_WAIT (1 s: it asks
+    at once when its download ends). A count that is no integer is read as
+    0 held, with the key named: the worker wakes when the site comes due,
+    never passes it over for a value it cannot read."""
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_CONCURRENCY=2, CONCURRENT_REQUESTS=8
+    )
+    fs = scheduler.queue.shards
+    fs.alive("other#1")
+    shard = fs.for_site("a.example")
+    rds.hset(shard.key("delay"), "a.example", 600)
+    shard.push_many([_push("a.example", j) for j in range(3)])
+    assert [r.url for r in harness.lease_all(scheduler)] == ["https://a.example/0"]
+    (field,) = rds.hkeys(shard.key("wactive"))
+    rds.hset(shard.key("wactive"), field, share_held)
+    with caplog.at_level("WARNING", logger="crawler.frontier.scheduler"):
+        assert scheduler.next_request() is None
+    due = scheduler.next_due
+    assert due is not None
+    bad = [r.getMessage() for r in caplog.records if "Bad value in Redis" in r.getMessage()]
+    if share_held == "1":
+        assert due > 0.8 and not bad
+    else:
+        assert due <= 0.75  # (the delay, stretched by the pacing margin)
+        assert bad and "wactive" in bad[0] and "counted as 0" in bad[0]
