@@ -360,3 +360,24 @@ def test_each_sites_robots_txt_is_fetched_once_by_three_workers_on_eight_shards(
         # answer (or a lease) to the download, on a loaded machine.
         assert min(gaps) >= 0.4 * 0.85, (site.url, gaps)
 
+
+
+# --- configuration errors ---------------------------------------------------------
+
+
+def test_a_warc_dir_that_cannot_be_written_is_a_bad_setting(
+    env: dict[str, str], rds: redis.Redis, site_factory: Any, tmp_path: Path
+) -> None:
+    """WARC_DIR under a regular file: one line naming the setting, exit 2,
+    nothing crawled (before: one ERROR, the crawl ran without an archive and
+    exited 0)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    site = site_factory({"/": _html()})
+    rds.lpush("pages:start_urls", site.url_for("/"))
+    [worker] = crawl("pages", env, tmp_path, settings={
+        "WARC_DIR": blocker / "warc", "FRONTIER_SHARDS": 3})
+    assert worker.returncode == 2, worker.log[-3000:]
+    assert f"Bad setting: WARC_DIR='{blocker / 'warc'}': must be a directory" in worker.log
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert site.hits() == []
