@@ -154,6 +154,9 @@ class RoundTripSpider(FrontierSpider):
         )
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Request]:
+        if "sites=" not in response.url:  # a plain page: follow its links
+            yield from response.follow_all(css="a")
+            return
         sites = response.url.split("sites=", 1)[1].split(",")
         for key, request in self.requests(sites):
             self.logger.info("SENT %s %s", key, json.dumps(_view(request, self)))
@@ -381,3 +384,165 @@ def test_a_warc_dir_that_cannot_be_written_is_a_bad_setting(
     assert f"Bad setting: WARC_DIR='{blocker / 'warc'}': must be a directory" in worker.log
     assert "Traceback" not in worker.log, worker.log[-3000:]
     assert site.hits() == []
+
+
+# --- pause, stop, resume on a sharded crawl, with WARC files -------------------------
+
+
+def test_pause_stop_resume_across_two_workers_on_five_shards_with_warc(
+    env: dict[str, str], rds: redis.Redis, db: Any, site_factory: Any, tmp_path: Path
+) -> None:
+    """Eight sites of six pages (0.15 s each) on 5 shards, two workers
+    writing WARC files. Paused: no fetch starts a second after. Stopped:
+    both exit 0, no lease left to expire in any shard. Resumed: a new worker
+    finishes; every page fetched and stored once, each response archived."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    from tests.waiting import wait_for
+    from tests.workers import start_worker, wait_workers
+
+    sites = [
+        site_factory({"/": _html(*(f"/{i}" for i in range(1, 6))),
+                      **{f"/{i}": _html() for i in range(1, 6)}}, latency=0.15)
+        for _ in range(8)
+    ]
+    rds.lpush("pages:start_urls", *(s.url_for("/") for s in sites))
+    warc_dir = tmp_path / "warc"
+    settings = {"FRONTIER_SHARDS": 5, "FRONTIER_CONTROL_INTERVAL": 0.2,
+                "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "WARC_DIR": warc_dir,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+
+    def hits() -> list[Any]:
+        return [h for s in sites for h in s.hits()]
+
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
+    procs = [start_worker("pages", env, logs[i], settings) for i in range(2)]
+    try:
+        wait_for(lambda: len(hits()) >= 12, 60, "the crawl to be under way")
+        rds.set("{pages}:control", "paused")
+        paused = time.monotonic()
+        time.sleep(2.5)  # the absence of fetches is what is checked
+        late = [h.path for h in hits() if h.started > paused + 1.0]
+        assert late == [], late
+        assert [p.poll() for p in procs] == [None, None]
+        rds.set("{pages}:control", "stopped")
+        stopped = wait_workers(procs, logs[:2], timeout=30)
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    assert [w.returncode for w in stopped] == [0, 0], [w.log[-2000:] for w in stopped]
+    assert all("'finish_reason': 'stopped'" in w.log for w in stopped)
+    for prefix in shard_prefixes("pages", 5):
+        live = [m for m, s in rds.zrange(prefix + "leases", 0, -1, withscores=True) if s > 0]
+        assert live == [], prefix
+    fetched_before = len(hits())
+    assert fetched_before < 8 * 7
+    rds.delete("{pages}:control")
+    [last] = wait_workers([start_worker("pages", env, logs[2], settings)], logs[2:], timeout=60)
+    assert last.returncode == 0, last.log[-2000:]
+    pages = [(s.url, h.path) for s in sites for h in s.hits() if h.path != "/robots.txt"]
+    assert len(pages) == len(set(pages)) == 8 * 6
+    assert db.pages.count_documents({}) == 8 * 6
+    for prefix in shard_prefixes("pages", 5):
+        assert rds.zcard(prefix + "leases") == rds.llen(prefix + "dead") == 0, prefix
+    archived = set()
+    for path in warc_dir.iterdir():
+        assert not path.name.endswith(".open"), path
+        with path.open("rb") as fh:
+            archived |= {r.rec_headers.get_header("WARC-Target-URI")
+                         for r in ArchiveIterator(fh) if r.rec_type == "response"}
+    assert {f"{url}{path}" for url, path in pages} <= archived
+
+
+# --- revisits on a sharded crawl ----------------------------------------------------
+
+
+def test_revisits_on_four_shards_are_conditional_and_a_site_at_zero_is_not_revisited(
+    env: dict[str, str], rds: redis.Redis, db: Any, site_factory: Any, tmp_path: Path
+) -> None:
+    """Four sites of three pages, 4 shards, FRONTIER_REVISIT_AFTER=2 and one
+    site at 0 in FRONTIER_SITE_REVISITS: a second run with no seed asks for
+    every page of the other three again, each conditional (304), and none
+    of the fourth; every document's last_seen advances but the fourth's."""
+    sites = [site_factory({"/": _html("/1", "/2"), "/1": _html(), "/2": _html()})
+             for _ in range(4)]
+    never = sites[3]
+    rds.lpush("pages:start_urls", *(s.url_for("/") for s in sites))
+    settings = {"FRONTIER_SHARDS": 4, "FRONTIER_REVISIT_AFTER": 2,
+                "FRONTIER_SITE_REVISITS": json.dumps({never.url: 0})}
+    [first] = crawl("pages", env, tmp_path, settings=settings)
+    assert first.returncode == 0, first.log[-3000:]
+    before = {d["url"]: d["last_seen"] for d in db.pages.find()}
+    assert len(before) == 12
+    keys = [p + "revisits" for p in shard_prefixes("pages", 4)]
+    assert sum(rds.zcard(k) for k in keys) == 9
+    last = max(s for k in keys for _, s in rds.zrange(k, -1, -1, withscores=True))
+    seconds, micros = rds.time()
+    time.sleep(max(0.0, (last - (seconds * 1000 + micros // 1000)) / 1000 + 0.05))
+    for s in sites:
+        s.clear_hits()
+    [second] = crawl("pages", env, tmp_path, settings=settings)
+    assert second.returncode == 0, second.log[-3000:]
+    for s in sites[:3]:
+        hits = [h for h in s.hits() if h.path != "/robots.txt"]
+        assert sorted(h.path for h in hits) == ["/", "/1", "/2"], s.url
+        assert all(h.conditional and h.status == 304 for h in hits), s.url
+    assert never.hits() == []
+    after = {d["url"]: d["last_seen"] for d in db.pages.find()}
+    assert after.keys() == before.keys()
+    for url, seen in after.items():
+        if url.startswith(never.url):
+            assert seen == before[url], url
+        else:
+            assert seen > before[url], url
+
+
+# --- on a three-master Redis Cluster (default 16 shards) ----------------------------
+
+
+def test_on_a_cluster_requests_round_trip_and_robots_503_holds_its_site(
+    redis_cluster_url: str, mongo_uri: str, mongo_db: str, site_factory: Any, tmp_path: Path
+) -> None:
+    """The round trip of every kind of request, and a site whose robots.txt
+    answers 503 twice then disallows /private, crawled together by two
+    workers on a three-master cluster with the default shards."""
+    from redis.cluster import RedisCluster
+
+    from tests.workers import worker_env
+
+    def robots(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            return Page(503, TEXT, b"") if nth <= 2 else Page(
+                200, TEXT, b"User-agent: *\nDisallow: /private\n")
+        return None
+
+    held = site_factory({"/": _html("/private/x", "/ok"), "/private/x": _html(),
+                         "/ok": _html()}, handler=robots)
+    env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+    rc = RedisCluster.from_url(redis_cluster_url)
+    try:
+        with EchoServer() as a, EchoServer() as b, EchoServer() as c:
+            sites = ",".join(s.site for s in (a, b, c))
+            rc.lpush("rv_roundtrip:start_urls", a.url(f"/?sites={sites}"))
+            rc.lpush("rv_roundtrip:start_urls", held.url_for("/"))
+            workers = crawl("rv_roundtrip", env, tmp_path, workers=2, settings={
+                **SPIDERS, "RETRY_TIMES": 0, "FRONTIER_STAY_ON_SEED_HOSTS": False,
+                "FRONTIER_ROBOTS_RETRY_BASE": 1, "FRONTIER_ROBOTS_RETRY_MAX": 1,
+            })
+    finally:
+        rc.close()
+    assert [w.returncode for w in workers] == [0, 0], [w.log[-3000:] for w in workers]
+    log = "".join(w.log for w in workers)
+    assert "] ERROR:" not in log and "Traceback" not in log, log[-5000:]
+    sent = _lines(log, "SENT")
+    got = {**_lines(log, "GOT"), **_lines(log, "ERRBACK")}
+    assert sorted(got) == sorted(sent)
+    for key, want in sent.items():
+        headers = got[key].pop("headers")
+        assert {k: headers.get(k) for k in want["headers"]} == want.pop("headers"), key
+        if isinstance(want["cookies"], list):
+            for cookie in got[key]["cookies"]:
+                cookie.pop("secure", None)
+        assert got[key] == want, key
+    assert sorted(h.path for h in held.hits()) == ["/", "/ok", *["/robots.txt"] * 3]
