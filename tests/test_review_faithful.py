@@ -63,7 +63,9 @@ class EchoServer:
                 }
                 with server.lock:
                     server.hits.append(got)
-                if self.path == "/robots.txt":
+                if self.path.startswith("/flaky") and server.failing:
+                    out, status, ctype = b"down", 500, "text/plain"
+                elif self.path == "/robots.txt":
                     out, status, ctype = b"", 404, "text/plain"
                 elif self.path.startswith("/fail"):
                     out, status, ctype = b"no", 404, "text/plain"
@@ -78,6 +80,8 @@ class EchoServer:
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _any
 
         self.lock = threading.Lock()
+        #: Paths starting with /flaky answer 500 while this is true.
+        self.failing = True
         self.hits: list[dict[str, Any]] = []
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.site = f"127.0.0.1:{self.httpd.server_address[1]}"
@@ -171,6 +175,18 @@ class RoundTripSpider(FrontierSpider):
         request = failure.request  # type: ignore[attr-defined]
         self.logger.info("ERRBACK %s %s", request.meta.get("k") or request.cb_kwargs.get("k"),
                          json.dumps(_view(request, self)))
+
+
+class RequeueSpider(RoundTripSpider):
+    """:class:`RoundTripSpider` whose requests go to ``/flaky...`` paths."""
+
+    name = "rv_requeue"
+
+    def requests(self, sites: list[str]) -> Iterator[tuple[str, Request]]:
+        for key, request in super().requests(sites):
+            scheme, _, rest = request.url.partition("://")
+            host, _, path = rest.partition("/")
+            yield key, request.replace(url=f"{scheme}://{host}/flaky/{path}")
 
 
 def _lines(log: str, tag: str) -> dict[str, Any]:
@@ -546,3 +562,48 @@ def test_on_a_cluster_requests_round_trip_and_robots_503_holds_its_site(
                 cookie.pop("secure", None)
         assert got[key] == want, key
     assert sorted(h.path for h in held.hits()) == ["/", "/ok", *["/robots.txt"] * 3]
+
+
+def test_dead_letters_of_every_kind_of_request_are_requeued_whole_on_three_shards(
+    env: dict[str, str], rds: redis.Redis, tmp_path: Path
+) -> None:
+    """The requests of every kind answer 500 (no retries): each is a dead
+    letter in its site's shard (those with an errback also go to it). Once
+    the sites answer, ``deadletters requeue`` and a new worker: each
+    callback gets its request whole."""
+    import subprocess
+    import sys
+
+    from tests.workers import PROJECT_DIR
+
+    settings = {**SPIDERS, "FRONTIER_SHARDS": 3, "RETRY_TIMES": 0,
+                "FRONTIER_STAY_ON_SEED_HOSTS": False}
+    with EchoServer() as a, EchoServer() as b, EchoServer() as c:
+        sites = ",".join(s.site for s in (a, b, c))
+        rds.lpush("rv_requeue:start_urls", a.url(f"/?sites={sites}"))
+        [first] = crawl("rv_requeue", env, tmp_path, settings=settings)
+        assert first.returncode == 0, first.log[-3000:]
+        dead = sum(rds.llen(p + "dead") for p in shard_prefixes("rv_requeue", 3))
+        # (the two with an errback too: they ran out of retries)
+        assert dead == 6, first.log[-3000:]
+        for server in (a, b, c):
+            server.failing = False
+        args = [sys.executable, "-m", "scrapy", "deadletters", "requeue", "rv_requeue"]
+        for name, value in SPIDERS.items():
+            args += ["-s", f"{name}={value}"]
+        done = subprocess.run(args, cwd=PROJECT_DIR, env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        [second] = crawl("rv_requeue", env, tmp_path, settings=settings)
+    assert second.returncode == 0, second.log[-3000:]
+    sent = _lines(first.log, "SENT")
+    got = _lines(second.log, "GOT")
+    assert sorted(got) == sorted(sent), second.log[-3000:]
+    for key, back in got.items():
+        want = sent[key]
+        headers = back.pop("headers")
+        assert {k: headers.get(k) for k in want["headers"]} == want.pop("headers"), key
+        if isinstance(want["cookies"], list):
+            for cookie in back["cookies"]:
+                cookie.pop("secure", None)
+        assert back == want, key
