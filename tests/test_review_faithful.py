@@ -607,3 +607,36 @@ def test_dead_letters_of_every_kind_of_request_are_requeued_whole_on_three_shard
             for cookie in back["cookies"]:
                 cookie.pop("secure", None)
         assert back == want, key
+
+
+def test_the_cluster_switch_on_a_single_redis_is_a_configuration_error(
+    env: dict[str, str], rds: redis.Redis, tmp_path: Path
+) -> None:
+    """FRONTIER_REDIS_CLUSTER=1 with REDIS_URL at one Redis server: one line,
+    exit 1 (before: asyncio's "Task exception was never retrieved" and a
+    traceback)."""
+    rds.lpush("pages:start_urls", "http://127.0.0.1:9/")
+    [worker] = crawl("pages", {**env, "FRONTIER_REDIS_CLUSTER": "1"}, tmp_path)
+    assert worker.returncode == 1, worker.log[-3000:]
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert "Configuration error: Redis at redis://127.0.0.1:" in worker.log
+    assert "FRONTIER_REDIS_CLUSTER is on but the server is no Redis Cluster node" in worker.log
+
+
+def test_a_cluster_node_without_the_cluster_switch_is_a_configuration_error(
+    redis_cluster_url: str, mongo_uri: str, mongo_db: str, tmp_path: Path
+) -> None:
+    """REDIS_URL at a node of a Redis Cluster, FRONTIER_REDIS_CLUSTER unset:
+    the node's MOVED is no outage; the worker stops within seconds, exit 1
+    (before: "Redis unreachable" with backoff for ever)."""
+    from tests.workers import worker_env
+
+    env = worker_env(redis_cluster_url, mongo_uri, mongo_db)
+    env.pop("FRONTIER_REDIS_CLUSTER", None)
+    started = time.monotonic()
+    [worker] = crawl("pages", env, tmp_path, timeout=60)
+    assert worker.returncode == 1, worker.log[-3000:]
+    assert worker.ended - started < 20
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert "the server is a node of a Redis Cluster (it answered MOVED/ASK" in worker.log, (
+        worker.log[-3000:])
