@@ -54,6 +54,10 @@ LOCK_WAIT_SECONDS = 65
 #: Bytes of a robots.txt parsed and shared (RFC 9309 section 2.5: at least
 #: 500 KiB; what follows is ignored).
 ROBOTS_MAX_BYTES = 500 * 1024
+#: Least ``download_maxsize`` of a robots.txt fetch, bytes: Scrapy's default
+#: DOWNLOAD_MAXSIZE (1 GiB), whatever the crawl's is (a download past it is
+#: cancelled whole; only the first ROBOTS_MAX_BYTES are kept).
+ROBOTS_FETCH_MAXSIZE = 1024 * 1024 * 1024
 #: Redirects followed to reach robots.txt (RFC 9309 section 2.3.1.2: at
 #: least five); past them it counts as unavailable (no rules).
 MAX_REDIRECTS = 5
@@ -515,9 +519,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     def _robots_maxsize(self) -> int:
         """``download_maxsize`` of a robots.txt fetch, bytes: at least
-        :data:`ROBOTS_MAX_BYTES` (0, no limit, stays 0)."""
+        :data:`ROBOTS_FETCH_MAXSIZE` (0, no limit, stays 0). Scrapy cancels
+        a download past it, keeping nothing: a lower limit would make the
+        site of a robots.txt a little larger unreachable (held for 30 days)
+        instead of ruled by its first :data:`ROBOTS_MAX_BYTES`."""
         limit = self.crawler.settings.getint("DOWNLOAD_MAXSIZE")
-        return 0 if limit <= 0 else max(limit, ROBOTS_MAX_BYTES)
+        return 0 if limit <= 0 else max(limit, ROBOTS_FETCH_MAXSIZE)
 
     async def _fetch(self, request: Request, site: str, stored: _Stored) -> RobotParser | _Wait:
         """Fetch robots.txt of ``request``'s site for all (this worker holds
@@ -534,7 +541,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 DONT_DEAD_LETTER_META: True,
                 "redirect_ttl": MAX_REDIRECTS,
                 # RFC 9309 section 2.5: at least 500 KiB must be read, even
-                # when DOWNLOAD_MAXSIZE is lower.
+                # when DOWNLOAD_MAXSIZE is lower, and a larger robots.txt
+                # must not fail (Scrapy keeps nothing of a cancelled one).
                 "download_maxsize": self._robots_maxsize(),
             },
             callback=NO_CALLBACK,
@@ -560,7 +568,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             if response.status >= 500:
                 failure = response_status_message(response.status)
             elif 200 <= response.status < 300:
-                body = response.body[:ROBOTS_MAX_BYTES]  # RFC 9309 section 2.5
+                body = _first_bytes(response.body)  # RFC 9309 section 2.5
             # else 4xx (or a redirect not followed): unavailable, no rules
         if failure is not None:
             return self._unreachable(site, stored, failure)
@@ -782,6 +790,19 @@ class AdaptiveSlowdownMiddleware:
             # Slowing down is best effort: the response goes on either way.
             logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
         return response
+
+
+def _first_bytes(body: bytes) -> bytes:
+    """The first :data:`ROBOTS_MAX_BYTES` of robots.txt ``body``, less a
+    last line the limit cuts short (``Disallow: /private`` cut to
+    ``Disallow: /`` would forbid the whole site): what follows the limit is
+    ignored (RFC 9309 section 2.5), and so is the part of a line before it."""
+    if len(body) <= ROBOTS_MAX_BYTES:
+        return body
+    head = body[:ROBOTS_MAX_BYTES]
+    if body[ROBOTS_MAX_BYTES:ROBOTS_MAX_BYTES + 1] in (b"\n", b"\r"):
+        return head  # the last line ends right at the limit
+    return head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
 
 
 def _whole_ms(raw: Any) -> int | None:

@@ -15,6 +15,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from scrapy import Request
 from scrapy.http import FormRequest, JsonRequest
 
@@ -640,3 +641,31 @@ def test_a_cluster_node_without_the_cluster_switch_is_a_configuration_error(
     assert "Traceback" not in worker.log, worker.log[-3000:]
     assert "the server is a node of a Redis Cluster (it answered MOVED/ASK" in worker.log, (
         worker.log[-3000:])
+
+
+@pytest.mark.parametrize("maxsize", [None, 512_000])
+def test_a_robots_txt_cut_at_500_kib_does_not_obey_the_line_it_cuts(
+    env: dict[str, str], rds: redis.Redis, site_factory: Any, tmp_path: Path,
+    maxsize: int | None,
+) -> None:
+    """A 600 KiB robots.txt whose line ``Disallow: /private`` straddles the
+    500 KiB it is read to: the cut ``Disallow: /`` must not disallow the
+    whole site (RFC 9309 section 2.5: what follows the limit is ignored,
+    not a line cut short)."""
+    limit = 500 * 1024
+    head = b"User-agent: *\n"
+    rule = b"Disallow: /private\n"
+    cut = len(b"Disallow: /")
+    pad = limit - cut - len(head)
+    filler = b"".join(b"# " + b"x" * 97 + b"\n" for _ in range(pad // 100))
+    filler += b"#" * (pad - len(filler) - 1) + b"\n"
+    body = head + filler + rule + b"# tail\n" * 15000
+    assert body[:limit].endswith(b"\nDisallow: /")
+    site = site_factory({"/robots.txt": Page(200, TEXT, body), "/": _html("/a"), "/a": _html()})
+    rds.lpush("pages:start_urls", site.url_for("/"))
+    settings: dict[str, object] = {"FRONTIER_SHARDS": 3}
+    if maxsize is not None:  # below the robots.txt's size
+        settings["DOWNLOAD_MAXSIZE"] = maxsize
+    [worker] = crawl("pages", env, tmp_path, settings=settings)
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert sorted(h.path for h in site.hits()) == ["/", "/a", "/robots.txt"]
