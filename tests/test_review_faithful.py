@@ -295,6 +295,9 @@ def test_redirects_across_shards_keep_politeness_dedup_and_robots(
     doc = db.pages.find_one({"final_url": c.url_for("/final")})
     assert doc["requested_url"] == a.url_for("/r1")
     assert sum(w.stats.get("robotstxt/forbidden", 0) for w in workers) == 1
+    # A/loop again (the loop) and B/page again (the second redirect onto it),
+    # each found in its site's shard: counted, not dropped silently.
+    assert sum(w.stats.get("dupefilter/filtered", 0) for w in workers) == 2
     for prefix in shard_prefixes("pages", 5):
         assert rds.zcard(prefix + "leases") == 0, prefix
         assert rds.zcard(prefix + "retries") == 0, prefix
