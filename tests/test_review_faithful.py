@@ -672,3 +672,20 @@ def test_a_robots_txt_cut_at_500_kib_does_not_obey_the_line_it_cuts(
     [worker] = crawl("pages", env, tmp_path, settings=settings)
     assert worker.returncode == 0, worker.log[-3000:]
     assert sorted(h.path for h in site.hits()) == ["/", "/a", "/robots.txt"]
+
+
+def test_a_spill_dir_that_cannot_be_made_is_a_bad_setting(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """MONGO_SPILL_DIR under a regular file: one line, exit 2 (before:
+    accepted; found only when MongoDB was down and items had to spill, and
+    those items were lost with the OSError)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    [worker] = crawl("pages", env, tmp_path, settings={"MONGO_SPILL_DIR": blocker / "spill"})
+    assert worker.returncode == 2, worker.log[-3000:]
+    assert (
+        f"Bad setting: MONGO_SPILL_DIR={blocker / 'spill'}: must be a directory the worker "
+        f"can create and write in ({blocker} is not a directory)"
+    ) in worker.log, worker.log[-3000:]
+    assert "Traceback" not in worker.log
