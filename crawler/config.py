@@ -32,9 +32,11 @@ import importlib
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
@@ -415,6 +417,20 @@ def _format_check(field: str) -> Callable[[str], object]:
     return check
 
 
+def _check_dir_place(value: str) -> None:
+    """Refuse a directory path that cannot be written in: the closest part
+    of it that exists is no directory, or this process may not write in it.
+    Nothing is created (a spill directory is made only when needed, which
+    is too late to learn that it cannot be)."""
+    path = Path(value).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise _Invalid(f"{path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise _Invalid(f"this process may not write in {path}")
+
+
 def _check_seed_key(value: str) -> None:
     _format_check("name")(value)
     try:
@@ -688,7 +704,8 @@ SETTINGS: dict[str, Setting] = {
     "MONGO_BATCH_SIZE": _s(_COUNT_POS, "documents per bulk write"),
     "MONGO_FLUSH_INTERVAL": _s(_SECONDS_POS, "seconds before a partial batch is written"),
     "MONGO_SPILL_AFTER": _s(_COUNT, "waiting documents before they spill to a file"),
-    "MONGO_SPILL_DIR": _s(text(), "directory of the spill files"),
+    "MONGO_SPILL_DIR": _s(text(check=_check_dir_place, allowed="a directory the worker can "
+                               "create and write in"), "directory of the spill files"),
     "MONGO_DEAD_COLLECTION": _s(text(check=_check_dead_collection),
                                 "collection of items MongoDB rejects"),
     "MONGO_ITEM_IDS_ENABLED": _s(FLAG, "derive the _id of items without a key"),

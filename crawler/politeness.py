@@ -54,6 +54,10 @@ LOCK_WAIT_SECONDS = 65
 #: Bytes of a robots.txt parsed and shared (RFC 9309 section 2.5: at least
 #: 500 KiB; what follows is ignored).
 ROBOTS_MAX_BYTES = 500 * 1024
+#: Least ``download_maxsize`` of a robots.txt fetch, bytes: Scrapy's default
+#: DOWNLOAD_MAXSIZE (1 GiB), whatever the crawl's is (a download past it is
+#: cancelled whole; only the first ROBOTS_MAX_BYTES are kept).
+ROBOTS_FETCH_MAXSIZE = 1024 * 1024 * 1024
 #: Redirects followed to reach robots.txt (RFC 9309 section 2.3.1.2: at
 #: least five); past them it counts as unavailable (no rules).
 MAX_REDIRECTS = 5
@@ -300,6 +304,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         #: no rules in the frontier.
         self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
         self.margin = settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
+        #: The sites' delay without an override, whole ms (FRONTIER_DELAY,
+        #: which the add-on sets from DOWNLOAD_DELAY), as lease.lua gets it.
+        delay_setting = settings.get("FRONTIER_DELAY")
+        self.default_delay_ms = round(
+            max(0.0, settings.getfloat("FRONTIER_DELAY") if delay_setting is not None else 0.0)
+            * 1000
+        )
         self.retry_base = settings.getfloat("FRONTIER_ROBOTS_RETRY_BASE", 2.0)
         self.retry_max = settings.getfloat("FRONTIER_ROBOTS_RETRY_MAX", 300.0)
         self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
@@ -508,9 +519,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
 
     def _robots_maxsize(self) -> int:
         """``download_maxsize`` of a robots.txt fetch, bytes: at least
-        :data:`ROBOTS_MAX_BYTES` (0, no limit, stays 0)."""
+        :data:`ROBOTS_FETCH_MAXSIZE` (0, no limit, stays 0). Scrapy cancels
+        a download past it, keeping nothing: a lower limit would make the
+        site of a robots.txt a little larger unreachable (held for 30 days)
+        instead of ruled by its first :data:`ROBOTS_MAX_BYTES`."""
         limit = self.crawler.settings.getint("DOWNLOAD_MAXSIZE")
-        return 0 if limit <= 0 else max(limit, ROBOTS_MAX_BYTES)
+        return 0 if limit <= 0 else max(limit, ROBOTS_FETCH_MAXSIZE)
 
     async def _fetch(self, request: Request, site: str, stored: _Stored) -> RobotParser | _Wait:
         """Fetch robots.txt of ``request``'s site for all (this worker holds
@@ -527,7 +541,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 DONT_DEAD_LETTER_META: True,
                 "redirect_ttl": MAX_REDIRECTS,
                 # RFC 9309 section 2.5: at least 500 KiB must be read, even
-                # when DOWNLOAD_MAXSIZE is lower.
+                # when DOWNLOAD_MAXSIZE is lower, and a larger robots.txt
+                # must not fail (Scrapy keeps nothing of a cancelled one).
                 "download_maxsize": self._robots_maxsize(),
             },
             callback=NO_CALLBACK,
@@ -553,7 +568,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             if response.status >= 500:
                 failure = response_status_message(response.status)
             elif 200 <= response.status < 300:
-                body = response.body[:ROBOTS_MAX_BYTES]  # RFC 9309 section 2.5
+                body = _first_bytes(response.body)  # RFC 9309 section 2.5
             # else 4xx (or a redirect not followed): unavailable, no rules
         if failure is not None:
             return self._unreachable(site, stored, failure)
@@ -659,10 +674,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _store(self, site: str, body: bytes, delay: float | None) -> None:
         """Share the robots.txt and Crawl-delay of ``site`` with every worker.
 
-        A Crawl-delay also pushes the site's next due time that far from now,
-        stretched by ``FRONTIER_DELAY_MARGIN`` as the frontier stretches
-        every delay: the request that waited for robots.txt reaches the site
-        a moment after this, and is the last one before that time.
+        The site's next due time is also pushed to a whole delay from now
+        (never brought forward): the larger of its delay (``{s}:delay``, else
+        ``FRONTIER_DELAY``) and the Crawl-delay, plus its slow delay, stretched
+        by ``FRONTIER_DELAY_MARGIN`` as ``lease.lua`` paces it. The request
+        that waited for robots.txt reaches the site a moment after this; its
+        due time ran from its lease, before robots.txt was fetched, so the
+        next request would otherwise follow it at once.
         """
         try:
             self._share(site, body, delay)
@@ -676,17 +694,28 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
         prefix = self._prefix(site)
         now_ms = self._now_ms()
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(prefix + "delay", site)
+            pipe.hget(prefix + "slow", site)
+            pipe.hget(prefix + "due", site)
+            own, slow, due_before = pipe.execute()
+        own_ms = _whole_ms(own)
+        pace_ms = max(
+            self.default_delay_ms if own_ms is None else own_ms,
+            round(delay * 1000) if delay else 0,
+        ) + (_whole_ms(slow) or 0)
+        due = now_ms + math.floor(pace_ms * (1 + self.margin))
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(prefix + "robots", site, f"{time.time()}\n".encode() + body)
             pipe.hdel(prefix + "robots:down", site)
             if delay:
                 pipe.hset(prefix + "rdelay", site, round(delay * 1000))
-                due = now_ms + round(delay * 1000 * (1 + self.margin))
-                pipe.hset(prefix + "due", site, due)
-                pipe.zadd(prefix + "wait", {site: due}, xx=True)
                 logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
             else:
                 pipe.hdel(prefix + "rdelay", site)
+            if pace_ms and due > (_whole_ms(due_before) or 0):
+                pipe.hset(prefix + "due", site, due)
+                pipe.zadd(prefix + "wait", {site: due}, xx=True)
             pipe.delete(prefix + "robots:lock:" + site)
             pipe.execute()
 
@@ -761,6 +790,28 @@ class AdaptiveSlowdownMiddleware:
             # Slowing down is best effort: the response goes on either way.
             logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
         return response
+
+
+def _first_bytes(body: bytes) -> bytes:
+    """The first :data:`ROBOTS_MAX_BYTES` of robots.txt ``body``, less a
+    last line the limit cuts short (``Disallow: /private`` cut to
+    ``Disallow: /`` would forbid the whole site): what follows the limit is
+    ignored (RFC 9309 section 2.5), and so is the part of a line before it."""
+    if len(body) <= ROBOTS_MAX_BYTES:
+        return body
+    head = body[:ROBOTS_MAX_BYTES]
+    if body[ROBOTS_MAX_BYTES:ROBOTS_MAX_BYTES + 1] in (b"\n", b"\r"):
+        return head  # the last line ends right at the limit
+    return head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
+
+
+def _whole_ms(raw: Any) -> int | None:
+    """A stored whole number of ms (``{s}:delay``, ``{s}:slow``, ``{s}:due``),
+    or None when absent or not one (``lease.lua`` then uses its default)."""
+    if raw is None:
+        return None
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 15 else None
 
 
 def _number(raw: Any) -> float:

@@ -56,6 +56,7 @@ import os
 import platform
 import re
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -73,6 +74,7 @@ from twisted.python.threadpool import ThreadPool
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
+from crawler.config import SettingsError
 from crawler.extensions import job_id, worker_id
 
 if TYPE_CHECKING:
@@ -110,6 +112,24 @@ _INFO_SETTINGS = (
     "WARC_MAX_SIZE",
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _check_writable(directory: Path) -> None:
+    """Create ``directory`` (with its parents) and create and delete a file
+    in it, as the writer will.
+
+    :raises crawler.config.SettingsError: naming ``WARC_DIR``, its value and
+        the system's error.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".warc-check-"):
+            pass
+    except OSError as exc:
+        raise SettingsError([
+            f"WARC_DIR={str(directory)!r}: must be a directory the worker can create "
+            f"and write WARC files in ({exc.strerror or exc})"
+        ]) from None
 
 
 def _versions() -> str:
@@ -373,6 +393,10 @@ class WarcWriterMiddleware:
         """Build the middleware; opens no file yet (the first response does).
 
         :raises NotConfigured: ``WARC_DIR`` is unset or empty.
+        :raises crawler.config.SettingsError: ``WARC_DIR`` cannot be created
+            or written in (``scrapy crawl`` logs it as a bad setting and
+            exits 2 before the crawl starts: an archive asked for and not
+            written is no crawl to run).
         """
         settings = crawler.settings
         directory = settings.get("WARC_DIR") or ""
@@ -398,6 +422,7 @@ class WarcWriterMiddleware:
             if value is not None:
                 info[f"setting-{name}"] = str(value)
         prefix = _UNSAFE.sub("_", f"{spider}-{worker}")
+        _check_writable(Path(directory))
         series = WarcFileSeries(directory, prefix, max_size, info)
         mw = cls(crawler, series)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)

@@ -317,6 +317,10 @@ def _cause(error: BaseException) -> str | None:
          "later, with no command renamed"),
         (isinstance(error, RedisClusterException) and any(w in lower for w in _AUTH_WORDS),
          f"authentication failed ({text}): {_AUTH_HINT}"),
+        (isinstance(error, RedisClusterException) and "cluster mode is not enabled" in lower,
+         f"FRONTIER_REDIS_CLUSTER is on but the server is no Redis Cluster node ({text}): "
+         "unset FRONTIER_REDIS_CLUSTER for one Redis server, or point REDIS_URL at a node "
+         "of the cluster"),
     ]
     return next((cause for matches, cause in causes if matches), None)
 
@@ -341,6 +345,19 @@ def config_error(exc: BaseException) -> str | None:
     return next((c for e in _chain(exc) if (c := _cause(e)) is not None), None)
 
 
+def _cluster_node_cause(exc: BaseException) -> str | None:
+    """The cause to tell when a client for one Redis server (no
+    ``FRONTIER_REDIS_CLUSTER``) met a node of a Redis Cluster: its ``MOVED``
+    (or ``ASK``) for a key of another node, which no wait fixes; or None."""
+    moved = next((e for e in _chain(exc) if isinstance(e, AskError)), None)
+    if moved is None:
+        return None
+    return (
+        f"the server is a node of a Redis Cluster (it answered MOVED/ASK {moved}): set "
+        "FRONTIER_REDIS_CLUSTER=1 in the environment, so that the worker uses a cluster client"
+    )
+
+
 def redis_location(settings: BaseSettings) -> str:
     """Where the crawl's Redis is, for messages: ``REDIS_URL`` with its
     password masked, or ``REDIS_HOST:REDIS_PORT``."""
@@ -358,6 +375,8 @@ def config_error_message(exc: BaseException, settings: BaseSettings) -> str | No
     none, see :func:`config_error`): where Redis is (password masked), the
     cause, and that the worker stops. Known secrets are scrubbed from it."""
     cause = config_error(exc)
+    if cause is None and not cluster_enabled(settings):
+        cause = _cluster_node_cause(exc)
     if cause is None:
         return None
     secrets = secrets_of(settings.get("REDIS_URL"))
