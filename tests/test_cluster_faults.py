@@ -371,3 +371,28 @@ def test_commits_that_ran_beside_one_the_cluster_did_not_serve_end_no_outage(
         assert scheduler.queue.shards.audit() == {}
     finally:
         rc.close()
+
+
+def test_a_worker_started_before_its_cluster_answers_waits_for_it_then_crawls(
+    mongo_uri: str, mongo_db: str, db: Any, sites: _Sites, tmp_path: Path
+) -> None:
+    """No node answers when the worker starts (a cluster client learns the
+    slots when it is made): it logs the wait at WARNING, with backoff, no
+    traceback, and crawls once the cluster is up."""
+    late = RedisClusterServers(masters=3)  # its ports are chosen, nothing runs
+    try:
+        env = {**worker_env(late.url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1"}
+        proc, log = _start(env, tmp_path, "early")
+        wait_for(lambda: log.exists() and log.read_text().count("unreachable") >= 2, 30,
+                 "the worker to try the cluster twice", 0.05)
+        assert proc.poll() is None
+        late.start()
+        with RedisCluster.from_url(late.url) as rc:
+            rc.lpush("pages:start_urls", *sites.urls(3))
+        (worker,) = wait_workers([proc], [log], 60)
+    finally:
+        late.close()
+    assert "Redis Cluster at redis://127.0.0.1" in worker.log
+    assert "] WARNING:" in worker.log and "trying again in 1.0s" in worker.log
+    _assert_no_crash([worker])
+    _assert_stored_once(db, sites, 3, [worker])

@@ -17,6 +17,13 @@ as Scrapy's does, and adds:
   1, as Scrapy's does when a crawl fails to start.
 * **A spider the project does not have** is a usage error (status 2): the
   message lists the spiders it has, without Scrapy's ``KeyError`` traceback.
+* **A Redis Cluster that does not answer yet** (``FRONTIER_REDIS_CLUSTER``)
+  is waited for before the crawl is built, as an outage of one Redis server
+  is waited out once it runs: a cluster client learns the slots from a node
+  when it is made, so the crawl's components cannot be built without one.
+  ``Redis Cluster at redis://:****@node:7000/0 unreachable (...); trying
+  again in 0.5s`` is logged at WARNING, the wait doubling to 30 s; Ctrl-C
+  or SIGTERM ends it (exit status 1, nothing was leased).
 * A :class:`~crawler.config.ConfigurationError` raised while the crawl
   starts (by :class:`crawler.addon.FrontierAddon`'s check, say) is logged in
   one line, not as asyncio's "Task exception was never retrieved" traceback.
@@ -29,16 +36,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisClusterException, RedisError
 from scrapy.commands import crawl
 from scrapy.exceptions import UsageError
 
-from crawler.config import ConfigurationError, SettingsError, config_error_of, validate_settings
+from crawler.config import (
+    ConfigurationError,
+    SettingsError,
+    config_error_of,
+    scrub,
+    secrets_of,
+    validate_settings,
+)
+from crawler.frontier.connection import cluster_enabled, get_redis, redis_location
 
 if TYPE_CHECKING:
     import argparse
 
+    from scrapy.settings import BaseSettings
     from twisted.python.failure import Failure
 
 logger = logging.getLogger(__name__)
@@ -50,6 +68,9 @@ __all__ = ["Command"]
 EXIT_CONFIG_ERROR = 1
 #: Exit status of a bad setting (Scrapy's status for a usage error).
 EXIT_BAD_SETTING = 2
+#: Seconds between the first tries to reach a Redis Cluster at start, and
+#: the longest wait it doubles to (as the scheduler waits out an outage).
+CLUSTER_WAIT_FIRST, CLUSTER_WAIT_MAX = 0.5, 30.0
 
 
 def _configuration_error(exc: BaseException | None) -> ConfigurationError | None:
@@ -96,6 +117,9 @@ class Command(crawl.Command):
             self._log_error(exc)
             self.exitcode = EXIT_BAD_SETTING
             return
+        if cluster_enabled(crawler.settings) and not self._wait_for_cluster(crawler.settings):
+            self.exitcode = EXIT_CONFIG_ERROR
+            return
         running: Any = self.crawler_process.crawl(crawler, **opts.spargs)
         if isinstance(running, asyncio.Future):
             running.add_done_callback(self._crawl_done)
@@ -106,6 +130,36 @@ class Command(crawl.Command):
             self.exitcode = EXIT_BAD_SETTING
         elif self.crawler_process.bootstrap_failed or config_error_of(crawler) is not None:
             self.exitcode = EXIT_CONFIG_ERROR
+
+    def _wait_for_cluster(self, settings: BaseSettings) -> bool:
+        """Wait until a node of the Redis Cluster at ``REDIS_URL`` answers
+        with the cluster's slots, before the crawl is built (the reactor is
+        not running yet: Ctrl-C raises ``KeyboardInterrupt`` here, and
+        SIGTERM ends the process as by default).
+
+        :returns: True once a cluster client could be made; False after a
+            configuration error (logged in one line) or Ctrl-C.
+        """
+        wait = CLUSTER_WAIT_FIRST
+        while True:
+            try:
+                get_redis(settings).close()
+                return True
+            except ConfigurationError as exc:
+                self._log_error(exc)
+                return False
+            except (RedisError, RedisClusterException) as exc:
+                logger.warning(
+                    "Redis Cluster at %s unreachable (%s: %s); trying again in %.1fs",
+                    redis_location(settings), type(exc).__name__,
+                    scrub(str(exc), secrets_of(settings.get("REDIS_URL"))), wait,
+                )
+            try:
+                time.sleep(wait)
+            except KeyboardInterrupt:
+                logger.error("Stopped while waiting for the Redis Cluster: nothing was crawled")
+                return False
+            wait = min(CLUSTER_WAIT_MAX, wait * 2)
 
     def _crawl_done(self, task: asyncio.Future[Any]) -> None:
         """Log a configuration error that ended the crawl task in one line
