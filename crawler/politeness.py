@@ -60,6 +60,11 @@ MAX_REDIRECTS = 5
 #: How long (ms) robots.txt may stay unreachable before the site is crawled
 #: as if it had none (RFC 9309 section 2.3.1.4 allows it after 30 days).
 GIVE_UP_MS = 30 * 86_400_000
+#: Sites whose parsed robots.txt a worker keeps before it first drops the
+#: expired ones (then twice the sites left): on a crawl of millions of sites
+#: a worker holds the rules of the sites it used lately, not of every site
+#: it ever met (about 1.5 KB each).
+RULES_SWEEP_MIN = 1024
 
 if TYPE_CHECKING:
     from typing import Self
@@ -320,8 +325,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 f"FRONTIER_ROBOTS_RETRY_MAX ({self.retry_max!r}) must be seconds at least "
                 f"FRONTIER_ROBOTS_RETRY_BASE ({self.retry_base!r})"
             )
-        #: site -> (parser, time.monotonic() until which it is used unread)
+        #: site -> (parser, time.monotonic() until which it is used unread);
+        #: the expired ones are dropped once it holds ``_sweep_at`` sites
         self._rules: dict[str, tuple[RobotParser, float]] = {}
+        self._sweep_at = RULES_SWEEP_MIN
         #: site -> the failed attempt whose wait this worker logged
         self._logged: dict[str, int] = {}
         self._problems: set[str] = set()
@@ -501,9 +508,15 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         (at most :attr:`local_max`)."""
         parserimpl: Any = self._parserimpl  # the ROBOTSTXT_PARSER class
         parser: RobotParser = build_from_crawler(parserimpl, self.crawler, body)
-        self._rules[site] = (
-            parser, time.monotonic() + max(0.0, min(seconds, self.local_max))
-        )
+        now = time.monotonic()
+        if len(self._rules) >= self._sweep_at:
+            # Expired copies are never used again (Redis is read instead):
+            # dropped, so that the worker's memory is bounded by the sites
+            # it used within FRONTIER_SITE_FORGET_AFTER / 2 (amortized O(1)).
+            self._rules = {s: kept for s, kept in self._rules.items() if kept[1] > now}
+            self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._rules))
+        self._rules[site] = (parser, now + max(0.0, min(seconds, self.local_max)))
+        self._logged.pop(site, None)  # its rules are known: no wait to log
         return parser
 
     def _robots_maxsize(self) -> int:
