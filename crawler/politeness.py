@@ -717,7 +717,12 @@ class AdaptiveSlowdownMiddleware:
       5.0) raises the extra delay to at least its download latency;
     * any other response shrinks it by a quarter, and clears it below 50 ms.
 
-    One Redis write per response only while a site is slowed.
+    One Redis write per response only while a site is slowed. A worker
+    keeps the delay it last wrote for a site while the site is slowed; not
+    heard from for half of ``FRONTIER_SITE_FORGET_AFTER`` (housekeeping may
+    have forgotten the site since: it starts afresh), its copy is read from
+    Redis again at the next response, and copies that old are dropped once
+    it holds :data:`RULES_SWEEP_MIN` sites (then twice the sites left).
     Switched off by ``FRONTIER_ADAPTIVE_ENABLED = False``.
     """
 
@@ -728,7 +733,11 @@ class AdaptiveSlowdownMiddleware:
         self.start = settings.getfloat("FRONTIER_ADAPTIVE_START", 1.0) * 1000
         self.max = settings.getfloat("FRONTIER_ADAPTIVE_MAX", 60.0) * 1000
         self.latency = settings.getfloat("FRONTIER_ADAPTIVE_LATENCY", 5.0)
-        self._slow: dict[str, float] = {}
+        #: Seconds this worker trusts its copy of a site's delay unread.
+        self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
+        #: site -> (extra delay this worker last wrote, ms; time.monotonic() then)
+        self._slow: dict[str, tuple[float, float]] = {}
+        self._sweep_at = RULES_SWEEP_MIN
 
     @property
     def redis(self) -> Redis:
@@ -751,9 +760,17 @@ class AdaptiveSlowdownMiddleware:
         key = site_prefix(
             self.crawler.spider.name, site, shard_count(self.crawler.settings)
         ) + "slow"
-        slow = self._slow.get(site, 0.0)
+        known = self._slow.get(site)
+        now = time.monotonic()
         latency = float(request.meta.get("download_latency") or 0.0)
         try:
+            slow = 0.0
+            if known is not None and now - known[1] < self.local_max:
+                slow = known[0]
+            elif known is not None:
+                # Not heard from for long: the site may have been forgotten
+                # (its mark deleted), or slowed further by others.
+                slow = _number(self.redis.hget(key, site))
             if response.status in (429, 503):
                 current = _number(self.redis.hget(key, site))
                 new = min(self.max, max(self.start, 2 * max(current, slow)))
@@ -764,16 +781,29 @@ class AdaptiveSlowdownMiddleware:
             elif slow:
                 new = slow * 0.75 if slow * 0.75 >= 50 else 0.0
             else:
+                self._slow.pop(site, None)
                 return response
-            self._slow[site] = new
             if new:
                 self.redis.hset(key, site, round(new))
+                self._remember(site, new, now)
             else:
                 self.redis.hdel(key, site)
+                self._slow.pop(site, None)
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
             logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
         return response
+
+    def _remember(self, site: str, delay: float, now: float) -> None:
+        """Keep ``delay`` (ms) as this worker's copy of the site's; copies
+        older than :attr:`local_max` are dropped first once there are
+        ``_sweep_at`` of them (amortized O(1))."""
+        if site not in self._slow and len(self._slow) >= self._sweep_at:
+            self._slow = {
+                s: kept for s, kept in self._slow.items() if now - kept[1] < self.local_max
+            }
+            self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._slow))
+        self._slow[site] = (delay, now)
 
 
 def _number(raw: Any) -> float:

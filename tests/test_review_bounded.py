@@ -15,9 +15,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
-from crawler.politeness import RULES_SWEEP_MIN, SharedRobotsTxtMiddleware
+from crawler.frontier.housekeeping import Housekeeper
+from crawler.frontier.store import Frontier, Lease
+from crawler.politeness import (
+    RULES_SWEEP_MIN,
+    AdaptiveSlowdownMiddleware,
+    SharedRobotsTxtMiddleware,
+)
 from crawler.spiders.pages import PagesSpider
 
 if TYPE_CHECKING:
@@ -85,3 +92,57 @@ def test_fresh_robots_rules_are_kept_whatever_their_number(
     before = hgets(rds)
     asyncio.run(run())
     assert hgets(rds) == before
+
+
+def answer(mw: AdaptiveSlowdownMiddleware, url: str, status: int) -> None:
+    request = Request(url)
+    mw.process_response(request, Response(url, status=status))
+
+
+def test_a_forgotten_slow_mark_is_not_written_back_by_a_workers_memory(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A site slowed by a 503, then idle: housekeeping deletes its slow mark
+    (a forgotten site starts afresh). The worker that slowed it kept its
+    own copy of the delay and wrote three quarters of it back to Redis at
+    the site's next ordinary response: the forgotten mark came back, and
+    the site was crawled slowly again for a dozen responses."""
+    mw = AdaptiveSlowdownMiddleware(crawler_for(redis_url, FRONTIER_SITE_FORGET_AFTER=0))
+    site = "a.example"
+    answer(mw, f"http://{site}/1", 503)
+    assert rds.hget("{pages}:slow", site) == b"1000"
+    frontier = Frontier(rds, "pages")
+    assert frontier.push(b'{"u":"http://a.example/2"}', site=site, priority=0,
+                         fingerprint=None, dont_filter=True)
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    rds.hset("{pages}:due", site, 0)  # its last request long ago (no clock to wait for)
+    assert Housekeeper(rds, "pages", site_forget_after=0).forget([site]) == (1, [])
+    assert not rds.hexists("{pages}:slow", site)
+    answer(mw, f"http://{site}/3", 200)  # new work, an ordinary answer
+    assert rds.hget("{pages}:slow", site) is None
+    # Slowed again, then not heard from for long while another worker
+    # slowed it further: it shrinks from what Redis holds, not its copy.
+    answer(mw, f"http://{site}/4", 503)
+    assert rds.hget("{pages}:slow", site) == b"1000"
+    rds.hset("{pages}:slow", site, 8000)
+    answer(mw, f"http://{site}/5", 200)
+    assert rds.hget("{pages}:slow", site) == b"6000"
+
+
+def test_sites_no_longer_slowed_leave_the_workers_memory(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Every site a worker ever slowed stayed in its memory (at 0 once
+    cleared): bounded by the sites slowed now."""
+    mw = AdaptiveSlowdownMiddleware(crawler_for(redis_url))
+    for i in range(50):
+        answer(mw, f"http://s{i}.example/", 429)
+    assert rds.hlen("{pages}:slow") == 50
+    for _ in range(12):  # 1000 ms shrinks by a quarter each time: below 50 ms after 11
+        for i in range(50):
+            answer(mw, f"http://s{i}.example/", 200)
+    assert rds.hlen("{pages}:slow") == 0
+    assert len(mw._slow) == 0
