@@ -146,3 +146,38 @@ def test_sites_no_longer_slowed_leave_the_workers_memory(
             answer(mw, f"http://s{i}.example/", 200)
     assert rds.hlen("{pages}:slow") == 0
     assert len(mw._slow) == 0
+
+
+def test_dead_letters_listed_requeued_purged_after_trimming_the_count_stays(
+    rds: redis.Redis,
+) -> None:
+    """Three shards, 300 dead letters of 60 sites, capped at 10 (4 a shard):
+    the status counts what was trimmed; ``deadletters list``, ``requeue`` and
+    ``purge`` act on the 12 kept; the count of the trimmed ones outlives a
+    purge (it says what was lost, not what is left)."""
+    from crawler.commands.deadletters import dead_letters, purge, requeue
+    from crawler.frontier.shards import FrontierShards
+    from crawler.status import StatusReader
+
+    frontier = FrontierShards.build(rds, "pages", 3)
+    frontier.check_count()
+    for i in range(300):
+        site = f"d{i % 60}.example"
+        frontier.for_site(site).dead_letter({
+            "url": f"http://{site}/{i}", "reason": "r", "attempts": 3, "site": site,
+            "entry": f'{{"u":"http://{site}/{i}"}}', "priority": 0,
+        })
+    swept = Housekeeper(rds, "pages", shards=3, dead_max=10).run()
+    assert swept.dead_trimmed == 300 - 12
+    reader = StatusReader(rds, None, "unused", ["pages"])
+    try:
+        spider = reader.read().spiders["pages"]
+        assert (spider.dead_letters, spider.dead_trimmed) == (12, 288)
+        assert len(list(dead_letters(frontier))) == 12
+        assert requeue(frontier, limit=5) == (5, 0)
+        assert sum(int(rds.get(f.key("count")) or 0) for f in frontier) == 5
+        assert purge(frontier) == 7
+        spider = reader.read().spiders["pages"]
+        assert (spider.dead_letters, spider.dead_trimmed, spider.queued) == (0, 288, 5)
+    finally:
+        reader.close()
