@@ -181,3 +181,17 @@ def test_dead_letters_listed_requeued_purged_after_trimming_the_count_stays(
         assert (spider.dead_letters, spider.dead_trimmed, spider.queued) == (0, 288, 5)
     finally:
         reader.close()
+
+
+def test_sites_left_slowed_leave_the_workers_memory_once_not_heard_from(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Sites slowed and never heard from again (they finished slowed) are
+    dropped from the worker's memory once their copies are stale (with
+    FRONTIER_SITE_FORGET_AFTER = 0, at once); Redis keeps their marks for
+    housekeeping to forget."""
+    mw = AdaptiveSlowdownMiddleware(crawler_for(redis_url, FRONTIER_SITE_FORGET_AFTER=0))
+    for i in range(SITES):
+        answer(mw, f"http://s{i}.example/", 503)
+    assert rds.hlen("{pages}:slow") == SITES
+    assert len(mw._slow) <= 2 * RULES_SWEEP_MIN, len(mw._slow)
