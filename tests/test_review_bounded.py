@@ -195,3 +195,35 @@ def test_sites_left_slowed_leave_the_workers_memory_once_not_heard_from(
         answer(mw, f"http://s{i}.example/", 503)
     assert rds.hlen("{pages}:slow") == SITES
     assert len(mw._slow) <= 2 * RULES_SWEEP_MIN, len(mw._slow)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "forget_sites.lua does not see {s}:retries (a sorted set of entries, not "
+    "indexed by site): a site whose only work waits there longer than "
+    "FRONTIER_SITE_FORGET_AFTER loses its slow mark, Crawl-delay and robots.txt "
+    "(with the defaults a retry waits at most FRONTIER_RETRY_AFTER_MAX = 600 s "
+    "< 3600 s, so only a shorter FRONTIER_SITE_FORGET_AFTER or a longer "
+    "FRONTIER_RETRY_AFTER_MAX meets it)"
+))
+def test_a_site_whose_only_work_waits_in_the_retry_set_is_not_forgotten(
+    rds: redis.Redis,
+) -> None:
+    """A 503 with Retry-After: 600 slowed the site and sent its request to the
+    retry set; the operator forgets sites after 300 s. 301 s after its last
+    request, the site still has work (due in 299 s) and is forgotten: the
+    retry reaches the site without the slow mark the 503 set."""
+    frontier = Frontier(rds, "pages")
+    site = "r.example"
+    assert frontier.push(b'{"u":"http://r.example/"}', site=site, priority=0,
+                         fingerprint=None, dont_filter=True)
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.push_retry(b'{"u":"http://r.example/"}', site=site, priority=0, delay=600)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    rds.hset("{pages}:slow", site, 4000)
+    seconds, micros = rds.time()
+    rds.hset("{pages}:due", site, int(seconds) * 1000 + int(micros) // 1000 - 301_000)
+    assert rds.zcard("{pages}:retries") == 1
+    Housekeeper(rds, "pages", site_forget_after=300).forget([site])
+    assert rds.hget("{pages}:slow", site) == b"4000"
