@@ -764,14 +764,14 @@ class AdaptiveSlowdownMiddleware:
         now = time.monotonic()
         latency = float(request.meta.get("download_latency") or 0.0)
         try:
-            slow = 0.0
-            if known is not None and now - known[1] < self.local_max:
-                slow = known[0]
-            elif known is not None:
-                # Not heard from for long: the site may have been forgotten
-                # (its mark deleted), or slowed further by others.
+            pushed_back = response.status in (429, 503)
+            fresh = known is not None and now - known[1] < self.local_max
+            slow = known[0] if known is not None and fresh else 0.0
+            if known is not None and not fresh and not pushed_back:
+                # Not heard from for long: housekeeping may have forgotten
+                # the site (its mark deleted), or others slowed it further.
                 slow = _number(self.redis.hget(key, site))
-            if response.status in (429, 503):
+            if pushed_back:
                 current = _number(self.redis.hget(key, site))
                 new = min(self.max, max(self.start, 2 * max(current, slow)))
                 assert self.crawler.stats is not None
