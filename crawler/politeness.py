@@ -64,6 +64,11 @@ MAX_REDIRECTS = 5
 #: How long (ms) robots.txt may stay unreachable before the site is crawled
 #: as if it had none (RFC 9309 section 2.3.1.4 allows it after 30 days).
 GIVE_UP_MS = 30 * 86_400_000
+#: Sites whose parsed robots.txt a worker keeps before it first drops the
+#: expired ones (then twice the sites left): on a crawl of millions of sites
+#: a worker holds the rules of the sites it used lately, not of every site
+#: it ever met (about 1.5 KB each).
+RULES_SWEEP_MIN = 1024
 
 if TYPE_CHECKING:
     from typing import Self
@@ -331,8 +336,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                 f"FRONTIER_ROBOTS_RETRY_MAX ({self.retry_max!r}) must be seconds at least "
                 f"FRONTIER_ROBOTS_RETRY_BASE ({self.retry_base!r})"
             )
-        #: site -> (parser, time.monotonic() until which it is used unread)
+        #: site -> (parser, time.monotonic() until which it is used unread);
+        #: the expired ones are dropped once it holds ``_sweep_at`` sites
         self._rules: dict[str, tuple[RobotParser, float]] = {}
+        self._sweep_at = RULES_SWEEP_MIN
         #: site -> the failed attempt whose wait this worker logged
         self._logged: dict[str, int] = {}
         self._problems: set[str] = set()
@@ -512,9 +519,15 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         (at most :attr:`local_max`)."""
         parserimpl: Any = self._parserimpl  # the ROBOTSTXT_PARSER class
         parser: RobotParser = build_from_crawler(parserimpl, self.crawler, body)
-        self._rules[site] = (
-            parser, time.monotonic() + max(0.0, min(seconds, self.local_max))
-        )
+        now = time.monotonic()
+        if len(self._rules) >= self._sweep_at:
+            # Expired copies are never used again (Redis is read instead):
+            # dropped, so that the worker's memory is bounded by the sites
+            # it used within FRONTIER_SITE_FORGET_AFTER / 2 (amortized O(1)).
+            self._rules = {s: kept for s, kept in self._rules.items() if kept[1] > now}
+            self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._rules))
+        self._rules[site] = (parser, now + max(0.0, min(seconds, self.local_max)))
+        self._logged.pop(site, None)  # its rules are known: no wait to log
         return parser
 
     def _robots_maxsize(self) -> int:
@@ -733,7 +746,12 @@ class AdaptiveSlowdownMiddleware:
       5.0) raises the extra delay to at least its download latency;
     * any other response shrinks it by a quarter, and clears it below 50 ms.
 
-    One Redis write per response only while a site is slowed.
+    One Redis write per response only while a site is slowed. A worker
+    keeps the delay it last wrote for a site while the site is slowed; not
+    heard from for half of ``FRONTIER_SITE_FORGET_AFTER`` (housekeeping may
+    have forgotten the site since: it starts afresh), its copy is read from
+    Redis again at the next response, and copies that old are dropped once
+    it holds :data:`RULES_SWEEP_MIN` sites (then twice the sites left).
     Switched off by ``FRONTIER_ADAPTIVE_ENABLED = False``.
     """
 
@@ -744,7 +762,11 @@ class AdaptiveSlowdownMiddleware:
         self.start = settings.getfloat("FRONTIER_ADAPTIVE_START", 1.0) * 1000
         self.max = settings.getfloat("FRONTIER_ADAPTIVE_MAX", 60.0) * 1000
         self.latency = settings.getfloat("FRONTIER_ADAPTIVE_LATENCY", 5.0)
-        self._slow: dict[str, float] = {}
+        #: Seconds this worker trusts its copy of a site's delay unread.
+        self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
+        #: site -> (extra delay this worker last wrote, ms; time.monotonic() then)
+        self._slow: dict[str, tuple[float, float]] = {}
+        self._sweep_at = RULES_SWEEP_MIN
 
     @property
     def redis(self) -> Redis:
@@ -767,10 +789,18 @@ class AdaptiveSlowdownMiddleware:
         key = site_prefix(
             self.crawler.spider.name, site, shard_count(self.crawler.settings)
         ) + "slow"
-        slow = self._slow.get(site, 0.0)
+        known = self._slow.get(site)
+        now = time.monotonic()
         latency = float(request.meta.get("download_latency") or 0.0)
         try:
-            if response.status in (429, 503):
+            pushed_back = response.status in (429, 503)
+            fresh = known is not None and now - known[1] < self.local_max
+            slow = known[0] if known is not None and fresh else 0.0
+            if known is not None and not fresh and not pushed_back:
+                # Not heard from for long: housekeeping may have forgotten
+                # the site (its mark deleted), or others slowed it further.
+                slow = _number(self.redis.hget(key, site))
+            if pushed_back:
                 current = _number(self.redis.hget(key, site))
                 new = min(self.max, max(self.start, 2 * max(current, slow)))
                 assert self.crawler.stats is not None
@@ -780,16 +810,29 @@ class AdaptiveSlowdownMiddleware:
             elif slow:
                 new = slow * 0.75 if slow * 0.75 >= 50 else 0.0
             else:
+                self._slow.pop(site, None)
                 return response
-            self._slow[site] = new
             if new:
                 self.redis.hset(key, site, round(new))
+                self._remember(site, new, now)
             else:
                 self.redis.hdel(key, site)
+                self._slow.pop(site, None)
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
             logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
         return response
+
+    def _remember(self, site: str, delay: float, now: float) -> None:
+        """Keep ``delay`` (ms) as this worker's copy of the site's; copies
+        older than :attr:`local_max` are dropped first once there are
+        ``_sweep_at`` of them (amortized O(1))."""
+        if site not in self._slow and len(self._slow) >= self._sweep_at:
+            self._slow = {
+                s: kept for s, kept in self._slow.items() if now - kept[1] < self.local_max
+            }
+            self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._slow))
+        self._slow[site] = (delay, now)
 
 
 def _first_bytes(body: bytes) -> bytes:
