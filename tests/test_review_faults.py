@@ -1,35 +1,52 @@
 """Issue 11's faults again, held back from its suite, on a sharded frontier
-(``FRONTIER_SHARDS`` > 1 on one plain Redis): real ``scrapy crawl pages``
-workers through the fault proxy (:mod:`tests.faultproxy`), many sites over
-the shards, and the totals the issue asks for: every page stored once,
-every shard's audit clean, nothing dead-lettered unless expected."""
+(``FRONTIER_SHARDS`` > 1 on one plain Redis, and the default 16 shards on a
+Redis Cluster): real ``scrapy crawl pages`` workers, mostly through the
+fault proxy (:mod:`tests.faultproxy`), many sites over the shards, and the
+totals the issue asks for: every page stored once, every shard's audit
+clean, nothing queued, leased or dead-lettered unless expected.
+
+Most cases held on the code as it was reviewed; they take minutes, so they
+run only with ``REVIEW_FAULTS_FULL=1`` in the environment (``@LONG``). By
+default: the two findings, a poison seed killing its worker before its
+intake batch was deleted (fixed), and a request leased beside a poison
+request dead-lettered with it (a strict xfail: left as it is).
+"""
 
 from __future__ import annotations
 
 import json
-import time
+import os
+import random
 import signal
-import subprocess
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
+from crawler import settings as project
 from crawler.frontier.shards import FrontierShards
 from crawler.keys import shard_of, shard_prefixes
+from devtools.embedded import RedisServer
 from tests.faultproxy import FaultProxy
 from tests.test_shards import _Sites, served_sites
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
-    pass
+    import subprocess
     from collections.abc import Iterator
     from pathlib import Path
+
 
 PAGES = 5
 LUA = PROJECT_DIR / "crawler" / "frontier" / "lua"
 SHORT = json.dumps({"socket_timeout": 1.5, "socket_connect_timeout": 1.5})
+#: The cases that held, minutes in all: run with REVIEW_FAULTS_FULL=1.
+LONG = pytest.mark.skipif(
+    not os.environ.get("REVIEW_FAULTS_FULL"), reason="long; REVIEW_FAULTS_FULL=1 runs it"
+)
 
 
 @pytest.fixture
@@ -107,11 +124,13 @@ def assert_totals(
     assert frontier.audit() == {}
     assert frontier.pending() == 0
     got = [rds.llen(p + "dead") for p in shard_prefixes("pages", shards)]
-    assert sum(got) == dead, [rds.lrange(p + "dead", 0, -1) for p in shard_prefixes("pages", shards)]
+    assert sum(got) == dead, [rds.lrange(p + "dead", 0, -1)
+                              for p in shard_prefixes("pages", shards)]
     assert rds.llen("pages:start_urls") == 0
     assert not rds.keys("{pages:start_urls}:intake:*")
 
 
+@LONG
 @pytest.mark.parametrize(("script", "shards", "mode", "skip"), [
     ("commit.lua", 3, "drop", 3),
     ("commit.lua", 5, "hold", 8),
@@ -141,6 +160,7 @@ def test_lost_replies_on_a_sharded_crawl(
     assert_totals(workers, rds, db, sites, n, shards)
 
 
+@LONG
 @pytest.mark.parametrize(("seed", "shards"), [(1, 3), (2, 5), (3, 3)])
 def test_random_losses_on_a_sharded_crawl(
     seed: int, shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
@@ -173,6 +193,7 @@ def _prefix_of(site: str, shards: int) -> str:
     return shard_prefixes("pages", shards)[shard_of(site, shards)]
 
 
+@LONG
 @pytest.mark.parametrize("shards", [3, 5])
 def test_bad_live_overrides_of_every_kind_on_a_sharded_crawl(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
@@ -210,39 +231,11 @@ def test_bad_live_overrides_of_every_kind_on_a_sharded_crawl(
     assert "refused" not in logs
 
 
-@pytest.mark.parametrize("kind", ["delay", "rdelay", "slow"])
-def test_a_huge_but_well_formed_delay_holds_its_site_only(
-    kind: str, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
-) -> None:
-    """15 digits of ms pass the scripts' rule: the site waits (the operator's
-    choice), the others complete, nothing fails; once unset it completes."""
-    shards, n = 3, 6
-    sites.delay = 0.2
-    urls = sites.urls(n)
-    names = [u.split("//")[1].rstrip("/") for u in urls]
-    rds.lpush("pages:start_urls", *urls)
-    crawl = make_crawl(FRONTIER_SHARDS=shards)
-    crawl.start()
-    wait_for(lambda: db.pages.count_documents({"url": {"$regex": names[0]}}) >= 1, 30, "site 0")
-    key = _prefix_of(names[0], shards) + kind
-    rds.hset(key, names[0], "9" * 15)
-    wait_for(lambda: db.pages.count_documents({}) >= (n - 1) * PAGES, 40, "the other sites")
-    held = db.pages.count_documents({"url": {"$regex": names[0]}})
-    rds.hdel(key, names[0])
-    rds.hdel(_prefix_of(names[0], shards) + "due", names[0])
-    workers = crawl.wait()
-    assert held <= PAGES
-    assert_totals(workers, rds, db, sites, n, shards)
-    logs = "\n".join(w.log for w in workers)
-    assert "Traceback" not in logs
-
-
+@LONG
 @pytest.mark.parametrize("shards", [3, 5])
 def test_a_poison_request_on_a_sharded_crawl_is_dead_lettered(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
 ) -> None:
-    from crawler import settings as project  # noqa: PLC0415
-
     n, limit = 10, 3
     urls = sites.urls(n)
     poison = urls[3] + "p2"
@@ -286,6 +279,7 @@ def test_a_poison_request_on_a_sharded_crawl_is_dead_lettered(
     assert frontier.pending() == 0
 
 
+@LONG
 @pytest.mark.parametrize(("script", "shards", "skip"), [
     ("lease.lua", 5, 4), ("commit.lua", 3, 6), ("seeds_take.lua", 5, 1), ("commit.lua", 5, 15),
 ])
@@ -356,6 +350,7 @@ def _corrupt(rds: redis.Redis, shards: int, names: list[str]) -> list[str]:
     return done
 
 
+@LONG
 @pytest.mark.parametrize("shards", [3, 5])
 def test_malformed_frontier_values_mid_crawl(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
@@ -393,6 +388,7 @@ def test_malformed_frontier_values_mid_crawl(
     assert frontier.pending() == 0
 
 
+@LONG
 @pytest.mark.parametrize(("mode", "shards"), [("drop", 3), ("hold", 5)])
 def test_sigterm_whose_giveback_and_leave_replies_are_lost(
     mode: str, shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
@@ -418,6 +414,7 @@ def test_sigterm_whose_giveback_and_leave_replies_are_lost(
     assert leave.acted <= 1
 
 
+@LONG
 @pytest.mark.parametrize(("seed", "shards", "extra"), [
     (5, 3, {"FRONTIER_HOUSEKEEPING_INTERVAL": 0.5, "FRONTIER_SITE_FORGET_AFTER": 1}),
     (6, 5, {"DUPEFILTER_CLASS": "crawler.frontier.bloom.BloomDupeFilter",
@@ -428,8 +425,6 @@ def test_random_losses_and_kills_with_housekeeping_bloom_revisits(
     seed: int, shards: int, extra: dict[str, object], proxy: FaultProxy, rds: redis.Redis,
     db: Any, sites: _Sites, make_crawl: Any,
 ) -> None:
-    import random  # noqa: PLC0415
-
     rng = random.Random(seed)
     n = 16
     sites.delay = 0.1
@@ -450,3 +445,268 @@ def test_random_losses_and_kills_with_housekeeping_bloom_revisits(
     proxy.stop_losing()
     workers = crawl.wait()
     assert_totals(workers, rds, db, sites, n, shards)
+
+
+@LONG
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
+@pytest.mark.parametrize("shards", [3, 5])
+def test_a_signal_during_an_outage_after_seed_intake_on_a_sharded_crawl(
+    signum: int, shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
+    make_crawl: Any,
+) -> None:
+    n = 20
+    urls = sites.urls(n)
+    rds.lpush("pages:start_urls", *urls)
+    crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_SEED_BATCH=5, CONCURRENT_REQUESTS=8)
+    # Redis becomes unreachable as the worker gets its second batch.
+    host = urls[0].split("//")[1].split(":")[0].rsplit(".", 1)[0].encode()
+    proxy.outage_after(reply=host, skip=1, command="EVALSHA")
+    first = crawl.start()
+    wait_for(lambda: proxy.in_outage, 20, "the outage")
+    crawl.killed.add(first.pid)
+    first.send_signal(signum)
+    first.wait(30)
+    proxy.end_outage()
+    crawl.start()
+    crawl.start()
+    workers = crawl.wait()
+    assert_totals(workers, rds, db, sites, n, shards)
+
+
+@LONG
+@pytest.mark.parametrize(("shards", "at", "more"), [(3, 15, 6), (5, 1, 3), (3, 30, 15), (1, 5, 5)])
+def test_redis_rolled_back_a_moment_mid_crawl_on_a_sharded_crawl(
+    shards: int, at: int, more: int, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
+    tmp_path: Path,
+) -> None:
+    """Redis comes back with its state of a moment before (a snapshot
+    taken, the crawl going on, the server killed and started from the
+    snapshot: what a failover to a lagging replica or a crash with
+    ``appendfsync everysec`` does). The README: that moment's leases come
+    back and are crawled again, nothing is dropped as a duplicate."""
+    n = 14
+    sites.delay = 0.1
+    with RedisServer(appendonly=False) as server:
+        rds = redis.Redis.from_url(server.url)
+        rds.lpush("pages:start_urls", *sites.urls(n))
+        crawl = Crawl(worker_env(server.url, mongo_uri, mongo_db), tmp_path, {
+            "FRONTIER_LEASE_TIMEOUT": 4, "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
+            "FRONTIER_SHARDS": shards, "FRONTIER_SEED_BATCH": 4, "REDIS_PARAMS": SHORT})
+        try:
+            crawl.start()
+            crawl.start()
+            wait_for(lambda: db.pages.count_documents({}) >= at, 30, f"{at} pages")
+            rds.save()
+            before = db.pages.count_documents({})
+            wait_for(lambda: db.pages.count_documents({}) >= before + more, 30, "more pages")
+            server.kill()
+            server.start()
+            workers = crawl.wait()
+        finally:
+            crawl.stop()
+        rds = redis.Redis.from_url(server.url)
+        assert_totals(workers, rds, db, sites, n, shards)
+
+
+@LONG
+@pytest.mark.parametrize("shards", [3, 5])
+def test_malformed_queue_entries_mid_crawl(
+    shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
+) -> None:
+    n = 10
+    sites.delay = 0.3
+    rds.lpush("pages:start_urls", *sites.urls(n))
+    crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_CONCURRENCY=1, FRONTIER_LEASE_TIMEOUT=3)
+    crawl.start()
+    prefixes = shard_prefixes("pages", shards)
+
+    def queued() -> int:
+        return sum(int(rds.get(p + "count") or 0) for p in prefixes)
+
+    wait_for(lambda: queued() >= 20, 30, "20 queued")
+    done = []
+    for p in prefixes:
+        fields = sorted(rds.hkeys(p + "qm"))
+        if fields:
+            rds.hset(p + "qm", fields[0], "x y")
+            done.append(("qm", p, fields[0]))
+        lv = sorted(rds.hkeys(p + "lv"))
+        if len(lv) > 1:
+            rds.hset(p + "lv", lv[1], "zz 9 \xff")
+            done.append(("lv", p, lv[1]))
+        prio = sorted(rds.hkeys(p + "prio"))
+        if prio:
+            rds.hset(p + "prio", prio[0], "many")
+            done.append(("prio", p, prio[0]))
+    workers = crawl.wait()
+    logs = "\n".join(w.log for w in workers)
+    assert "Traceback" not in logs, logs[-5000:]
+    dead = [json.loads(d) for p in prefixes for d in rds.lrange(p + "dead", 0, -1)]
+    stored = set(db.pages.distinct("url"))
+    assert (len(stored), dead) == (n * PAGES, []), done
+    frontier = FrontierShards.build(rds, "pages", shards)
+    assert frontier.audit() == {}, done
+    assert frontier.pending() == 0
+
+
+@LONG
+@pytest.mark.parametrize(("shards", "mode"), [(3, "drop"), (5, "hold")])
+def test_the_reads_that_find_out_a_lost_round_trip_lose_their_replies_too(
+    shards: int, mode: str, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
+    make_crawl: Any,
+) -> None:
+    n = 12
+    rds.lpush("pages:start_urls", *sites.urls(n))
+    crawl = make_crawl(FRONTIER_SHARDS=shards, REDIS_PARAMS=SHORT, FRONTIER_LEASE_TIMEOUT=8)
+    commit = proxy.lose_replies(script=(LUA / "commit.lua").read_text(), skip=4, times=2,
+                                mode=mode)  # type: ignore[arg-type]
+    reads = proxy.lose_replies(b":sent:", command="GET", times=4,
+                               mode=mode)  # type: ignore[arg-type]
+    hmget = proxy.lose_replies(command="HMGET", times=2, mode=mode)  # type: ignore[arg-type]
+    crawl.start()
+    crawl.start()
+    workers = crawl.wait()
+    assert commit.acted >= 1 and reads.acted >= 1, (commit.acted, reads.acted, hmget.acted)
+    assert_totals(workers, rds, db, sites, n, shards)
+
+
+@LONG
+def test_poison_and_bad_overrides_on_a_cluster_with_the_default_16_shards(
+    redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
+    tmp_path: Path,
+) -> None:
+    n, limit, shards = 12, 3, 16
+    urls = sites.urls(n)
+    names = [u.split("//")[1].rstrip("/") for u in urls]
+    poison = urls[3] + "p2"
+    rc = RedisCluster.from_url(redis_cluster_url)
+    middlewares = {**project.SPIDER_MIDDLEWARES, "tests.review_poison.KillOnPoisonMiddleware": 45}
+    env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1",
+           "REVIEW_POISON": poison}
+    crawl = Crawl(env, tmp_path, {
+        "FRONTIER_LEASE_TIMEOUT": 3, "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
+        "FRONTIER_MAX_DELIVERIES": limit, "CONCURRENT_REQUESTS": 1,
+        "SPIDER_MIDDLEWARES": json.dumps(middlewares)})
+    try:
+        rc.lpush("pages:start_urls", *urls)
+        for i, (kind, value) in enumerate([("delay", "2s"), ("conc", "inf"), ("conc", "0"),
+                                           ("slow", "nan"), ("rdelay", "-1")]):
+            site = names[i + 5]
+            rc.hset(_prefix_of(site, shards) + kind, site, value)
+        live = [crawl.start(FRONTIER_WORKER_ID="w1"), crawl.start(FRONTIER_WORKER_ID="w2")]
+        kills = 0
+        deadline = time.monotonic() + 60
+        while any(p.poll() is None for p in live):
+            assert time.monotonic() < deadline, "the crawl did not end"
+            for i, proc in enumerate(live):
+                if proc.poll() == -signal.SIGKILL:
+                    kills += 1
+                    crawl.killed.add(proc.pid)
+                    live[i] = crawl.start(FRONTIER_WORKER_ID=f"w{i + 1}")
+            time.sleep(0.05)
+        workers = crawl.wait()
+        prefixes = shard_prefixes("pages", shards)
+        dead = [json.loads(d) for p in prefixes for d in rc.lrange(p + "dead", 0, -1)]
+        # (requests leased beside the poison may die with it: see the xfail below)
+        assert poison in [d["url"] for d in dead] and kills == limit, dead
+        assert all(d["deliveries"] == limit for d in dead), dead
+        stored = set(db.pages.distinct("url"))
+        assert db.pages.count_documents({}) == len(stored)
+        assert stored | {d["url"] for d in dead} == {
+            u + p for u in urls for p in ["", *(f"p{i}" for i in range(1, PAGES))]}
+        assert [w.returncode for w in workers] == [0] * len(workers)
+        frontier = FrontierShards.build(rc, "pages", shards)
+        assert frontier.audit() == {}
+        assert frontier.pending() == 0
+    finally:
+        crawl.stop()
+        rc.close()
+
+
+def _crawl_with_poison(
+    crawl: Crawl, poison: str, first: subprocess.Popen[bytes], timeout: float = 40
+) -> tuple[list[Any], int]:
+    """Restart the worker under its id each time the poison kills it, until
+    it exits on its own; returns the finished workers and the kills."""
+    live, kills = first, 0
+    deadline = time.monotonic() + timeout
+    while live.poll() is None or live.returncode == -signal.SIGKILL:
+        assert time.monotonic() < deadline, f"the crawl did not end ({kills} kills)"
+        if live.poll() == -signal.SIGKILL:
+            kills += 1
+            crawl.killed.add(live.pid)
+            live = crawl.start()  # at once, under its id
+        time.sleep(0.05)
+    return crawl.wait(), kills
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a request leased in the same batch as a poison request dies with it each "
+    "time and is dead-lettered as one (FRONTIER_MAX_DELIVERIES counts deaths of "
+    "the holder, not of the request): see the review's report"))
+@pytest.mark.parametrize("shards", [3])
+def test_a_request_leased_beside_a_poison_request_is_not_dead_lettered_with_it(
+    shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
+) -> None:
+    """Two seeds of two sites, one of them poison (its download kills the
+    worker): a worker leases both in one call and dies; restarted at once
+    under its id, it leases both again once the leases expire, and dies
+    again. Only the poison should end in the dead letters, after
+    FRONTIER_MAX_DELIVERIES deliveries; the other page should be stored."""
+    limit = 3
+    poison, healthy = (u + "p1" for u in sites.urls(2))
+    rds.lpush("pages:start_urls", poison, healthy)
+    middlewares = {**project.DOWNLOADER_MIDDLEWARES,
+                   "tests.review_poison.KillOnPoisonMiddleware": 50}
+    crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_MAX_DELIVERIES=limit,
+                       FRONTIER_LEASE_TIMEOUT=2, CONCURRENT_REQUESTS=2,
+                       FRONTIER_WORKER_ID="w1", MAX_IDLE_TIME_BEFORE_CLOSE=2,
+                       DOWNLOADER_MIDDLEWARES=json.dumps(middlewares))
+    crawl.env = {**crawl.env, "REVIEW_POISON": poison}
+    workers, kills = _crawl_with_poison(crawl, poison, crawl.start())
+    assert [w.returncode for w in workers] == [0]
+    assert kills == limit
+    dead = [json.loads(d) for p in shard_prefixes("pages", shards)
+            for d in rds.lrange(p + "dead", 0, -1)]
+    assert [(d["url"], d["deliveries"]) for d in dead] == [(poison, limit)]
+    assert db.pages.distinct("url") == [healthy]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_poison_seed_that_kills_its_worker_as_its_download_starts_is_dead_lettered(
+    shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
+) -> None:
+    """A seed whose download kills its worker at once (before the seed's
+    intake batch was deleted, a reactor turn after the commit that queued
+    its request): the batch was returned to the seed list after each death
+    and a fresh copy of the poison queued, with no delivery counted, so it
+    was fetched again and again (6 kills instead of 3 here; with two
+    seeds and CONCURRENT_REQUESTS=2, the workers never stopped being
+    killed). Now it ends in the dead letters after its deliveries, and a
+    seed pushed after it is crawled."""
+    limit = 3
+    poison, healthy = (u + "p1" for u in sites.urls(2))
+    rds.lpush("pages:start_urls", poison)
+    middlewares = {**project.DOWNLOADER_MIDDLEWARES,
+                   "tests.review_poison.KillOnPoisonMiddleware": 50}
+    crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_MAX_DELIVERIES=limit,
+                       FRONTIER_LEASE_TIMEOUT=2, CONCURRENT_REQUESTS=1,
+                       FRONTIER_WORKER_ID="w1", MAX_IDLE_TIME_BEFORE_CLOSE=2,
+                       DOWNLOADER_MIDDLEWARES=json.dumps(middlewares))
+    crawl.env = {**crawl.env, "REVIEW_POISON": poison}
+    first = crawl.start()
+    wait_for(lambda: first.poll() is not None, 20, "the first kill")
+    rds.lpush("pages:start_urls", healthy)
+    workers, kills = _crawl_with_poison(crawl, poison, first)
+    assert [w.returncode for w in workers] == [0]
+    assert kills == limit
+    dead = [json.loads(d) for p in shard_prefixes("pages", shards)
+            for d in rds.lrange(p + "dead", 0, -1)]
+    assert [(d["url"], d["deliveries"]) for d in dead] == [(poison, limit)]
+    base = healthy.removesuffix("p1")  # (its page links to p1 ... p4)
+    assert sorted(db.pages.distinct("url")) == [f"{base}p{i}" for i in range(1, PAGES)]
+    assert rds.llen("pages:start_urls") == 0
+    assert not rds.keys("{pages:start_urls}:intake:*")
+    frontier = FrontierShards.build(rds, "pages", shards)
+    assert frontier.audit() == {}
+    assert frontier.pending() == 0
