@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, signals
-from scrapy.utils.asyncio import call_later
 from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import stop_on_config_error
@@ -118,7 +117,6 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._closed = False
         self._room_event: asyncio.Event | None = None
         self._blocking: asyncio.Future[bool] | None = None
-        self._delete_call: Any = None
         self._next_upkeep = 0.0
         self._told_no_commit = False
 
@@ -370,17 +368,24 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
 
     def _batch_committed(self, batch: str) -> None:
         """The requests made from ``batch`` are in the frontier (called on
-        the reactor thread by the scheduler): delete the batch soon, after
-        the engine has taken what the commit's lease call brought."""
+        the reactor thread by the scheduler, before the leases of the round
+        trip that committed them are handed out): delete the batch now.
+
+        Not a reactor turn later: a seed whose request kills its worker as
+        soon as the engine takes it (a download that crashes the process)
+        would die before its batch was deleted; the batch was then returned
+        to the seed list and a fresh copy of the request, with no delivery
+        counted, queued after every death, so it never reached
+        ``FRONTIER_MAX_DELIVERIES`` and killed workers forever. One Redis
+        call per batch of up to ``FRONTIER_SEED_BATCH`` seeds."""
         self._open.pop(batch, None)
         self._committed.add(batch)
-        if self._delete_call is None and not self._closed:
-            self._delete_call = call_later(0, self._delete_committed)
+        if not self._closed:
+            self._delete_committed()
 
     def _delete_committed(self) -> None:
         """Delete and unregister the committed batches; those that fail stay
         for the next upkeep (or close)."""
-        self._delete_call = None
         if not self._committed or self._intake is None:
             return
         batches = sorted(self._committed)
@@ -469,9 +474,6 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         the others to the seed list; say which stay in intake when Redis
         cannot be reached."""
         self._closed = True
-        if self._delete_call is not None:
-            self._delete_call.cancel()
-            self._delete_call = None
         intake = self._intake
         if intake is None:
             return
