@@ -628,3 +628,27 @@ def test_the_heartbeat_during_an_outages_backoff_keeps_the_leases_and_ends_it(
         assert crawler.stats.get_value("frontier/redis/outages") == 1
         finish(scheduler, request)
         assert rds.zcard("{beat}:leases") == 0
+
+
+def test_a_heartbeat_that_meets_noscript_is_an_outage_not_a_refusal(
+    redis_url: str, rds: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``NOSCRIPT`` says the call did not run (a server restarted between a
+    pipeline's script check and its call, as a reviewer's snapshot restore
+    met once): it is waited out as an outage, not a refusal (counted or
+    logged as one, at ERROR). A heartbeat that meets it loads the scripts
+    and sends once more."""
+    from redis.exceptions import NoScriptError
+
+    scheduler, crawler = harness.open_scheduler(redis_url, _BeatSpider)
+    with caplog.at_level("WARNING", logger="crawler.frontier.scheduler"):
+        scheduler._failed(NoScriptError("No matching script. Please use EVAL."))
+    assert crawler.stats.get_value("frontier/redis/refused") is None
+    assert crawler.stats.get_value("frontier/redis/outages") == 1
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    rds.script_flush()  # (as a restart: Redis keeps no scripts)
+    rds.zrem("{beat}:alive", scheduler.holder)
+    scheduler._beat()  # the backoff runs: a probe; it loads the scripts again
+    assert scheduler._down_until == 0.0
+    assert rds.zscore("{beat}:alive", scheduler.holder) is not None
+    assert crawler.stats.get_value("frontier/redis/outages") == 1

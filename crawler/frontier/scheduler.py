@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -984,9 +984,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if op.kind == "acks":
                 held.setdefault(op.shard, []).append(op.item)
         try:
-            self.queue.shards.alive(self.holder)
-            if held:
-                self.queue.shards.extend(held)
+            for attempt in (1, 2):
+                try:
+                    self.queue.shards.alive(self.holder)
+                    if held:
+                        self.queue.shards.extend(held)
+                    break
+                except NoScriptError:
+                    # Redis restarted without its scripts (it keeps none):
+                    # load them and send once more (both calls idempotent).
+                    if attempt == 2:
+                        raise
+                    self.queue.shards.load_scripts()
         except UNREACHABLE as exc:
             if not probing:
                 self._failed(exc)
@@ -1501,12 +1510,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _failed(self, exc: Exception) -> None:
         """A Redis call outside the outbox failed: a configuration error (see
         :meth:`_config_error`), a refusal (a key of the wrong type answers an
-        error) or an outage (a cluster not serving the slot,
-        :data:`~crawler.frontier.connection.CLUSTER_BUSY`,
-        is one too)."""
+        error) or an outage. A reply that says the call did not run
+        (:data:`~crawler.frontier.connection.NOT_RUN`: a cluster not serving
+        the slot, or ``NOSCRIPT`` from a server that restarted between the
+        pipeline's script check and its call; the next pipeline loads the
+        scripts again) is an outage too, never logged as a refusal."""
         if self._config_error(exc):
             return
-        if isinstance(exc, ResponseError) and not isinstance(exc, CLUSTER_BUSY):
+        if isinstance(exc, ResponseError) and not isinstance(exc, NOT_RUN):
             self._refused(exc)
         else:
             self._outage(exc)

@@ -15,7 +15,7 @@ from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import stop_on_config_error
 from crawler.extensions import worker_id
-from crawler.frontier.connection import CLUSTER_BUSY, config_error_message
+from crawler.frontier.connection import NOT_RUN, config_error_message
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
@@ -294,9 +294,10 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     stop_on_config_error(self.crawler, message)
                     return
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
-                # (a cluster not serving the slot yet, CLUSTERDOWN or
-                # TRYAGAIN, is an outage too, as for the scheduler)
-                refused = isinstance(exc, ResponseError) and not isinstance(exc, CLUSTER_BUSY)
+                # (a reply that says the call did not run, a cluster not
+                # serving the slot yet or NOSCRIPT, is an outage too, as for
+                # the scheduler)
+                refused = isinstance(exc, ResponseError) and not isinstance(exc, NOT_RUN)
                 what = "refused a seed call" if refused else "unreachable"
                 logger.warning(
                     "Redis %s while reading seeds (%s); retrying in %.1fs",
