@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -984,18 +984,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if op.kind == "acks":
                 held.setdefault(op.shard, []).append(op.item)
         try:
-            for attempt in (1, 2):
-                try:
-                    self.queue.shards.alive(self.holder)
-                    if held:
-                        self.queue.shards.extend(held)
-                    break
-                except NoScriptError:
-                    # Redis restarted without its scripts (it keeps none):
-                    # load them and send once more (both calls idempotent).
-                    if attempt == 2:
-                        raise
-                    self.queue.shards.load_scripts()
+            # (a node that restarted without the scripts gets them loaded:
+            # FrontierShards._each)
+            self.queue.shards.alive(self.holder)
+            if held:
+                self.queue.shards.extend(held)
         except UNREACHABLE as exc:
             if not probing:
                 self._failed(exc)

@@ -28,7 +28,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from redis import StrictRedis
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from crawler.frontier.store import Frontier, Lease, NotDue
 from crawler.keys import shard_of, shard_prefixes, shards_key
@@ -160,14 +160,23 @@ class FrontierShards:
     def _each(self, call: Any) -> list[Any]:
         """Run ``call(frontier, pipe)`` on every shard, one pipeline per node;
         the replies in shard order. For idempotent calls only (reads,
-        ``alive``, ``extend``)."""
+        ``alive``, ``extend``): a node that answers ``NOSCRIPT`` (it restarted
+        and keeps no scripts) gets the scripts loaded and its pipeline sent
+        once more."""
         replies: dict[int, Any] = {}
         for pipe, indices in self.groups(range(len(self.frontiers))):
-            with pipe:
-                for i in indices:
-                    call(self.frontiers[i], pipe)
-                for i, reply in zip(indices, pipe.execute(), strict=True):
-                    replies[i] = reply
+            for attempt in (1, 2):
+                try:
+                    with pipe:
+                        for i in indices:
+                            call(self.frontiers[i], pipe)
+                        for i, reply in zip(indices, pipe.execute(), strict=True):
+                            replies[i] = reply
+                    break
+                except NoScriptError:
+                    if attempt == 2:
+                        raise
+                    self.load_scripts()
         return [replies[i] for i in range(len(self.frontiers))]
 
     # -- every shard ---------------------------------------------------------------
