@@ -336,6 +336,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._problems: set[str] = set()
         #: Lease id -> the shard it was taken from.
         self._lease_shards: dict[str, int] = {}
+        #: The lease of a request on its last chance (one death short of
+        #: FRONTIER_MAX_DELIVERIES), leased alone: nothing more is leased
+        #: while it is held, so that if it kills the worker it dies alone.
+        self._alone: str | None = None
+        #: A shard whose lease call put back a request's last chance because
+        #: this worker held leases: nothing more is leased until it holds
+        #: none, then that shard is asked first (:meth:`_holding_back`).
+        self._drain_shard: int | None = None
         #: The shard the next lease call goes to first among equals (round
         #: robin: shards of equal best priority and head join time).
         self._turn = 0
@@ -607,16 +615,20 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         outbox and one ``lease.lua`` call, in one round trip, refill it (see
         *Batches* and *Outbox*).
         """
-        if self._ready or not self._before_lease():
+        if self._ready or not self._before_lease() or self._holding_back():
             return self._hand_out() if self._ready else None
         asked: set[int] = set()
         while True:
-            shard = self._next_shard(asked)
+            shard, self._drain_shard = self._drain_shard, None
+            if shard is None or shard in asked or shard >= len(self._shard_due):
+                shard = self._next_shard(asked)
             if shard is None:  # every shard said: nothing due now
                 self._due_at = self._earliest_due()
                 return None
             ids = [f"{self.holder}:{next(self._lease_ids)}" for _ in range(self._want())]
             result = self._exchange(ids, shard)
+            if isinstance(result, (list, NotDue)):
+                self._last_passed(result[0] if isinstance(result, list) else result, shard)
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
                 self._housekeeping(result[0], shard)
@@ -637,10 +649,35 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # (leases found out after a lost reply are in the buffer too)
             if self._ready:
                 return self._hand_out()
-            if result is None:  # Redis down, or refused
+            if result is None or self._holding_back():  # Redis down, or refused; a drain
                 return None
             if len(self._shard_due) == 1 and not isinstance(result, list):
                 return None
+
+    def _holding_back(self) -> bool:
+        """Whether to lease nothing now, for a request on its last chance
+        (``lease.lua``, ARGV[16]): while this worker holds such a lease
+        (taken alone), or while it drains for one that a lease call put back
+        because it held other leases. A poison request then kills the worker
+        alone, and a request leased beside it is not dead-lettered with it."""
+        if self._alone is not None:
+            if self._alone in self._lease_shards:
+                return True
+            self._alone = None
+        return self._drain_shard is not None and bool(self._lease_shards)
+
+    def _last_passed(self, result: Lease | NotDue, shard: int) -> None:
+        """Start a drain when a lease call to ``shard`` put back a request's
+        last chance (see :meth:`_holding_back`)."""
+        if result.last_passed:
+            if self._drain_shard is None:
+                self.stats.inc_value("frontier/last_chance/drains")
+                logger.debug(
+                    "A request on its last delivery waits for this worker to hold nothing "
+                    "(shard %d): leasing nothing more until then", shard,
+                    extra={"spider": self.spider},
+                )
+            self._drain_shard = shard
 
     def _before_lease(self) -> bool:
         """Before a shard is chosen for a lease call: find out what a
@@ -906,6 +943,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
                 continue
             self._leases[request] = lease.lease_id
+            limit = self.queue.frontier.max_deliveries
+            if limit > 1 and lease.deliveries >= max(2, limit):
+                # (lease.lua leased it alone: its last chance)
+                self._alone = lease.lease_id
+                self.stats.inc_value("frontier/last_chance/leased")
             if self.queue.frontier.revisit_after_ms:
                 self._entries[request] = (lease.data, lease.site)
             self._ready.append(request)
@@ -955,6 +997,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         lease_id = self._leases.pop(request, None)
         if lease_id is not None:
             self._write("acks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
+            if not self._lease_shards and (self._drain_shard is not None or self._alone):
+                self._due_at = time.monotonic()  # the drain is over: lease now
 
     def _beat(self) -> None:
         """The heartbeat (every third of ``FRONTIER_LEASE_TIMEOUT``): send the
@@ -1372,7 +1416,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         if joined is not None:  # (FRONTIER_FIFO_SLACK)
                             joined += self.fifo_slack_us
                         shards[i].lease_many(
-                            lease[1], client=pipe, held=held, least=least, least_joined=joined
+                            lease[1], client=pipe, held=held, least=least, least_joined=joined,
+                            held_all=len(self._lease_shards),
                         )
                         calls.append(("lease", i))
                 replies = self._execute(pipe)

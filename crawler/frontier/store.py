@@ -290,6 +290,9 @@ class Lease:
         joined the shard's ready index, µs of the Redis server's clock (0:
         not known, queued by an older version: long ago), or None when no
         site is due (set on a call's first lease).
+    :ivar last_passed: the call put back a request on its last chance
+        (see ``lease_many``'s ``held_all``) because this worker held leases
+        (set on a call's first lease).
     """
 
     data: bytes
@@ -302,6 +305,7 @@ class Lease:
     problems: tuple[str, ...] = ()
     best: int | None = None
     head: int | None = None
+    last_passed: bool = False
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,7 @@ class NotDue:
         this worker's fair share or a concurrency), or None when none is.
     :ivar head: when the first site at that priority joined the shard's
         ready index, µs (see :class:`Lease`), or None when none is due.
+    :ivar last_passed: see :class:`Lease`.
     """
 
     wait: float | None
@@ -323,6 +328,7 @@ class NotDue:
     problems: tuple[str, ...] = ()
     best: int | None = None
     head: int | None = None
+    last_passed: bool = False
 
 
 class Frontier:
@@ -343,7 +349,9 @@ class Frontier:
     :param lease_timeout: seconds a lease lasts without a heartbeat.
     :param max_deliveries: a request handed out this many times without
         being acknowledged (its worker died each time) goes to the
-        dead-letter list when its last lease expires; 0: no limit.
+        dead-letter list when its last lease expires; 0: no limit. Its
+        last delivery is made alone (see :meth:`lease_many`'s
+        ``held_all``), so the death that dead-letters it is its own.
     :param candidates: due sites moved into the ready index per lease call,
         and sites passed over there at most per call (those where this
         worker holds its fair share, or found stale); bounds a call's work.
@@ -598,18 +606,19 @@ class Frontier:
     @overload
     def lease_many(
         self, lease_ids: Sequence[str], *, held: int = 0, least: int | None = None,
-        least_joined: int | None = None,
+        least_joined: int | None = None, held_all: int | None = None,
     ) -> list[Lease] | NotDue: ...
 
     @overload
     def lease_many(
         self, lease_ids: Sequence[str], client: Any, *, held: int = 0, least: int | None = None,
-        least_joined: int | None = None,
+        least_joined: int | None = None, held_all: int | None = None,
     ) -> list[Lease] | NotDue | None: ...
 
     def lease_many(
         self, lease_ids: Sequence[str], client: Any = None, *, held: int = 0,
         least: int | None = None, least_joined: int | None = None,
+        held_all: int | None = None,
     ) -> list[Lease] | NotDue | None:
         """Lease up to ``len(lease_ids)`` due requests in one call.
 
@@ -636,6 +645,16 @@ class Frontier:
             the first lease, the call leases a site of priority ``least``
             only when it joined this shard's ready index at that time or
             before (first in, first out across shards).
+        :param held_all: leases the holder holds now on all the crawl's
+            shards (None: not counted, and no request is held back as
+            below; the scheduler always counts them). A request on its last chance (handed
+            out before, and one death short of ``max_deliveries``) is
+            leased only when this is 0, alone: the call then leases nothing
+            else, and the holder should lease nothing more until it is done,
+            so that a poison request dies alone and a request leased beside
+            it is not dead-lettered with it. Otherwise it stays at the front
+            of its queue and the reply's ``last_passed`` is set: the holder
+            should drain, then ask again holding nothing.
         :returns: the leases (at least one; housekeeping counts on the
             first), or :class:`NotDue` when nothing can be leased now.
         :raises ValueError: ``lease_ids`` is empty.
@@ -647,7 +666,7 @@ class Frontier:
             raise ValueError("lease_many needs at least one lease id")
         reply = self._lease_call(
             holder_of(lease_ids[0]), lease_ids, held, client, least=least,
-            least_joined=least_joined,
+            least_joined=least_joined, held_all=held_all,
         )
         return None if client is not None else self.leases_of(reply, lease_ids)
 
@@ -663,6 +682,7 @@ class Frontier:
     def _lease_call(
         self, holder: str, lease_ids: Sequence[str], held: int, client: Any, *,
         least: int | None = None, least_joined: int | None = None,
+        held_all: int | None = None,
     ) -> Any:
         k = self.key
         return self._lease(
@@ -689,6 +709,7 @@ class Frontier:
                 "" if least is None else least,
                 "" if least is None or least_joined is None else least_joined,
                 "1" if self.join_times else "0",
+                "" if held_all is None else max(0, held_all),
                 *lease_ids,
             ],
             client=client,
@@ -702,14 +723,15 @@ class Frontier:
         tail = reply[6 + 3 * n :]
         best = int(tail[0]) if tail and tail[0] not in (b"", "") else None
         head = int(tail[1]) if best is not None and len(tail) > 1 else None
+        passed = len(tail) > 2 and tail[2] in (b"1", "1")
         if n == 0:
             return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems,
-                          best, head)
+                          best, head, passed)
         return [
             Lease(reply[6 + 3 * i], reply[7 + 3 * i].decode(), lease_ids[i], int(reply[8 + 3 * i]))
             if i else
             Lease(reply[6], reply[7].decode(), lease_ids[0], int(reply[8]),
-                  expired, retried, dead, problems, best, head)
+                  expired, retried, dead, problems, best, head, passed)
             for i in range(n)
         ]
 

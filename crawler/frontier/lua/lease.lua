@@ -6,6 +6,9 @@
 -- housekeeping and no separate daemon is needed. A request whose lease
 -- expired ARGV[2] times (its worker died each time it was handed out: a
 -- poison request) goes to the dead-letter list instead, with its count.
+-- Its last delivery is made alone (ARGV[16]): a worker that dies takes all
+-- it holds with it, and a request leased beside a poison one would count
+-- the same deaths.
 --
 -- Choosing among all due sites, with bounded work however many are due.
 -- A site with queued work and a free slot is in one of two indexes:
@@ -117,7 +120,15 @@
 --          (first in, first out across shards)
 -- ARGV[15] "1" to keep join times in KEYS[25] (a crawl of several shards),
 --          else "0" (none kept, none read: the head's is reported as 0)
--- ARGV[16..] lease ids, one per request wanted
+-- ARGV[16] leases the worker holds now on all the crawl's shards, as it
+--          counts them: a request whose next death would dead-letter it (its
+--          last chance: delivered at least once, and once short of ARGV[2])
+--          is leased only when this is 0, as the call's only lease, so that
+--          it dies alone if it is the poison; else it is put back at the
+--          front of its queue, its site passed over, and the reply says so
+--          (the worker then leases nothing until it holds nothing); "": the
+--          caller does not count them, no request is held back
+-- ARGV[17..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -129,7 +140,9 @@
 -- due now after the call (the top of KEYS[19]), or "" when none is, and
 -- when the site on top joined KEYS[19] (µs, KEYS[25]; "0" when not known:
 -- long ago; "" when none is due), so a worker of a sharded crawl can ask
--- the shard with the best work, the longest due, next. A
+-- the shard with the best work, the longest due, next, and "1" when a
+-- request's last chance was passed over because the worker held leases
+-- (ARGV[16]), else "0". A
 -- call without lease ids leases nothing: it moves due sites and does its
 -- housekeeping, and tells that priority and the wait (a peek).
 K.P = ARGV[1]
@@ -157,7 +170,7 @@ local err = check_types({
   {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 16)}
+local ids = {unpack(ARGV, 17)}
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -290,7 +303,10 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 16
+local a = 17
+local held_all = tonumber(ARGV[16]) -- (nil: not counted; nothing held back)
+local alone = false -- this call leased a request's last chance
+local passed_last = '0' -- a last chance put back: the worker holds leases
 local least = tonumber(ARGV[13])
 local least_us = least and tonumber(ARGV[14])
 local pos = 0 -- sites at the top of K.ready passed over in this call
@@ -300,7 +316,7 @@ local known = {}
 -- What the leases took, written after the loop (one call each): lease
 -- deadlines, slots and data, and the counters.
 local taken = {n = 0, prio = {}, sites = {}, leases = {}, slots = {}, data = {}}
-while a <= #ARGV and looks > 0 do
+while a <= #ARGV and looks > 0 and not alone do
   local top = redis.call('ZRANGE', K.ready, pos, pos, 'WITHSCORES')
   if #top == 0 then break end
   -- (another shard has better work due, or work of this priority that
@@ -351,7 +367,20 @@ while a <= #ARGV and looks > 0 do
         bury(dead, why, site, member, chunk, 0, now)
         buried = buried + 1
       end)
-      if not entry then
+      local last = nil
+      if entry and held_all and max_deliveries > 1 then
+        local d0 = deliveries_of(entry)
+        last = d0 >= 1 and d0 + 1 >= max_deliveries
+      end
+      if last and (n > 0 or held_all > 0) then
+        -- A last chance, and the worker holds other requests: put it back
+        -- where it was (nothing was counted yet) and pass the site over;
+        -- the worker drains, then asks with nothing held.
+        q_push(site, member, entry, true)
+        s.level, s.member = level, member
+        passed_last = '1'
+        pos = pos + 1
+      elseif not entry then
         -- a level without entries (a chunk that could not be read, a
         -- malformed K.qm value): it is forgotten, and the site ranked
         -- again by its best level left (its score still named the level
@@ -419,6 +448,7 @@ while a <= #ARGV and looks > 0 do
         out[#out + 1] = d
         n = n + 1
         a = a + 1
+        alone = last
       end
     end
   end
@@ -471,6 +501,7 @@ end
 
 if n > 0 then
   out[#out + 1], out[#out + 2] = best_due()
+  out[#out + 1] = passed_last
   return out
 end
 
@@ -525,4 +556,5 @@ if wait == 0 and #due_sites < move_max and #due_retries < batch and #due_revisit
 end
 out[2] = wait
 out[#out + 1], out[#out + 2] = best_due()
+out[#out + 1] = passed_last
 return out

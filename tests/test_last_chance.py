@@ -1,0 +1,195 @@
+"""A request's last delivery is made alone (``lease.lua``, ARGV[16]).
+
+A worker that dies takes every request it holds with it, and each counts a
+delivery: before this, a healthy request leased beside a poison one reached
+``FRONTIER_MAX_DELIVERIES`` with it and was dead-lettered too. Now a
+request one death short of the limit is leased only to a worker holding
+nothing, as its only lease, and that worker leases nothing more until it is
+done: the death that dead-letters a request is one it died alone.
+(The whole crawl with a worker killed by a poison download:
+``tests/test_review_faults.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request, Spider
+
+from crawler.frontier.store import Frontier, Lease, NotDue
+from tests import scheduler_harness as harness
+from tests.test_frontier_faults import _until_expired
+from tests.waiting import wait_for
+
+if TYPE_CHECKING:
+    import redis
+
+pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+
+
+class _Spider(Spider):
+    name = "t"
+
+
+def _frontier(rds: redis.Redis, **kwargs: Any) -> Frontier:
+    frontier = Frontier(rds, "t", **{"default_concurrency": 8, "lease_timeout": 0.05,
+                                     "max_deliveries": 3, **kwargs})
+    frontier.load_scripts()
+    return frontier
+
+
+def _push(frontier: Frontier, url: str) -> None:
+    assert frontier.push(url.encode(), site=url.split("/")[2], priority=0,
+                         fingerprint=url.encode(), dont_filter=False)
+
+
+def _leased(result: list[Lease] | NotDue) -> list[Lease]:
+    assert isinstance(result, list), result
+    return result
+
+
+def _die_twice_together(rds: redis.Redis, frontier: Frontier, urls: list[str]) -> None:
+    """Lease ``urls`` in one call twice, the worker dying each time: each
+    is then one death short of max_deliveries=3."""
+    for n in (1, 2):
+        leases = _leased(frontier.lease_many([f"dies#{n}:{j}" for j in range(len(urls))]))
+        assert sorted(lease.data.decode() for lease in leases) == sorted(urls)
+        assert {lease.deliveries for lease in leases} == {n}
+        _until_expired(rds)
+
+
+def _until_past(rds: redis.Redis, lease_id: str) -> None:
+    """Wait until the deadline of ``lease_id`` has passed on Redis's clock."""
+
+    def past() -> bool:
+        seconds, micros = rds.time()
+        deadline = rds.zscore("{t}:leases", lease_id)
+        return deadline is None or deadline < seconds * 1000 + micros // 1000
+
+    wait_for(past, 5, f"lease {lease_id} to expire", 0.005)
+
+
+def _dead(rds: redis.Redis) -> list[tuple[str, int]]:
+    return [(d["url"], d["deliveries"])
+            for d in (json.loads(x) for x in rds.lrange("{t}:dead", 0, -1))]
+
+
+def test_a_last_chance_goes_alone_to_a_worker_holding_nothing_and_only_its_death_counts(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    poison, healthy = "https://a.example/poison", "https://b.example/fine"
+    _push(frontier, poison)
+    _push(frontier, healthy)
+    _die_twice_together(rds, frontier, [poison, healthy])
+    _push(frontier, "https://c.example/new")
+
+    # A worker holding a lease gets the new request only: both last chances
+    # are put back where they were, and the reply says so.
+    [new] = _leased(frontier.lease_many(["busy#1:0", "busy#1:1", "busy#1:2"], held_all=1))
+    assert new.data == b"https://c.example/new" and new.last_passed
+    assert rds.get("{t}:count") == b"2"
+    again = frontier.lease_many(["busy#1:3"], held_all=2)
+    assert isinstance(again, NotDue) and again.last_passed
+    frontier.ack([new.lease_id])
+
+    # A worker holding nothing gets one of them, alone, though it asks for two.
+    [first] = _leased(frontier.lease_many(["empty#1:0", "empty#1:1"], held_all=0))
+    assert first.deliveries == 3 and not first.last_passed
+    if first.data.decode() == healthy:
+        frontier.ack([first.lease_id])
+        [first] = _leased(frontier.lease_many(["empty#2:0", "empty#2:1"], held_all=0))
+    assert first.data.decode() == poison
+    _until_expired(rds)  # the poison killed its worker, alone this time
+
+    # Only the poison is dead-lettered; the other one is served, alone.
+    rest = _leased(frontier.lease_many(["empty#3:0", "empty#3:1"], held_all=0))
+    assert _dead(rds) == [(poison, 3)]
+    if rest[0].data.decode() == healthy:  # (not served before the poison)
+        assert [lease.deliveries for lease in rest] == [3]
+        frontier.ack([rest[0].lease_id])
+    assert frontier.pending() == 0
+    assert frontier.audit() == {}
+
+
+def test_a_last_chance_put_back_keeps_its_place_in_its_sites_queue(rds: redis.Redis) -> None:
+    """Put back at the front of its queue, a last chance is still the next
+    request of its site; the site's other requests wait behind it."""
+    frontier = _frontier(rds, default_concurrency=1)
+    _push(frontier, "https://a.example/1")
+    _die_twice_together(rds, frontier, ["https://a.example/1"])
+    _push(frontier, "https://a.example/2")
+    assert isinstance(frontier.lease_many(["busy#1:0"], held_all=3), NotDue)
+    assert frontier.pending() == 2
+    [lease] = _leased(frontier.lease_many(["empty#1:0", "empty#1:1"], held_all=0))
+    assert (lease.data, lease.deliveries) == (b"https://a.example/1", 3)
+    frontier.ack([lease.lease_id])
+    [lease] = _leased(frontier.lease_many(["empty#2:0"], held_all=0))
+    assert (lease.data, lease.deliveries) == (b"https://a.example/2", 1)
+    frontier.ack([lease.lease_id])
+    assert frontier.audit() == {}
+
+
+@pytest.mark.parametrize("limit", [0, 1])
+def test_without_redeliveries_nothing_is_held_back(rds: redis.Redis, limit: int) -> None:
+    """max_deliveries 0 (no limit) or 1 (no second delivery): no request is
+    ever on a last chance, so a busy worker leases as before."""
+    frontier = _frontier(rds, max_deliveries=limit)
+    _push(frontier, "https://a.example/1")
+    _push(frontier, "https://b.example/1")
+    for n in (1, 2):
+        leases = _leased(frontier.lease_many([f"w#{n}:0", f"w#{n}:1"], held_all=5))
+        if limit == 1:
+            assert len(leases) == 2 and not leases[0].last_passed
+            frontier.ack([lease.lease_id for lease in leases])
+            break
+        assert [lease.deliveries for lease in leases] == [n, n]
+        _until_expired(rds)
+    assert _dead(rds) == []
+
+
+def test_the_scheduler_drains_for_a_last_chance_then_leases_nothing_beside_it(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    """A worker holding a request when a last chance is put back leases
+    nothing more until it holds nothing; then it takes the last chance,
+    and nothing else until that one is done."""
+    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
+    frontier.load_scripts()
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3)
+    scheduler.enqueue_request(Request("https://c.example/held"))
+    assert scheduler.flush_outbox()
+    [held] = harness.lease_all(scheduler)
+
+    scheduler.enqueue_request(Request("https://a.example/last"))
+    assert scheduler.flush_outbox()
+    for n in (1, 2):  # another worker dies twice with it
+        [lease] = _leased(frontier.lease_many([f"dies#{n}:0"]))
+        _until_past(rds, lease.lease_id)
+    scheduler.enqueue_request(Request("https://b.example/fresh"))
+    assert scheduler.flush_outbox()
+
+    # The lease call takes the fresh request and puts the last chance back;
+    # from then on the worker drains.
+    [fresh] = harness.lease_all(scheduler)
+    assert fresh.url == "https://b.example/fresh"
+    scheduler.enqueue_request(Request("https://d.example/later"))
+    assert scheduler.flush_outbox()
+    assert scheduler.next_request() is None
+    harness.finish(scheduler, held)
+    assert scheduler.next_request() is None  # (it still holds one)
+    harness.finish(scheduler, fresh)
+
+    # Holding nothing: the last chance, alone; nothing beside it.
+    last = scheduler.next_request()
+    assert last is not None and last.url == "https://a.example/last"
+    assert scheduler.next_request() is None
+    assert scheduler.stats.get_value("frontier/last_chance/leased") == 1
+    assert scheduler.stats.get_value("frontier/last_chance/drains") == 1
+    harness.finish(scheduler, last)
+    later = scheduler.next_request()
+    assert later is not None and later.url == "https://d.example/later"
+    harness.finish(scheduler, later)
+    assert frontier.audit() == {}
