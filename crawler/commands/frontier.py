@@ -53,7 +53,7 @@ from crawler.frontier.overrides import (
     parse_site,
     stored_value_ok,
 )
-from crawler.frontier.store import frontier_prefix
+from crawler.frontier.store import Frontier, frontier_prefix
 from crawler.keys import (
     CrawlKeys,
     recorded_shards,
@@ -556,17 +556,25 @@ class Command(ScrapyCommand):
         redis = get_redis(self.settings)
         try:
             key = override_key(spider, kind, site, self._shards(redis, spider))
+            removed, moved = self._write(
+                redis, kind, key, spider=spider, site=site, value=None if unset else value
+            )
             if unset:
-                removed = int(redis.hdel(key, site))
                 sys.stdout.write(
                     f"removed the {command} override of {site} from {key}; the default applies\n"
                     if removed
                     else f"{site} had no {command} override in {key}\n"
                 )
+            else:
+                shown = str(value) if kind == CONCURRENCY else f"{value} ms ({value / 1000:g} s)"
+                sys.stdout.write(f"{key} {site} = {shown}\n")
+            if moved:
+                sys.stdout.write(
+                    f"{site}'s next request moved {abs(moved) / 1000:g} s "
+                    f"{'sooner' if moved < 0 else 'later'}: the delay counts from its last one\n"
+                )
+            if unset:
                 return
-            redis.hset(key, site, str(value))
-            shown = str(value) if kind == CONCURRENCY else f"{value} ms ({value / 1000:g} s)"
-            sys.stdout.write(f"{key} {site} = {shown}\n")
             if kind == REVISIT and not self.settings.getfloat("FRONTIER_REVISIT_AFTER"):
                 sys.stderr.write(
                     "note: revisits are off in this project's settings "
@@ -684,6 +692,41 @@ class Command(ScrapyCommand):
         """The project's spider names."""
         assert self.settings is not None
         return project_spiders(self.settings)
+
+    def _write(
+        self, redis: Any, kind: OverrideKind, key: str, *, spider: str, site: str,
+        value: int | None,
+    ) -> tuple[bool, int]:
+        """Set ``site``'s override of ``kind`` in hash ``key`` to ``value``
+        (None: remove it). A delay goes through :meth:`Frontier.set_delay`:
+        the site's next request moves by the change of its pace.
+
+        :returns: whether an override was removed, and the ms the site's
+            next request moved by (0 but for a delay).
+        """
+        if kind == DELAY:
+            return self._delays(redis, key, spider).set_delay(site, value)
+        if value is None:
+            return bool(redis.hdel(key, site)), 0
+        redis.hset(key, site, str(value))
+        return False, 0
+
+    def _delays(self, redis: Any, key: str, spider: str) -> Frontier:
+        """The frontier on ``redis`` of the shard whose delay hash is ``key``, with this
+        project's default delay and margin (``FRONTIER_DELAY``, else
+        ``DOWNLOAD_DELAY``, as the add-on sets it for the workers; and
+        ``FRONTIER_DELAY_MARGIN``): what :meth:`Frontier.set_delay` computes
+        a site's pace with."""
+        assert self.settings is not None
+        settings = self.settings
+        default = settings.get("FRONTIER_DELAY")
+        if default is None:
+            default = settings.getfloat("DOWNLOAD_DELAY")
+        return Frontier(
+            redis, spider, prefix=key[: -len(DELAY)],
+            default_delay=max(0.0, float(default)),
+            delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
+        )
 
     def _shards(self, redis: Any, spider: str) -> int:
         """The crawl's recorded shard count, else ``FRONTIER_SHARDS``

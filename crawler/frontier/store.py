@@ -127,8 +127,8 @@ def frontier_prefix(spider_name: str) -> str:
 class _Lua:
     """One Lua script of ``lua/``, callable directly or on a pipeline.
 
-    ``commit.lua`` and ``lease.lua`` get ``lib.lua`` (their shared helpers)
-    prepended, so each is still one atomic call. Called directly, it is
+    ``commit.lua``, ``lease.lua`` and ``delay.lua`` get ``lib.lua`` (their
+    shared helpers) prepended, so each is still one atomic call. Called directly, it is
     redis-py's :class:`~redis.commands.core.Script` (``EVALSHA``, loading the
     script when Redis lacks it). Queued on a pipeline of a standalone Redis,
     it is a bare ``EVALSHA``: redis-py's Script objects make every pipeline
@@ -418,6 +418,7 @@ class Frontier:
         self._lease = _Lua(redis, "lease.lua", lib=True)
         self._extend = _Lua(redis, "extend.lua")
         self._alive = _Lua(redis, "alive.lua")
+        self._delay = _Lua(redis, "delay.lua", lib=True)
         self._scripts = [self._commit, self._lease, self._extend, self._alive]
 
     def load_scripts(self) -> None:
@@ -774,6 +775,29 @@ class Frontier:
         """Stop counting ``worker`` as live (it closes): the others' fair
         shares grow at once, not a lease's length later."""
         self.redis.zrem(self.key("alive"), worker)
+
+    def set_delay(self, site: str, delay_ms: int | None) -> tuple[bool, int]:
+        """Set ``site``'s delay override to ``delay_ms`` (None: remove it)
+        and move the time its next request may start by the change of its
+        pace, so that the new delay counts from its last request (see
+        ``lua/delay.lua``; the pace is computed with this frontier's
+        ``default_delay`` and ``delay_margin``). Idempotent.
+
+        :returns: whether an override was removed, and the ms the site's
+            next request moved by (negative: sooner).
+        :raises ValueError: ``delay_ms`` below 0.
+        :raises redis.exceptions.ResponseError: a key of the wrong type
+            (nothing was written).
+        """
+        if delay_ms is not None and delay_ms < 0:
+            raise ValueError(f"a delay is whole ms >= 0, not {delay_ms}")
+        k = self.key
+        removed, moved = self._delay(
+            keys=[k("delay"), k("due"), k("wait"), k("rdelay"), k("slow")],
+            args=[site, "" if delay_ms is None else delay_ms, self.default_delay_ms,
+                  self.delay_margin],
+        )
+        return bool(removed), int(moved)
 
     def extend(self, lease_ids: list[str]) -> int:
         """Push the deadlines of held leases ``lease_timeout`` past now.
