@@ -20,7 +20,7 @@ from scrapy import Request, Spider
 
 from crawler.frontier.store import Frontier, Lease, NotDue
 from tests import scheduler_harness as harness
-from tests.test_frontier_faults import _until_expired
+from tests.test_frontier_faults import _lose_replies, _until_expired
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -192,4 +192,37 @@ def test_the_scheduler_drains_for_a_last_chance_then_leases_nothing_beside_it(
     later = scheduler.next_request()
     assert later is not None and later.url == "https://d.example/later"
     harness.finish(scheduler, later)
+    assert frontier.audit() == {}
+
+
+def test_a_last_chance_whose_lease_reply_was_lost_is_found_out_and_still_held_alone(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    """The reply of the lease call that took a last chance is lost: the
+    lease is found out (not leased twice), and the worker still leases
+    nothing beside it until it is done."""
+    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
+    frontier.load_scripts()
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3)
+    scheduler.enqueue_request(Request("https://a.example/last"))
+    assert scheduler.flush_outbox()
+    for n in (1, 2):  # another worker dies twice with it
+        [lease] = _leased(frontier.lease_many([f"dies#{n}:0"]))
+        _until_past(rds, lease.lease_id)
+    # (a call that holds leases requeues it and leaves it: first in line)
+    assert frontier.lease_many(["busy#1:0"], held_all=1).last_passed
+    scheduler.enqueue_request(Request("https://b.example/fresh"))
+    assert scheduler.flush_outbox()
+
+    _lose_replies(scheduler)
+    assert scheduler.next_request() is None  # the reply was lost; the call ran
+    scheduler._down_until = 0.0  # Redis answers again
+    last = scheduler.next_request()
+    assert last is not None and last.url == "https://a.example/last"
+    assert [e.split(b"#")[1] for e in rds.hvals("{t}:ldata")] == [b"3"]  # leased once
+    assert scheduler.next_request() is None  # nothing beside it
+    harness.finish(scheduler, last)
+    fresh = scheduler.next_request()
+    assert fresh is not None and fresh.url == "https://b.example/fresh"
+    harness.finish(scheduler, fresh)
     assert frontier.audit() == {}
