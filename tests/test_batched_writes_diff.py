@@ -122,6 +122,8 @@ def _norm(value: Any, prefix: str) -> Any:
 def _dump(rds: redis.Redis, prefix: str) -> dict[bytes, Any]:
     out: dict[bytes, Any] = {}
     for key in rds.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*"):
+        if key.endswith(b":retryat"):
+            continue  # (written since: each site's last retry time, for housekeeping)
         kind = rds.type(key)
         if kind == b"hash":
             value: Any = sorted(rds.hgetall(key).items())

@@ -19,14 +19,14 @@ from crawler.frontier import housekeeping
 from crawler.frontier.connection import get_redis
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.store import Frontier, Lease
+from crawler.frontier.store import Commit, Frontier, Lease, Retry
 from crawler.keys import shard_prefixes
 from crawler.status import StatusReader
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR
 
-SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down", "joined")
+SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down", "joined", "retryat")
 PROJECT_LUA = PROJECT_DIR / "crawler" / "frontier" / "lua"
 
 
@@ -153,6 +153,7 @@ def test_idle_sites_are_forgotten_busy_ones_kept(rds: redis.Redis) -> None:
         rds.hset("{s}:robots", site, b"1.0\nUser-agent: *\nDisallow: /x")
         rds.hset("{s}:robots:down", site, b"1 1 1")
         rds.hset("{s}:joined", site, 1)  # (done.example's: left by a hand edit)
+        rds.hset("{s}:retryat", site, 1)  # a retry due long ago
     rds.hset("{s}:delay", "done.example", 500)  # an operator's override stays
     keeper = Housekeeper(rds, "s", site_forget_after=0, batch=10)
     # due was set when the site was leased: forgotten once a ms has passed
@@ -220,6 +221,75 @@ def test_not_idle_for_long_enough_is_kept(rds: redis.Redis) -> None:
     keeper = Housekeeper(rds, "s", site_forget_after=3600)
     assert keeper.forget_sites() == (0, [])
     assert rds.hexists("{s}:due", "a.example")
+
+
+def retry_one(frontier: Frontier, site: str, delay: float) -> list[str]:
+    """Lease a request of ``site`` and send it to the retry set for ``delay``
+    seconds in the commit that acknowledges it (as a worker does after a
+    503): the site's only work then waits in the retry set. Returns the
+    commit's problems."""
+    push(frontier, site)
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    return frontier.commit(Commit(
+        retries=[Retry(b'{"u":"https://%s/r"}' % site.encode(), site, 0, delay)],
+        acks=[lease.lease_id],
+    )).problems
+
+
+def test_a_site_whose_only_work_is_a_retry_is_kept_until_the_retry_is_due(
+    rds: redis.Redis,
+) -> None:
+    """The site has work as long as a retry of it waits (the held-back case
+    of test_review_bounded with other numbers): forgotten only once its
+    latest retry is due and FRONTIER_SITE_FORGET_AFTER more has passed."""
+    frontier = Frontier(rds, "s")
+    assert retry_one(frontier, "r.example", 30.0) == []
+    rds.hset("{s}:slow", "r.example", 4000)
+    at = int(rds.hget("{s}:retryat", "r.example") or 0)
+    assert 29_000 <= at - redis_ms(rds) <= 30_000
+    # An earlier retry written later does not bring the site's time forward.
+    frontier.push_retry(b'{"u":"https://r.example/s"}', site="r.example", priority=0, delay=1.0)
+    assert int(rds.hget("{s}:retryat", "r.example") or 0) == at
+    # due is long past; the retry is due in 30 s: kept, with no forget bound
+    rds.hset("{s}:due", "r.example", redis_ms(rds) - 3_600_000)
+    assert Housekeeper(rds, "s", site_forget_after=0).forget(["r.example"]) == (0, [])
+    assert Housekeeper(rds, "s", site_forget_after=20).forget(["r.example"]) == (0, [])
+    assert rds.hget("{s}:slow", "r.example") == b"4000"
+    # Once the retry time is 20 s past, the site is idle for a 20 s bound.
+    rds.hset("{s}:retryat", "r.example", redis_ms(rds) - 20_001)
+    assert Housekeeper(rds, "s", site_forget_after=20).forget(["r.example"]) == (1, [])
+    for key in SITE_KEYS:
+        assert not rds.hexists("{s}:" + key, "r.example"), key
+
+
+def test_a_bad_retry_time_is_reported_and_never_loses_the_retry(rds: redis.Redis) -> None:
+    """A malformed field of {s}:retryat counts as no retry (reported) in the
+    sweep and is replaced by the next retry; a {s}:retryat of another type
+    is reported and left alone, and the retry is written all the same."""
+    frontier = Frontier(rds, "s")
+    finish_one(frontier, "a.example")
+    rds.hset("{s}:due", "a.example", redis_ms(rds) - 10_000)
+    rds.hset("{s}:retryat", "a.example", "soon")
+    assert Housekeeper(rds, "s", site_forget_after=5).forget(["a.example"]) == (1, [
+        '{s}:retryat a.example = "soon" is not whole ms: counted as 0'
+    ])
+    rds.hset("{s}:retryat", "b.example", "9" * 16)
+    assert retry_one(frontier, "b.example", 60.0) == [
+        f'{{s}}:retryat b.example = "{"9" * 16}" ignored (replaced)'
+    ]
+    assert 59_000 <= int(rds.hget("{s}:retryat", "b.example") or 0) - redis_ms(rds) <= 60_000
+    rds.delete("{s}:retryat")
+    rds.rpush("{s}:retryat", "x")
+    assert retry_one(frontier, "c.example", 60.0) == [
+        "{s}:retryat holds a list, not a hash: left alone"
+    ]
+    assert rds.zcard("{s}:retries") == 2
+    assert rds.lrange("{s}:retryat", 0, -1) == [b"x"]
+    rds.hset("{s}:due", "c.example", redis_ms(rds) - 10_000)
+    forgotten, problems = Housekeeper(rds, "s", site_forget_after=5).forget(["c.example"])
+    assert (forgotten, problems) == (1, ["{s}:retryat holds a list, not a hash: left alone"])
+    assert rds.lrange("{s}:retryat", 0, -1) == [b"x"]
 
 
 def test_the_extension_reads_its_settings_and_can_be_switched_off(redis_url: str) -> None:

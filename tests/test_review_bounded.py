@@ -197,14 +197,6 @@ def test_sites_left_slowed_leave_the_workers_memory_once_not_heard_from(
     assert len(mw._slow) <= 2 * RULES_SWEEP_MIN, len(mw._slow)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "forget_sites.lua does not see {s}:retries (a sorted set of entries, not "
-    "indexed by site): a site whose only work waits there longer than "
-    "FRONTIER_SITE_FORGET_AFTER loses its slow mark, Crawl-delay and robots.txt "
-    "(with the defaults a retry waits at most FRONTIER_RETRY_AFTER_MAX = 600 s "
-    "< 3600 s, so only a shorter FRONTIER_SITE_FORGET_AFTER or a longer "
-    "FRONTIER_RETRY_AFTER_MAX meets it)"
-))
 def test_a_site_whose_only_work_waits_in_the_retry_set_is_not_forgotten(
     rds: redis.Redis,
 ) -> None:

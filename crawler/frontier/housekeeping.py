@@ -18,11 +18,13 @@ Three keys of a crawl would otherwise grow for as long as it runs:
 * the per-site state of sites that had no work for
   ``FRONTIER_SITE_FORGET_AFTER`` seconds (default 3600) is deleted: their
   fields in ``{s}:due``, ``{s}:slow``, ``{s}:rdelay``, ``{s}:robots``,
-  ``{s}:robots:down``, ``{s}:joined`` (left behind only by a hand edit)
-  and zero counters in ``{s}:active``
+  ``{s}:robots:down``, ``{s}:retryat``, ``{s}:joined`` (left behind only by
+  a hand edit) and zero counters in ``{s}:active``
   (``lua/forget_sites.lua``). A site is idle when it is in neither
   ``{s}:wait`` nor ``{s}:ready``, has no queued request (no field in ``{s}:lv``),
-  no download slot taken, and its due time is older than the bound; the
+  no download slot taken, and its due time, and that of its last retry
+  (``{s}:retryat``: a site whose only work waits in ``{s}:retries`` has
+  work), are older than the bound; the
   check and the deletes are one atomic call, so a site that gets work in
   between is never touched. The sites are visited with ``HSCAN`` of
   ``{s}:due``, ``FRONTIER_HOUSEKEEPING_BATCH`` (default 200) per run, the
@@ -456,6 +458,7 @@ class Housekeeper:
         ]
         keys.append(self.key("lv", shard))
         keys.append(self.key("joined", shard))
+        keys.append(self.key("retryat", shard))
         return _Call(keys[0], lambda c: self._forget_sites(
             keys=keys, args=[cursor, self.site_forget_after_ms, *sites], client=c
         ))

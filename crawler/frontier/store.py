@@ -51,6 +51,9 @@ key                                 type    holds
 ``{s}:leases``                      zset    lease id (``<holder>:<n>``) -> deadline (ms)
 ``{s}:ldata``                       hash    lease id -> ``priority\\tsite\\t#<deliveries>#request``
 ``{s}:retries``                     zset    ``priority\\tsite\\trequest`` -> due (ms)
+``{s}:retryat``                     hash    site -> when its last retry is due (ms):
+                                            the site has work until then
+                                            (housekeeping keeps its state)
 ``{s}:dead``                        list    dead letters, JSON objects
 ``{s}:revisits``                    zset    fingerprint -> when its revisit is due (ms)
 ``{s}:rdata``                       hash    fingerprint -> ``priority\tsite\trequest``:
@@ -466,7 +469,7 @@ class Frontier:
             k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
             k("retries"), k("dead"), self.marker_key(holder),
             k("revisits"), k("rdata"), k("revisit"), k("ready"), k("seq"), k("prio"),
-            k("qm"), k("qc"), k("lv"), k("joined"),
+            k("qm"), k("qc"), k("lv"), k("joined"), k("retryat"),
         ]
         bitmaps: dict[str, int] = {}
         for p in batch.pushes:

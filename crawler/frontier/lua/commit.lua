@@ -34,7 +34,10 @@
 --                           (KEYS[21..23]: the queues, see lib.lua)
 -- KEYS[24] {s}:joined       hash site -> µs when it took its turn in KEYS[18]
 --                           (see lib.lua's make_ready)
--- KEYS[25..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
+-- KEYS[25] {s}:retryat      hash site -> ms when its last retry is due (so
+--                           housekeeping does not forget a site whose only
+--                           work waits in KEYS[12]: forget_sites.lua)
+-- KEYS[26..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
 -- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
 -- ARGV[2]  default concurrency per site
 -- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
@@ -55,7 +58,7 @@
 --          else "0"; then the groups, in that order:
 --   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
 --          queue even if seen (dont_filter) else "0", site, priority, encoded
---          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 25;
+--          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 26;
 --          decimal offsets
 --          separated by spaces; "" in set mode)
 --   retry (4 each): priority, site, encoded request, delay ms
@@ -207,10 +210,24 @@ for _ = 1, n_push do
 end
 q_flush()
 
--- Retries wait in the retry set until their backoff has passed.
+-- Retries wait in the retry set until their backoff has passed. KEYS[25]
+-- keeps the latest time a retry of each site is due: the site has work
+-- until then, though none is queued. Read leniently (a wrong type or a bad
+-- value is reported; the retry is written all the same).
+local retryat = KEYS[25]
+if n_retry > 0 then
+  local t = redis.call('TYPE', retryat)['ok']
+  if t ~= 'none' and t ~= 'hash' then
+    problem(retryat .. ' holds a ' .. t .. ', not a hash: left alone')
+    retryat = nil
+  end
+end
 for _ = 1, n_retry do
-  redis.call('ZADD', retries, K.now + tonumber(ARGV[i + 3]),
-             ARGV[i] .. '\t' .. ARGV[i + 1] .. '\t' .. ARGV[i + 2])
+  local site, at = ARGV[i + 1], K.now + tonumber(ARGV[i + 3])
+  redis.call('ZADD', retries, at, ARGV[i] .. '\t' .. site .. '\t' .. ARGV[i + 2])
+  if retryat and hnum(retryat, site, NAT, -1, 'replaced') < at then
+    redis.call('HSET', retryat, site, at)
+  end
   i = i + 4
 end
 

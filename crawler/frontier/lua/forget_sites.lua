@@ -5,8 +5,10 @@
 --
 -- A site is idle when it is in neither KEYS[2] nor KEYS[3], has no queued
 -- request (no field in KEYS[10]), no download slot taken (KEYS[4]: no field,
--- or one of 0 or less), and its due time (KEYS[1]) is more than ARGV[2] ms
--- ago. Its fields in KEYS[1], [4], [5], [6], [7], [8] and [11] are then
+-- or one of 0 or less), and both its due time (KEYS[1]) and the due time of
+-- its last retry (KEYS[12]: a site whose only work waits in the retry set
+-- has work) are more than ARGV[2] ms ago. Its fields in KEYS[1], [4], [5],
+-- [6], [7], [8], [11] and [12] are then
 -- deleted (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
 -- left behind, e.g. by a hand edit of KEYS[3], goes with the site).
 -- The operator's overrides ({s}:delay, {s}:conc, {s}:revisit) are kept.
@@ -23,6 +25,8 @@
 -- KEYS[10] {s}:lv           hash site -> its non-empty priorities (a site
 --                           with queued requests has a field)
 -- KEYS[11] {s}:joined       hash site -> µs when it took its turn in KEYS[3]
+-- KEYS[12] {s}:retryat      hash site -> ms when its last retry is due
+--                           (commit.lua)
 -- ARGV[1]  the cursor to store for the next run ("0": start over)
 -- ARGV[2]  ms without work after which a site is forgotten
 -- ARGV[3..] the sites to look at (from HSCAN of KEYS[1])
@@ -43,7 +47,7 @@ end
 -- The per-site hashes of workers' figures are read leniently: one of
 -- another type is skipped (and reported), as lease.lua reads it.
 local lenient, problems = {}, {}
-for _, i in ipairs({5, 6, 7, 8, 11}) do
+for _, i in ipairs({5, 6, 7, 8, 11, 12}) do
   local t = redis.call('TYPE', KEYS[i])['ok']
   if t == 'none' or t == 'hash' then
     lenient[#lenient + 1] = KEYS[i]
@@ -51,6 +55,7 @@ for _, i in ipairs({5, 6, 7, 8, 11}) do
     problems[#problems + 1] = KEYS[i] .. ' holds a ' .. t .. ', not a hash: left alone'
   end
 end
+local retries_read = redis.call('TYPE', KEYS[12])['ok'] == 'hash'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local INT = '^%-?%d+$'
@@ -68,6 +73,15 @@ for i = 3, #ARGV do
       ' is not whole ms: counted as 0'
     due = '0'
   end
+  -- (KEYS[12] read only when of the right type: one of another type is
+  -- reported above and counts as no retry)
+  local retry = idle and retries_read and redis.call('HGET', KEYS[12], site)
+  if retry and not (#retry <= 15 and string.match(retry, INT)) then
+    problems[#problems + 1] = KEYS[12] .. ' ' .. site .. ' = ' .. string.format('%q', retry) ..
+      ' is not whole ms: counted as 0'
+    retry = false
+  end
+  if retry and tonumber(retry) > tonumber(due) then due = retry end
   if idle and active and not (#active <= 15 and string.match(active, INT)) then
     problems[#problems + 1] = KEYS[4] .. ' ' .. site .. ' = ' ..
       string.format('%q', active) .. ' is not an integer: site left alone'
