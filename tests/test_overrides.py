@@ -106,6 +106,10 @@ def test_parse_concurrency_refuses_the_rest_and_says_what_is_allowed(text: objec
         ("conc", b"1", True), ("conc", b"16", True), ("conc", b"0", False),
         ("conc", b"01", False), ("conc", b"-1", False), ("conc", b"", False),
         ("conc", b"1.0", False), ("conc", b"4\n", False),
+        # at most 15 characters, as lib.lua's hnum reads them
+        ("delay", b"9" * 15, True), ("delay", b"1" + b"0" * 15, False),
+        ("revisit", b"0" * 15, True), ("revisit", b"0" * 16, False),
+        ("conc", b"1" + b"0" * 14, True), ("conc", b"1" + b"0" * 15, False),
     ],
 )
 def test_stored_value_ok_is_the_lease_scripts_rule(kind: str, raw: bytes, ok: bool) -> None:
@@ -290,8 +294,10 @@ def test_overrides_lists_every_spiders_values_and_flags_the_bad_ones(
     ]
     assert table.returncode == 1
     assert "2000 ms (2 s)" in table.stdout
-    assert "BAD '2s': not whole milliseconds >= 0, the default is used" in table.stdout
-    assert "BAD '0': not a whole number >= 1, the default is used" in table.stdout
+    assert ("BAD '2s': not whole milliseconds >= 0 (at most 15 digits), the default is used"
+            in table.stdout)
+    assert ("BAD '0': not a whole number >= 1 (at most 15 digits), the default is used"
+            in table.stdout)
     assert "2 bad value(s)" in table.stdout
     assert "quotes.toscrape.com" not in table.stdout
 
@@ -311,10 +317,17 @@ def test_an_unreachable_redis_exits_3(redis_url: str) -> None:
 def test_overrides_lists_huge_and_undecodable_values_without_failing(
     redis_url: str, rds: redis.Redis
 ) -> None:
-    rds.hset("{pages}:delay", mapping={"huge.example": "9" * 5000, "bin.example": b"\xff"})
+    rds.hset("{pages}:delay", mapping={
+        "huge.example": "9" * 5000, "bin.example": b"\xff", "year.example": "9" * 15,
+    })
 
     result = frontier(redis_url, "overrides", "pages")
 
-    assert result.returncode == 1, result.stderr  # b"\xff" is bad
-    assert f"{'9' * 5000} ms" in result.stdout
+    assert result.returncode == 1, result.stderr
+    # 16 digits or more: the lease script uses the default, so it is bad
+    assert f"BAD '{'9' * 5000}': not whole milliseconds >= 0 (at most 15 digits)" in result.stdout
+    # 15 digits: used, and flagged as more than the subcommand sets
+    assert (f"{'9' * 15} ms (1e+12 s) - over the most scrapy frontier delay sets, 86400000"
+            in result.stdout)
+    assert "2 bad value(s)" in result.stdout
     assert "BAD '\\\\xff': not whole milliseconds >= 0" in result.stdout

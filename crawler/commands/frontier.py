@@ -45,6 +45,9 @@ from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.overrides import (
     CONCURRENCY,
     DELAY,
+    MAX_CONCURRENCY,
+    MAX_DELAY_SECONDS,
+    MAX_REVISIT_SECONDS,
     REVISIT,
     OverrideKind,
     parse_concurrency,
@@ -103,9 +106,16 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 _SERVERS = {"redis": "Redis", "mongodb": "MongoDB"}
 #: What each kind's hash holds, for messages.
 _RULES: dict[OverrideKind, str] = {
-    DELAY: "whole milliseconds >= 0",
-    CONCURRENCY: "a whole number >= 1",
-    REVISIT: "whole milliseconds >= 0",
+    DELAY: "whole milliseconds >= 0 (at most 15 digits)",
+    CONCURRENCY: "a whole number >= 1 (at most 15 digits)",
+    REVISIT: "whole milliseconds >= 0 (at most 15 digits)",
+}
+#: The most each kind's subcommand sets; a value over it was written by
+#: hand, and ``overrides`` says so (it is used all the same).
+_LIMITS: dict[OverrideKind, tuple[int, str]] = {
+    DELAY: (MAX_DELAY_SECONDS * 1000, "frontier delay"),
+    CONCURRENCY: (MAX_CONCURRENCY, "frontier concurrency"),
+    REVISIT: (MAX_REVISIT_SECONDS * 1000, "frontier revisit"),
 }
 
 
@@ -127,13 +137,21 @@ class Override:
     ok: bool
 
     def describe(self) -> str:
-        """The value for people: ``2000 ms (2 s)``, ``4``, or why it is bad."""
+        """The value for people: ``2000 ms (2 s)``, ``4``, or why it is bad.
+
+        A value the lease script uses but the kind's subcommand would refuse
+        (a delay over a day, say: written by hand) is shown with a warning:
+        ``999999999 ms (1e+06 s) - over the most scrapy frontier delay
+        sets, 86400000``.
+        """
         value = self.raw.decode("utf-8", "backslashreplace")
         if not self.ok:
             return f"BAD {value!r}: not {_RULES[self.kind]}, the default is used"
-        if self.kind != CONCURRENCY and len(value) <= 15:  # a float holds it exactly
-            return f"{value} ms ({int(value) / 1000:g} s)"
-        return value if self.kind == CONCURRENCY else f"{value} ms"
+        shown = value if self.kind == CONCURRENCY else f"{value} ms ({int(value) / 1000:g} s)"
+        most, command = _LIMITS[self.kind]
+        if int(value) > most:
+            shown += f" - over the most scrapy {command} sets, {most}"
+        return shown
 
     def as_dict(self) -> dict[str, Any]:
         """``{"spider", "kind", "site", "value", "ok"}``; ``value`` as a string."""

@@ -73,12 +73,13 @@ MAX_REVISIT_SECONDS: Final = 366 * 86_400
 MAX_CONCURRENCY: Final = 100_000
 
 #: The stored formats, as the lease script matches them (Lua ``^%d+$`` and
-#: ``^[1-9]%d*$``): ASCII digits only, no sign, no blanks, no leading zero
-#: for a concurrency.
+#: ``^[1-9]%d*$``, at most 15 characters: lib.lua's ``hnum``, since a longer
+#: number is no longer exact as a Lua number): ASCII digits only, no sign, no
+#: blanks, no leading zero for a concurrency.
 _STORED: Final = {
-    DELAY: re.compile(rb"[0-9]+"),
-    CONCURRENCY: re.compile(rb"[1-9][0-9]*"),
-    REVISIT: re.compile(rb"[0-9]+"),
+    DELAY: re.compile(rb"[0-9]{1,15}"),
+    CONCURRENCY: re.compile(rb"[1-9][0-9]{0,14}"),
+    REVISIT: re.compile(rb"[0-9]{1,15}"),
 }
 #: Seconds as an operator types them: ``2``, ``2.5``, ``0.25``, ``.5``, ``2.``.
 _SECONDS: Final = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", re.ASCII)
@@ -176,11 +177,12 @@ def _decimal(value: object, pattern: re.Pattern[str], noun: str, rule: str) -> D
 def stored_value_ok(kind: OverrideKind, raw: bytes) -> bool:
     """Whether ``raw``, a value of the hash ``{<spider>}:<kind>``, is well formed.
 
-    Exactly the lease script's rule: for ``"delay"`` whole milliseconds
-    (``^[0-9]+$``: ``b"0"``, ``b"2000"``), for ``"conc"`` a whole number
-    ``>= 1`` without a leading zero (``^[1-9][0-9]*$``). Anything else
-    (``b"2s"``, ``b"-1"``, ``b""``, ``b" 5"``, ``b"2.5"``) is bad, and the
-    lease script uses the default for the site instead.
+    Exactly the lease script's rule: for ``"delay"`` and ``"revisit"`` whole
+    milliseconds (``^[0-9]+$``: ``b"0"``, ``b"2000"``), for ``"conc"`` a
+    whole number ``>= 1`` without a leading zero (``^[1-9][0-9]*$``), both of
+    at most 15 characters. Anything else (``b"2s"``, ``b"-1"``, ``b""``,
+    ``b" 5"``, ``b"2.5"``, 16 digits) is bad, and the lease script uses the
+    default for the site instead.
 
     :raises ValueError: ``kind`` is neither ``"delay"`` nor ``"conc"``.
     """
