@@ -246,17 +246,7 @@ def test_a_poison_request_on_a_sharded_crawl_is_dead_lettered(
                        FRONTIER_LEASE_TIMEOUT=3, CONCURRENT_REQUESTS=2,
                        SPIDER_MIDDLEWARES=json.dumps(middlewares))
     crawl.env = {**crawl.env, "REVIEW_POISON": poison}
-    kills = 0
-    live = [crawl.start(FRONTIER_WORKER_ID="w1"), crawl.start(FRONTIER_WORKER_ID="w2")]
-    deadline = time.monotonic() + 50
-    while any(p.poll() is None for p in live):
-        assert time.monotonic() < deadline, "the crawl did not end"
-        for i, proc in enumerate(live):
-            if proc.poll() == -signal.SIGKILL:
-                kills += 1
-                crawl.killed.add(proc.pid)
-                live[i] = crawl.start(FRONTIER_WORKER_ID=f"w{i + 1}")  # at once, its id
-        time.sleep(0.05)
+    kills = _restart_killed(crawl, 2, timeout=50)
     workers = crawl.wait()
     dead = [json.loads(d) for p in shard_prefixes("pages", shards)
             for d in rds.lrange(p + "dead", 0, -1)]
@@ -601,17 +591,7 @@ def test_poison_and_bad_overrides_on_a_cluster_with_the_default_16_shards(
                                            ("slow", "nan"), ("rdelay", "-1")]):
             site = names[i + 5]
             rc.hset(_prefix_of(site, shards) + kind, site, value)
-        live = [crawl.start(FRONTIER_WORKER_ID="w1"), crawl.start(FRONTIER_WORKER_ID="w2")]
-        kills = 0
-        deadline = time.monotonic() + 60
-        while any(p.poll() is None for p in live):
-            assert time.monotonic() < deadline, "the crawl did not end"
-            for i, proc in enumerate(live):
-                if proc.poll() == -signal.SIGKILL:
-                    kills += 1
-                    crawl.killed.add(proc.pid)
-                    live[i] = crawl.start(FRONTIER_WORKER_ID=f"w{i + 1}")
-            time.sleep(0.05)
+        kills = _restart_killed(crawl, 2, timeout=60)
         workers = crawl.wait()
         prefixes = shard_prefixes("pages", shards)
         dead = [json.loads(d) for p in prefixes for d in rc.lrange(p + "dead", 0, -1)]
@@ -630,20 +610,40 @@ def test_poison_and_bad_overrides_on_a_cluster_with_the_default_16_shards(
         rc.close()
 
 
+def _restart_killed(
+    crawl: Crawl, n: int, timeout: float, first: subprocess.Popen[bytes] | None = None
+) -> int:
+    """Start ``n`` workers (ids ``w1``..; with ``first``, that one worker
+    started already, under the crawl's own id), restart each one the
+    poison kills at once under its id, until all exit on their own;
+    returns the kills."""
+    if first is not None:
+        live, ids = [first], [None]
+    else:
+        ids = [f"w{i + 1}" for i in range(n)]
+        live = [crawl.start(FRONTIER_WORKER_ID=i) for i in ids]
+    kills = 0
+
+    def ended() -> bool:
+        nonlocal kills
+        for i, proc in enumerate(live):
+            if proc.poll() == -signal.SIGKILL:
+                kills += 1
+                crawl.killed.add(proc.pid)
+                live[i] = crawl.start() if ids[i] is None else crawl.start(
+                    FRONTIER_WORKER_ID=ids[i])
+        return all(p.poll() is not None for p in live)
+
+    wait_for(ended, timeout, "the crawl to end", 0.05)
+    return kills
+
+
 def _crawl_with_poison(
     crawl: Crawl, poison: str, first: subprocess.Popen[bytes], timeout: float = 40
 ) -> tuple[list[Any], int]:
     """Restart the worker under its id each time the poison kills it, until
     it exits on its own; returns the finished workers and the kills."""
-    live, kills = first, 0
-    deadline = time.monotonic() + timeout
-    while live.poll() is None or live.returncode == -signal.SIGKILL:
-        assert time.monotonic() < deadline, f"the crawl did not end ({kills} kills)"
-        if live.poll() == -signal.SIGKILL:
-            kills += 1
-            crawl.killed.add(live.pid)
-            live = crawl.start()  # at once, under its id
-        time.sleep(0.05)
+    kills = _restart_killed(crawl, 1, timeout, first)
     return crawl.wait(), kills
 
 
