@@ -249,7 +249,7 @@ def test_a_site_whose_only_work_is_a_retry_is_kept_until_the_retry_is_due(
     at = int(rds.hget("{s}:retryat", "r.example") or 0)
     assert 29_000 <= at - redis_ms(rds) <= 30_000
     # An earlier retry written later does not bring the site's time forward.
-    frontier.push_retry(b'{"u":"https://r.example/s"}', site="r.example", priority=0, delay=1.0)
+    frontier.push_retry(b'{"u":"https://r.example/s"}', site="r.example", priority=0, delay=10.0)
     assert int(rds.hget("{s}:retryat", "r.example") or 0) == at
     # due is long past; the retry is due in 30 s: kept, with no forget bound
     rds.hset("{s}:due", "r.example", redis_ms(rds) - 3_600_000)
@@ -261,6 +261,37 @@ def test_a_site_whose_only_work_is_a_retry_is_kept_until_the_retry_is_due(
     assert Housekeeper(rds, "s", site_forget_after=20).forget(["r.example"]) == (1, [])
     for key in SITE_KEYS:
         assert not rds.hexists("{s}:" + key, "r.example"), key
+
+
+def test_a_site_whose_due_retry_was_not_moved_yet_keeps_its_state(rds: redis.Redis) -> None:
+    """(A reviewer's case.) A retry comes due but no lease call moves it to
+    its queue (every worker paused, say): while it waits there, no site
+    with a retry time is forgotten, however long ago that time is; once a
+    lease call moved it, the site counts as busy by its queue, and idle
+    again after its request."""
+    frontier = Frontier(rds, "s")
+    finish_one(frontier, "q.example")  # a site without retries is forgotten
+    assert retry_one(frontier, "r.example", 0.0) == []
+    rds.hset("{s}:slow", "r.example", 4000)
+    rds.hset("{s}:rdelay", "r.example", 10_000)
+    at = int(rds.hget("{s}:retryat", "r.example") or 0)
+    rds.hset("{s}:due", "r.example", at - 10_000)
+    wait_for(lambda: redis_ms(rds) > max(at, int(rds.hget("{s}:due", "q.example") or 0)), 5,
+             "the retry due, and q.example's due time past")
+    keeper = Housekeeper(rds, "s", site_forget_after=0)
+    assert keeper.forget(["r.example", "q.example"]) == (1, [])
+    assert rds.zcard("{s}:retries") == 1
+    assert (rds.hget("{s}:slow", "r.example"), rds.hget("{s}:rdelay", "r.example")) == (
+        b"4000", b"10000")
+    # A lease call moves the retry and leases it: the site is busy, then idle.
+    lease = frontier.lease("w#n:2")
+    assert isinstance(lease, Lease) and lease.site == "r.example"
+    assert keeper.forget(["r.example"]) == (0, [])
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    rds.hset("{s}:due", "r.example", redis_ms(rds) - 1)  # (its pace is 14 s: as if past)
+    assert keeper.forget(["r.example"]) == (1, [])
+    assert not rds.hexists("{s}:retryat", "r.example")
 
 
 def test_a_bad_retry_time_is_reported_and_never_loses_the_retry(rds: redis.Redis) -> None:

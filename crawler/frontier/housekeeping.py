@@ -24,7 +24,9 @@ Three keys of a crawl would otherwise grow for as long as it runs:
   ``{s}:wait`` nor ``{s}:ready``, has no queued request (no field in ``{s}:lv``),
   no download slot taken, and its due time, and that of its last retry
   (``{s}:retryat``: a site whose only work waits in ``{s}:retries`` has
-  work), are older than the bound; the
+  work), are older than the bound (and while a due retry waits unmoved in
+  ``{s}:retries``, the workers paused or behind, no site with a retry time
+  is idle); the
   check and the deletes are one atomic call, so a site that gets work in
   between is never touched. The sites are visited with ``HSCAN`` of
   ``{s}:due``, ``FRONTIER_HOUSEKEEPING_BATCH`` (default 200) per run, the
@@ -459,6 +461,7 @@ class Housekeeper:
         keys.append(self.key("lv", shard))
         keys.append(self.key("joined", shard))
         keys.append(self.key("retryat", shard))
+        keys.append(self.key("retries", shard))
         return _Call(keys[0], lambda c: self._forget_sites(
             keys=keys, args=[cursor, self.site_forget_after_ms, *sites], client=c
         ))

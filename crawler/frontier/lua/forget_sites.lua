@@ -7,7 +7,10 @@
 -- request (no field in KEYS[10]), no download slot taken (KEYS[4]: no field,
 -- or one of 0 or less), and both its due time (KEYS[1]) and the due time of
 -- its last retry (KEYS[12]: a site whose only work waits in the retry set
--- has work) are more than ARGV[2] ms ago. Its fields in KEYS[1], [4], [5],
+-- has work) are more than ARGV[2] ms ago. While a due retry waits in
+-- KEYS[13] (no lease call moved it yet: the workers are paused, say, or
+-- behind), no site with a field in KEYS[12] is idle: its retry may be that
+-- one. Its fields in KEYS[1], [4], [5],
 -- [6], [7], [8], [11] and [12] are then
 -- deleted (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
 -- left behind, e.g. by a hand edit of KEYS[3], goes with the site).
@@ -27,6 +30,7 @@
 -- KEYS[11] {s}:joined       hash site -> µs when it took its turn in KEYS[3]
 -- KEYS[12] {s}:retryat      hash site -> ms when its last retry is due
 --                           (commit.lua)
+-- KEYS[13] {s}:retries      zset "priority\tsite\trequest" -> due, ms
 -- ARGV[1]  the cursor to store for the next run ("0": start over)
 -- ARGV[2]  ms without work after which a site is forgotten
 -- ARGV[3..] the sites to look at (from HSCAN of KEYS[1])
@@ -58,6 +62,14 @@ end
 local retries_read = redis.call('TYPE', KEYS[12])['ok'] == 'hash'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+-- A due retry not moved yet: every site with a retry time keeps its state.
+local unmoved = false
+local rt = redis.call('TYPE', KEYS[13])['ok']
+if rt == 'zset' then
+  unmoved = #redis.call('ZRANGEBYSCORE', KEYS[13], '-inf', now, 'LIMIT', 0, 1) > 0
+elseif rt ~= 'none' then
+  problems[#problems + 1] = KEYS[13] .. ' holds a ' .. rt .. ', not a zset: not read'
+end
 local INT = '^%-?%d+$'
 local forgotten = 0
 for i = 3, #ARGV do
@@ -81,7 +93,11 @@ for i = 3, #ARGV do
       ' is not whole ms: counted as 0'
     retry = false
   end
-  if retry and tonumber(retry) > tonumber(due) then due = retry end
+  if retry and unmoved then
+    idle = false
+  elseif retry and tonumber(retry) > tonumber(due) then
+    due = retry
+  end
   if idle and active and not (#active <= 15 and string.match(active, INT)) then
     problems[#problems + 1] = KEYS[4] .. ' ' .. site .. ' = ' ..
       string.format('%q', active) .. ' is not an integer: site left alone'
