@@ -11,6 +11,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from crawler.frontier.store import Frontier, Lease, NotDue
+from crawler.keys import site_prefix
 from tests.test_overrides import frontier as cli
 
 if TYPE_CHECKING:
@@ -157,3 +158,43 @@ def test_the_command_says_how_far_the_sites_next_request_moved(
     assert "a.example's next request moved 39" in done.stdout
     assert "s sooner: the delay counts from its last one" in done.stdout
     assert isinstance(_lease_one(f, 1), Lease)
+
+
+def test_bad_values_in_the_pace_are_reported_by_the_command(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    """A Crawl-delay or slow mark that is not whole ms is left out of the
+    pace, as the lease script does, and the command says so."""
+    rds.hset("{pages}:rdelay", "a.example", "10s")
+    rds.hset("{pages}:slow", "a.example", "-5")
+    rds.hset("{pages}:due", "a.example", _now_ms(rds) + 5000)
+
+    done = cli(redis_url, "delay", "pages", "a.example", "60", "-s", "FRONTIER_DELAY_MARGIN=0",
+               "-s", "FRONTIER_DELAY=0")
+
+    assert done.returncode == 0, done.stderr
+    assert 'Bad value in Redis: {pages}:rdelay a.example = "10s" ignored' in done.stderr
+    assert 'Bad value in Redis: {pages}:slow a.example = "-5" ignored' in done.stderr
+    assert "a.example's next request moved 60 s later" in done.stdout, done.stdout
+
+
+def test_a_resent_delay_call_moves_nothing_twice_and_a_sharded_crawl_moves_its_shard(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    """delay.lua sent again after a lost reply moves the due time once; on a
+    crawl of 2 shards the command moves the due time in the site's shard."""
+    f = Frontier(rds, "pages", default_concurrency=4, delay_margin=0.0)
+    f.load_scripts()
+    seconds, micros = rds.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    rds.hset("{pages}:due", "a.example", now + 50_000)
+    assert f.set_delay("a.example", 60_000) == (False, 60_000)
+    assert f.set_delay("a.example", 60_000) == (False, 0)  # resent: idempotent
+    prefix = site_prefix("pages", "b.example", 2)
+    rds.set("{pages}:shards", 2)
+    rds.hset(prefix + "due", "b.example", now + 50_000)
+    done = cli(redis_url, "delay", "pages", "b.example", "60", "-s", "FRONTIER_SHARDS=2",
+               "-s", "FRONTIER_DELAY_MARGIN=0", "-s", "FRONTIER_DELAY=0")
+    assert done.returncode == 0, done.stderr
+    assert rds.hget(prefix + "delay", "b.example") == b"60000"
+    assert int(rds.hget(prefix + "due", "b.example") or 0) == now + 110_000, done.stdout

@@ -98,6 +98,7 @@ with a comment on every key and argument.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
@@ -117,6 +118,8 @@ __all__ = [
     "Commit", "Committed", "Frontier", "Lease", "NotDue", "Push", "Retry", "Revisit",
     "frontier_prefix", "holder_of",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Highest and lowest priorities kept apart; larger ones are clamped.
 PRIORITY_LIMIT = 1_000_000
@@ -787,7 +790,10 @@ class Frontier:
         ``default_delay`` and ``delay_margin``). Idempotent.
 
         :returns: whether an override was removed, and the ms the site's
-            next request moved by (negative: sooner).
+            next request moved by (negative: sooner). Bad values the script
+            met (a Crawl-delay or slow mark that is not whole ms, say: left
+            out of the pace, as the lease script does) are logged as
+            warnings.
         :raises ValueError: ``delay_ms`` below 0.
         :raises redis.exceptions.ResponseError: a key of the wrong type
             (nothing was written).
@@ -795,11 +801,13 @@ class Frontier:
         if delay_ms is not None and delay_ms < 0:
             raise ValueError(f"a delay is whole ms >= 0, not {delay_ms}")
         k = self.key
-        removed, moved = self._delay(
+        removed, moved, problems = self._delay(
             keys=[k("delay"), k("due"), k("wait"), k("rdelay"), k("slow")],
             args=[site, "" if delay_ms is None else delay_ms, self.default_delay_ms,
                   self.delay_margin],
         )
+        for problem in problems:
+            logger.warning("Bad value in Redis: %s", _text(problem))
         return bool(removed), int(moved)
 
     def extend(self, lease_ids: list[str]) -> int:

@@ -24,10 +24,12 @@
 -- ARGV[2] the new override, whole ms >= 0, or "" to remove it
 -- ARGV[3] the default delay, ms (FRONTIER_DELAY)
 -- ARGV[4] pacing margin (FRONTIER_DELAY_MARGIN)
--- Returns {removed, moved}: removed is 1 when an override was removed (0
--- when the site had none; 0 when one was set), moved the ms the site's next
--- request moved by (negative: sooner; 0: not moved). Refused before any
--- write when a key has the wrong type or ARGV[2] is not whole ms.
+-- Returns {removed, moved, problems}: removed is 1 when an override was
+-- removed (0 when the site had none; 0 when one was set), moved the ms the
+-- site's next request moved by (negative: sooner; 0: not moved), problems
+-- the bad values met (a line of text each: key, site, value, what was done).
+-- Refused before any write when a key has the wrong type or ARGV[2] is not
+-- whole ms.
 local site, default, margin = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local err = check_types({
   {KEYS[1], 'hash'}, {KEYS[2], 'hash'}, {KEYS[3], 'zset'},
@@ -67,4 +69,4 @@ if due and after ~= before then
     moved = next_due - due
   end
 end
-return {removed, moved}
+return {removed, moved, problems}
