@@ -73,20 +73,21 @@ class _Script:
 
 class _OldLease(_Script):
     """lease.lua as it was: without ARGV[16] (the leases the worker holds
-    on all shards, which the run leaves uncounted: "")."""
+    on all shards, which the run leaves uncounted: "") and ARGV[17] (the
+    site it drained for: "")."""
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
-        assert args[15] == ""
-        return self.script(keys=keys, args=args[:15] + args[16:])
+        assert args[15:17] == ["", ""]
+        return self.script(keys=keys, args=args[:15] + args[17:])
 
 
 class _NewLease(_Script):
-    """lease.lua as it is, its reply without the last value (a last chance
-    put back: never, with ARGV[16] "")."""
+    """lease.lua as it is, its reply without the last value (the site of a
+    last chance put back: never, with ARGV[16] "")."""
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
         reply = self.script(keys=keys, args=args)
-        assert reply[-1] == b"0", reply[-1]
+        assert reply[-1] == b"", reply[-1]
         return reply[:-1]
 
 

@@ -226,3 +226,93 @@ def test_a_last_chance_whose_lease_reply_was_lost_is_found_out_and_still_held_al
     assert fresh is not None and fresh.url == "https://b.example/fresh"
     harness.finish(scheduler, fresh)
     assert frontier.audit() == {}
+
+
+def _make_last_chance(rds: redis.Redis, frontier: Frontier, deaths: int) -> None:
+    """Another worker leases the (only due) request ``deaths`` times and
+    dies each time."""
+    for n in range(1, deaths + 1):
+        [lease] = _leased(frontier.lease_many([f"dies#{n}:0"]))
+        _until_past(rds, lease.lease_id)
+
+
+def test_after_draining_for_a_last_chance_the_worker_takes_it_despite_higher_priority_work(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    """(A reviewer's case.) The worker meets the last chance after the 4
+    requests of a site of better priority it may take (its concurrency),
+    and drains. Drained, it asks with the site it drained for (lease.lua's
+    ARGV[17]) and takes the last chance alone, though better work is still
+    queued: else it would lease that first, meet the last chance beside it
+    and drain again, for as long as better work is queued."""
+    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
+    frontier.load_scripts()
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3, CONCURRENT_REQUESTS=16,
+        FRONTIER_CONCURRENCY=4,
+    )
+    scheduler.enqueue_request(Request("https://a.example/last", priority=0))
+    assert scheduler.flush_outbox()
+    _make_last_chance(rds, frontier, 2)
+    for i in range(40):  # a big site of higher priority
+        scheduler.enqueue_request(Request(f"https://h.example/{i}", priority=10))
+    assert scheduler.flush_outbox()
+
+    rounds: list[list[str]] = []
+    for _ in range(4):
+        got = harness.lease_all(scheduler)
+        rounds.append([r.url for r in got])
+        for request in got:
+            harness.finish(scheduler, request)
+        if "https://a.example/last" in rounds[-1]:
+            break
+    drains = scheduler.stats.get_value("frontier/last_chance/drains")
+    # round 1: 4 of h.example (its concurrency), the last chance put back:
+    # a drain. Drained, the worker holds nothing: the last chance, alone.
+    assert rounds[1] == ["https://a.example/last"], (rounds, drains)
+
+
+def test_two_workers_draining_for_one_last_chance_both_go_on(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    """Two workers each hold a request when they meet the same last chance:
+    both drain. The first to hold nothing takes it alone; the other, once
+    drained, goes on leasing the rest (neither starves)."""
+    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
+    frontier.load_scripts()
+    a, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3,
+                                  CONCURRENT_REQUESTS=1)
+    b, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3,
+                                  CONCURRENT_REQUESTS=1)
+    a.enqueue_request(Request("https://c.example/a"))
+    a.enqueue_request(Request("https://d.example/b"))
+    assert a.flush_outbox()
+    held_a, held_b = a.next_request(), b.next_request()
+    assert held_a is not None and held_b is not None
+    a.enqueue_request(Request("https://a.example/last"))
+    assert a.flush_outbox()
+    _make_last_chance(rds, frontier, 2)
+    for i in range(8):
+        a.enqueue_request(Request(f"https://e.example/{i}"))
+    assert a.flush_outbox()
+    more_a, more_b = harness.lease_all(a), harness.lease_all(b)
+    assert a.stats.get_value("frontier/last_chance/drains") == 1
+    assert b.stats.get_value("frontier/last_chance/drains") == 1
+    for r in [held_a, *more_a]:
+        harness.finish(a, r)
+    last = a.next_request()
+    assert last is not None and last.url == "https://a.example/last"
+    assert a.next_request() is None
+    for r in [held_b, *more_b]:
+        harness.finish(b, r)
+    rest = harness.lease_all(b)
+    assert rest, "b leases nothing after its drain"
+    for r in rest:
+        harness.finish(b, r)
+    harness.finish(a, last)
+    while (r := a.next_request()) is not None:
+        harness.finish(a, r)
+    while (r := b.next_request()) is not None:
+        harness.finish(b, r)
+    assert frontier.pending() == 0
+    assert frontier.audit() == {}

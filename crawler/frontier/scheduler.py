@@ -344,6 +344,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: this worker held leases: nothing more is leased until it holds
         #: none, then that shard is asked first (:meth:`_holding_back`).
         self._drain_shard: int | None = None
+        #: That shard and the last chance's site, until a lease call there
+        #: holding nothing is sent: it looks at that site first (lease.lua's
+        #: ARGV[17]), so better work queued elsewhere does not make the
+        #: worker meet the last chance beside it, and drain, again and again.
+        self._drained_for: tuple[int, str] | None = None
         #: The shard the next lease call goes to first among equals (round
         #: robin: shards of equal best priority and head join time).
         self._turn = 0
@@ -670,6 +675,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Start a drain when a lease call to ``shard`` put back a request's
         last chance (see :meth:`_holding_back`)."""
         if result.last_passed:
+            self._drained_for = (shard, result.last_passed)
             if self._drain_shard is None:
                 self.stats.inc_value("frontier/last_chance/drains")
                 logger.debug(
@@ -1415,9 +1421,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         least, joined = self._best_elsewhere(i)
                         if joined is not None:  # (FRONTIER_FIFO_SLACK)
                             joined += self.fifo_slack_us
+                        drained_for, hint = None, self._drained_for
+                        if hint is not None and hint[0] == i and not self._lease_shards:
+                            drained_for, self._drained_for = hint[1], None
                         shards[i].lease_many(
                             lease[1], client=pipe, held=held, least=least, least_joined=joined,
-                            held_all=len(self._lease_shards),
+                            held_all=len(self._lease_shards), drained_for=drained_for,
                         )
                         calls.append(("lease", i))
                 replies = self._execute(pipe)

@@ -296,9 +296,9 @@ class Lease:
         joined the shard's ready index, µs of the Redis server's clock (0:
         not known, queued by an older version: long ago), or None when no
         site is due (set on a call's first lease).
-    :ivar last_passed: the call put back a request on its last chance
-        (see ``lease_many``'s ``held_all``) because this worker held leases
-        (set on a call's first lease).
+    :ivar last_passed: the site of a request on its last chance that the
+        call put back (see ``lease_many``'s ``held_all``) because this
+        worker held leases, or None (set on a call's first lease).
     """
 
     data: bytes
@@ -311,7 +311,7 @@ class Lease:
     problems: tuple[str, ...] = ()
     best: int | None = None
     head: int | None = None
-    last_passed: bool = False
+    last_passed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ class NotDue:
     problems: tuple[str, ...] = ()
     best: int | None = None
     head: int | None = None
-    last_passed: bool = False
+    last_passed: str | None = None
 
 
 class Frontier:
@@ -614,18 +614,20 @@ class Frontier:
     def lease_many(
         self, lease_ids: Sequence[str], *, held: int = 0, least: int | None = None,
         least_joined: int | None = None, held_all: int | None = None,
+        drained_for: str | None = None,
     ) -> list[Lease] | NotDue: ...
 
     @overload
     def lease_many(
         self, lease_ids: Sequence[str], client: Any, *, held: int = 0, least: int | None = None,
         least_joined: int | None = None, held_all: int | None = None,
+        drained_for: str | None = None,
     ) -> list[Lease] | NotDue | None: ...
 
     def lease_many(
         self, lease_ids: Sequence[str], client: Any = None, *, held: int = 0,
         least: int | None = None, least_joined: int | None = None,
-        held_all: int | None = None,
+        held_all: int | None = None, drained_for: str | None = None,
     ) -> list[Lease] | NotDue | None:
         """Lease up to ``len(lease_ids)`` due requests in one call.
 
@@ -660,8 +662,17 @@ class Frontier:
             else, and the holder should lease nothing more until it is done,
             so that a poison request dies alone and a request leased beside
             it is not dead-lettered with it. Otherwise it stays at the front
-            of its queue and the reply's ``last_passed`` is set: the holder
-            should drain, then ask again holding nothing.
+            of its queue and the reply's ``last_passed`` names its site: the
+            holder should drain, then ask again holding nothing, with
+            ``drained_for`` that site.
+        :param drained_for: the site of a last chance the holder drained
+            for (``last_passed`` of an earlier reply), or None. With
+            ``held_all`` 0 the call looks at that site first, ahead of
+            better priorities, and leases its request alone if it is still
+            on its last chance: it was in line when it was passed over, and
+            a holder that met better work first would lease that, meet the
+            last chance beside it and drain again, for as long as better
+            work is queued. Otherwise the site keeps its turn.
         :returns: the leases (at least one; housekeeping counts on the
             first), or :class:`NotDue` when nothing can be leased now.
         :raises ValueError: ``lease_ids`` is empty.
@@ -673,7 +684,7 @@ class Frontier:
             raise ValueError("lease_many needs at least one lease id")
         reply = self._lease_call(
             holder_of(lease_ids[0]), lease_ids, held, client, least=least,
-            least_joined=least_joined, held_all=held_all,
+            least_joined=least_joined, held_all=held_all, drained_for=drained_for,
         )
         return None if client is not None else self.leases_of(reply, lease_ids)
 
@@ -689,7 +700,7 @@ class Frontier:
     def _lease_call(
         self, holder: str, lease_ids: Sequence[str], held: int, client: Any, *,
         least: int | None = None, least_joined: int | None = None,
-        held_all: int | None = None,
+        held_all: int | None = None, drained_for: str | None = None,
     ) -> Any:
         k = self.key
         return self._lease(
@@ -717,6 +728,7 @@ class Frontier:
                 "" if least is None or least_joined is None else least_joined,
                 "1" if self.join_times else "0",
                 "" if held_all is None else max(0, held_all),
+                drained_for or "",
                 *lease_ids,
             ],
             client=client,
@@ -730,7 +742,7 @@ class Frontier:
         tail = reply[6 + 3 * n :]
         best = int(tail[0]) if tail and tail[0] not in (b"", "") else None
         head = int(tail[1]) if best is not None and len(tail) > 1 else None
-        passed = len(tail) > 2 and tail[2] in (b"1", "1")
+        passed = _text(tail[2]) or None if len(tail) > 2 else None
         if n == 0:
             return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems,
                           best, head, passed)

@@ -128,7 +128,15 @@
 --          front of its queue, its site passed over, and the reply says so
 --          (the worker then leases nothing until it holds nothing); "": the
 --          caller does not count them, no request is held back
--- ARGV[17..] lease ids, one per request wanted
+-- ARGV[17] the site of a last chance this worker drained for (a reply's
+--          last value), or "": when ARGV[16] is 0 and that site is due, the
+--          call looks at it first, ahead of better priorities, and leases
+--          its request alone if it is still a last chance (it was in line
+--          when it was passed over; else a worker that drained for it would
+--          meet better work first, lease it, meet the last chance beside it
+--          and drain again, for as long as better work is queued); a site
+--          whose head is no last chance any more keeps its turn
+-- ARGV[18..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -140,9 +148,9 @@
 -- due now after the call (the top of KEYS[19]), or "" when none is, and
 -- when the site on top joined KEYS[19] (µs, KEYS[25]; "0" when not known:
 -- long ago; "" when none is due), so a worker of a sharded crawl can ask
--- the shard with the best work, the longest due, next, and "1" when a
--- request's last chance was passed over because the worker held leases
--- (ARGV[16]), else "0". A
+-- the shard with the best work, the longest due, next, and the site of a
+-- request whose last chance was passed over because the worker held leases
+-- (ARGV[16]; the first one met), else "". A
 -- call without lease ids leases nothing: it moves due sites and does its
 -- housekeeping, and tells that priority and the wait (a peek).
 K.P = ARGV[1]
@@ -303,10 +311,12 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 17
+local a = 18
 local held_all = tonumber(ARGV[16]) -- (nil: not counted; nothing held back)
 local alone = false -- this call leased a request's last chance
-local passed_last = '0' -- a last chance put back: the worker holds leases
+local passed_last = '' -- the site of a last chance put back: the worker holds leases
+-- (the site this worker drained for: looked at first, once)
+local drained_for = held_all == 0 and ARGV[17] ~= '' and ARGV[17] or nil
 local least = tonumber(ARGV[13])
 local least_us = least and tonumber(ARGV[14])
 local pos = 0 -- sites at the top of K.ready passed over in this call
@@ -317,7 +327,15 @@ local known = {}
 -- deadlines, slots and data, and the counters.
 local taken = {n = 0, prio = {}, sites = {}, leases = {}, slots = {}, data = {}}
 while a <= #ARGV and looks > 0 and not alone do
-  local top = redis.call('ZRANGE', K.ready, pos, pos, 'WITHSCORES')
+  local top, hinted = nil, false
+  if drained_for then
+    local score = redis.call('ZSCORE', K.ready, drained_for)
+    if score then top, hinted = {drained_for, score}, true end
+    drained_for = nil
+  end
+  -- (a site looked at out of its turn keeps its place: pos is restored)
+  local pos_before = pos
+  if not top then top = redis.call('ZRANGE', K.ready, pos, pos, 'WITHSCORES') end
   if #top == 0 then break end
   -- (another shard has better work due, or work of this priority that
   -- joined its ready index earlier: this call's leases end here)
@@ -372,13 +390,18 @@ while a <= #ARGV and looks > 0 and not alone do
         local d0 = deliveries_of(entry)
         last = d0 >= 1 and d0 + 1 >= max_deliveries
       end
-      if last and (n > 0 or held_all > 0) then
+      if hinted and entry and not last then
+        -- the last chance this worker drained for went to another worker
+        -- (or is gone): the site keeps its turn, nothing is taken out of it
+        q_push(site, member, entry, true)
+        s.level, s.member = level, member
+      elseif last and (n > 0 or held_all > 0) then
         -- A last chance, and the worker holds other requests: put it back
         -- where it was (nothing was counted yet) and pass the site over;
         -- the worker drains, then asks with nothing held.
         q_push(site, member, entry, true)
         s.level, s.member = level, member
-        passed_last = '1'
+        if passed_last == '' then passed_last = site end
         pos = pos + 1
       elseif not entry then
         -- a level without entries (a chunk that could not be read, a
@@ -452,6 +475,7 @@ while a <= #ARGV and looks > 0 and not alone do
       end
     end
   end
+  if hinted then pos = pos_before end
 end
 out[1] = n
 if n > 0 then
