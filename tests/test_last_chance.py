@@ -132,6 +132,44 @@ def test_a_last_chance_put_back_keeps_its_place_in_its_sites_queue(rds: redis.Re
     assert frontier.audit() == {}
 
 
+def test_the_site_drained_for_is_looked_at_first_only_for_its_last_chance(
+    rds: redis.Redis,
+) -> None:
+    """The reply names the site of the last chance it put back; a lease call
+    holding nothing that names it (drained_for) takes it first, ahead of
+    better priorities. When another worker took it meanwhile, the site's
+    next request keeps its turn: the better work goes first."""
+    frontier = _frontier(rds, default_concurrency=1)
+    _push(frontier, "https://a.example/1")
+    _die_twice_together(rds, frontier, ["https://a.example/1"])
+    assert frontier.push(b"https://h.example/1", site="h.example", priority=10,
+                         fingerprint=None, dont_filter=True)
+    [h1] = _leased(frontier.lease_many(["busy#1:0", "busy#1:1"], held_all=0))
+    assert h1.data == b"https://h.example/1" and h1.last_passed == "a.example"
+    frontier.ack([h1.lease_id])
+    for i in (2, 3):
+        assert frontier.push(f"https://h.example/{i}".encode(), site="h.example", priority=10,
+                             fingerprint=None, dont_filter=True)
+    rds.hset("{t}:due", "h.example", 0)  # (h.example due again at once)
+    [last] = _leased(frontier.lease_many(["busy#2:0", "busy#2:1"], held_all=0,
+                                         drained_for="a.example"))
+    assert (last.data, last.deliveries, last.last_passed) == (b"https://a.example/1", 3, None)
+    frontier.ack([last.lease_id])
+    # a.example's next request is no last chance: named again, it waits its turn
+    _push(frontier, "https://a.example/2")
+    rds.hset("{t}:due", "a.example", 0)
+    [first] = _leased(frontier.lease_many(["busy#3:0"], held_all=0, drained_for="a.example"))
+    assert first.data == b"https://h.example/2"
+    frontier.ack([first.lease_id])
+    # (named by a worker that holds leases, the site is not looked at first)
+    rds.hset("{t}:due", "h.example", 0)
+    [third] = _leased(frontier.lease_many(["busy#4:0"], held_all=1, drained_for="a.example"))
+    assert third.data == b"https://h.example/3"
+    frontier.ack([third.lease_id])
+    assert frontier.pending() == 1
+    assert frontier.audit() == {}
+
+
 @pytest.mark.parametrize("limit", [0, 1])
 def test_without_redeliveries_nothing_is_held_back(rds: redis.Redis, limit: int) -> None:
     """max_deliveries 0 (no limit) or 1 (no second delivery): no request is
