@@ -91,7 +91,7 @@ for i = 3, #ARGV do
   if retry and not (#retry <= 15 and string.match(retry, INT)) then
     problems[#problems + 1] = KEYS[12] .. ' ' .. site .. ' = ' .. string.format('%q', retry) ..
       ' is not whole ms: counted as 0'
-    retry = false
+    retry = '0'
   end
   if retry and unmoved then
     idle = false
