@@ -10,9 +10,8 @@
 -- has work) are more than ARGV[2] ms ago. While a due retry waits in
 -- KEYS[13] (no lease call moved it yet: the workers are paused, say, or
 -- behind), no site with a field in KEYS[12] is idle: its retry may be that
--- one. Its fields in KEYS[1], [4], [5],
--- [6], [7], [8], [11] and [12] are then
--- deleted (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
+-- one. Its fields in KEYS[1], [4], [5], [6], [7], [8], [11] and [12] are
+-- then deleted (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
 -- left behind, e.g. by a hand edit of KEYS[3], goes with the site).
 -- The operator's overrides ({s}:delay, {s}:conc, {s}:revisit) are kept.
 --
@@ -59,7 +58,7 @@ for _, i in ipairs({5, 6, 7, 8, 11, 12}) do
     problems[#problems + 1] = KEYS[i] .. ' holds a ' .. t .. ', not a hash: left alone'
   end
 end
-local retries_read = redis.call('TYPE', KEYS[12])['ok'] == 'hash'
+local retryat_read = redis.call('TYPE', KEYS[12])['ok'] == 'hash'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 -- A due retry not moved yet: every site with a retry time keeps its state.
@@ -87,7 +86,7 @@ for i = 3, #ARGV do
   end
   -- (KEYS[12] read only when of the right type: one of another type is
   -- reported above and counts as no retry)
-  local retry = idle and retries_read and redis.call('HGET', KEYS[12], site)
+  local retry = idle and retryat_read and redis.call('HGET', KEYS[12], site)
   if retry and not (#retry <= 15 and string.match(retry, INT)) then
     problems[#problems + 1] = KEYS[12] .. ' ' .. site .. ' = ' .. string.format('%q', retry) ..
       ' is not whole ms: counted as 0'
