@@ -266,6 +266,20 @@ def test_a_last_chance_whose_lease_reply_was_lost_is_found_out_and_still_held_al
     assert frontier.audit() == {}
 
 
+def rounds_until(scheduler: Any, url: str, most: int) -> list[list[str]]:
+    """Lease all the scheduler gives, finish it, and again, until ``url``
+    was served or ``most`` rounds: the URLs of each round."""
+    rounds: list[list[str]] = []
+    for _ in range(most):
+        got = harness.lease_all(scheduler)
+        rounds.append([r.url for r in got])
+        for request in got:
+            harness.finish(scheduler, request)
+        if url in rounds[-1]:
+            break
+    return rounds
+
+
 def _make_last_chance(rds: redis.Redis, frontier: Frontier, deaths: int) -> None:
     """Another worker leases the (only due) request ``deaths`` times and
     dies each time."""
@@ -296,14 +310,7 @@ def test_after_draining_for_a_last_chance_the_worker_takes_it_despite_higher_pri
         scheduler.enqueue_request(Request(f"https://h.example/{i}", priority=10))
     assert scheduler.flush_outbox()
 
-    rounds: list[list[str]] = []
-    for _ in range(4):
-        got = harness.lease_all(scheduler)
-        rounds.append([r.url for r in got])
-        for request in got:
-            harness.finish(scheduler, request)
-        if "https://a.example/last" in rounds[-1]:
-            break
+    rounds = rounds_until(scheduler, "https://a.example/last", 4)
     drains = scheduler.stats.get_value("frontier/last_chance/drains")
     # round 1: 4 of h.example (its concurrency), the last chance put back:
     # a drain. Drained, the worker holds nothing: the last chance, alone.

@@ -18,7 +18,7 @@ from crawler.keys import shard_of, shard_prefixes, site_prefix
 from tests import scheduler_harness as harness
 from tests.test_frontier_faults import _lose_replies, _until_expired
 from tests.test_housekeeping import redis_ms, retry_one
-from tests.test_last_chance import _until_past
+from tests.test_last_chance import _until_past, rounds_until
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -255,14 +255,7 @@ def test_sharded_after_draining_the_worker_takes_the_last_chance_on_its_shard(
         scheduler.enqueue_request(Request(f"https://{big1}/{i}", priority=10))
         scheduler.enqueue_request(Request(f"https://{big0}/{i}", priority=10))
     assert scheduler.flush_outbox()
-    rounds: list[list[str]] = []
-    for _ in range(6):
-        got = harness.lease_all(scheduler)
-        rounds.append([r.url for r in got])
-        for request in got:
-            harness.finish(scheduler, request)
-        if f"https://{lc_site}/last" in rounds[-1]:
-            break
+    rounds = rounds_until(scheduler, f"https://{lc_site}/last", 6)
     assert [f"https://{lc_site}/last"] in rounds[:3], rounds
     assert scheduler.stats.get_value("frontier/last_chance/drains") == 1, rounds
     while (r := scheduler.next_request()) is not None:
