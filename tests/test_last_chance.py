@@ -280,6 +280,25 @@ def rounds_until(scheduler: Any, url: str, most: int) -> list[list[str]]:
     return rounds
 
 
+def behind_better_work(redis_url: str, rds: redis.Redis) -> tuple[Frontier, Any]:
+    """A frontier and a scheduler (16 requests at once, 4 per site) on a frontier where
+    ``https://a.example/last`` is one death short of max_deliveries=3 and
+    ``h.example`` has 40 requests of better priority (10) queued."""
+    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
+    frontier.load_scripts()
+    scheduler, _ = harness.open_scheduler(
+        redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3, CONCURRENT_REQUESTS=16,
+        FRONTIER_CONCURRENCY=4,
+    )
+    scheduler.enqueue_request(Request("https://a.example/last", priority=0))
+    assert scheduler.flush_outbox()
+    _make_last_chance(rds, frontier, 2)
+    for i in range(40):
+        scheduler.enqueue_request(Request(f"https://h.example/{i}", priority=10))
+    assert scheduler.flush_outbox()
+    return frontier, scheduler
+
+
 def _make_last_chance(rds: redis.Redis, frontier: Frontier, deaths: int) -> None:
     """Another worker leases the (only due) request ``deaths`` times and
     dies each time."""
@@ -297,19 +316,7 @@ def test_after_draining_for_a_last_chance_the_worker_takes_it_despite_higher_pri
     ARGV[17]) and takes the last chance alone, though better work is still
     queued: else it would lease that first, meet the last chance beside it
     and drain again, for as long as better work is queued."""
-    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
-    frontier.load_scripts()
-    scheduler, _ = harness.open_scheduler(
-        redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3, CONCURRENT_REQUESTS=16,
-        FRONTIER_CONCURRENCY=4,
-    )
-    scheduler.enqueue_request(Request("https://a.example/last", priority=0))
-    assert scheduler.flush_outbox()
-    _make_last_chance(rds, frontier, 2)
-    for i in range(40):  # a big site of higher priority
-        scheduler.enqueue_request(Request(f"https://h.example/{i}", priority=10))
-    assert scheduler.flush_outbox()
-
+    _, scheduler = behind_better_work(redis_url, rds)
     rounds = rounds_until(scheduler, "https://a.example/last", 4)
     drains = scheduler.stats.get_value("frontier/last_chance/drains")
     # round 1: 4 of h.example (its concurrency), the last chance put back:

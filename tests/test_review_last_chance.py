@@ -18,7 +18,7 @@ from crawler.keys import shard_of, shard_prefixes, site_prefix
 from tests import scheduler_harness as harness
 from tests.test_frontier_faults import _lose_replies, _until_expired
 from tests.test_housekeeping import redis_ms, retry_one
-from tests.test_last_chance import _until_past, rounds_until
+from tests.test_last_chance import _until_past, behind_better_work, rounds_until
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -182,20 +182,7 @@ def test_the_named_call_whose_reply_is_lost_still_takes_the_last_chance_alone(
     """The scheduler drains for a last chance behind better work, then its
     named lease call (ARGV[17]) runs but its reply is lost: recovery finds
     the last chance leased once, and nothing is leased beside it."""
-    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=3)
-    frontier.load_scripts()
-    scheduler, _ = harness.open_scheduler(
-        redis_url, _Spider, FRONTIER_MAX_DELIVERIES=3, CONCURRENT_REQUESTS=16,
-        FRONTIER_CONCURRENCY=4,
-    )
-    scheduler.enqueue_request(Request("https://a.example/last", priority=0))
-    assert scheduler.flush_outbox()
-    for n in (1, 2):
-        [lease] = _leased(frontier.lease_many([f"dies#{n}:0"]))
-        _until_past(rds, lease.lease_id)
-    for i in range(40):
-        scheduler.enqueue_request(Request(f"https://h.example/{i}", priority=10))
-    assert scheduler.flush_outbox()
+    frontier, scheduler = behind_better_work(redis_url, rds)
     got = harness.lease_all(scheduler)
     assert "https://a.example/last" not in [r.url for r in got]
     assert scheduler.stats.get_value("frontier/last_chance/drains") == 1
