@@ -323,6 +323,23 @@ def test_a_bad_retry_time_is_reported_and_never_loses_the_retry(rds: redis.Redis
     assert rds.lrange("{s}:retryat", 0, -1) == [b"x"]
 
 
+def test_a_retry_set_of_the_wrong_type_is_reported_and_the_sweep_goes_on(
+    rds: redis.Redis,
+) -> None:
+    """{s}:retries of another type (a hand edit) cannot tell whether a due
+    retry waits: the sweep says so and judges sites by their times alone."""
+    frontier = Frontier(rds, "s")
+    finish_one(frontier, "a.example")
+    rds.hset("{s}:due", "a.example", redis_ms(rds) - 10_000)
+    rds.hset("{s}:retryat", "a.example", redis_ms(rds) - 10_000)
+    rds.delete("{s}:retries")
+    rds.set("{s}:retries", "x")
+    assert Housekeeper(rds, "s", site_forget_after=5).forget(["a.example"]) == (1, [
+        "{s}:retries holds a string, not a zset: not read"
+    ])
+    assert rds.get("{s}:retries") == b"x"
+
+
 def test_the_extension_reads_its_settings_and_can_be_switched_off(redis_url: str) -> None:
     from scrapy import Spider
     from scrapy.exceptions import NotConfigured
