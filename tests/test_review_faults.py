@@ -241,11 +241,11 @@ def test_a_poison_request_on_a_sharded_crawl_is_dead_lettered(
     urls = sites.urls(n)
     poison = urls[3] + "p2"
     rds.lpush("pages:start_urls", *urls)
-    middlewares = {**project.SPIDER_MIDDLEWARES, "tests.review_poison.KillOnPoisonMiddleware": 45}
+    middlewares = {**project.SPIDER_MIDDLEWARES, "tests.poison.KillOnPoisonMiddleware": 45}
     crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_MAX_DELIVERIES=limit,
                        FRONTIER_LEASE_TIMEOUT=3, CONCURRENT_REQUESTS=2,
                        SPIDER_MIDDLEWARES=json.dumps(middlewares))
-    crawl.env = {**crawl.env, "REVIEW_POISON": poison}
+    crawl.env = {**crawl.env, "POISON_URLS": poison}
     kills = _restart_killed(crawl, 2, timeout=50)
     workers = crawl.wait()
     dead = [json.loads(d) for p in shard_prefixes("pages", shards)
@@ -578,9 +578,9 @@ def test_poison_and_bad_overrides_on_a_cluster_with_the_default_16_shards(
     names = [u.split("//")[1].rstrip("/") for u in urls]
     poison = urls[3] + "p2"
     rc = RedisCluster.from_url(redis_cluster_url)
-    middlewares = {**project.SPIDER_MIDDLEWARES, "tests.review_poison.KillOnPoisonMiddleware": 45}
+    middlewares = {**project.SPIDER_MIDDLEWARES, "tests.poison.KillOnPoisonMiddleware": 45}
     env = {**worker_env(redis_cluster_url, mongo_uri, mongo_db), "FRONTIER_REDIS_CLUSTER": "1",
-           "REVIEW_POISON": poison}
+           "POISON_URLS": poison}
     crawl = Crawl(env, tmp_path, {
         "FRONTIER_LEASE_TIMEOUT": 3, "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
         "FRONTIER_MAX_DELIVERIES": limit, "CONCURRENT_REQUESTS": 1,
@@ -660,12 +660,12 @@ def test_a_request_leased_beside_a_poison_request_is_not_dead_lettered_with_it(
     poison, healthy = (u + "p1" for u in sites.urls(2))
     rds.lpush("pages:start_urls", poison, healthy)
     middlewares = {**project.DOWNLOADER_MIDDLEWARES,
-                   "tests.review_poison.KillOnPoisonMiddleware": 50}
+                   "tests.poison.KillOnPoisonMiddleware": 50}
     crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_MAX_DELIVERIES=limit,
                        FRONTIER_LEASE_TIMEOUT=2, CONCURRENT_REQUESTS=2,
                        FRONTIER_WORKER_ID="w1", MAX_IDLE_TIME_BEFORE_CLOSE=2,
                        DOWNLOADER_MIDDLEWARES=json.dumps(middlewares))
-    crawl.env = {**crawl.env, "REVIEW_POISON": poison}
+    crawl.env = {**crawl.env, "POISON_URLS": poison}
     workers, kills = _crawl_with_poison(crawl, poison, crawl.start())
     assert [w.returncode for w in workers] == [0]
     assert kills == limit
@@ -694,12 +694,12 @@ def test_a_poison_seed_that_kills_its_worker_as_its_download_starts_is_dead_lett
     poison, healthy = (u + "p1" for u in sites.urls(2))
     rds.lpush("pages:start_urls", poison)
     middlewares = {**project.DOWNLOADER_MIDDLEWARES,
-                   "tests.review_poison.KillOnPoisonMiddleware": 50}
+                   "tests.poison.KillOnPoisonMiddleware": 50}
     crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_MAX_DELIVERIES=limit,
                        FRONTIER_LEASE_TIMEOUT=2, CONCURRENT_REQUESTS=1,
                        FRONTIER_WORKER_ID="w1", MAX_IDLE_TIME_BEFORE_CLOSE=2,
                        DOWNLOADER_MIDDLEWARES=json.dumps(middlewares))
-    crawl.env = {**crawl.env, "REVIEW_POISON": poison}
+    crawl.env = {**crawl.env, "POISON_URLS": poison}
     first = crawl.start()
     wait_for(lambda: first.poll() is not None, 20, "the first kill")
     rds.lpush("pages:start_urls", healthy)

@@ -1,5 +1,5 @@
 """A poison request for tests: a request or response whose URL is in the
-environment variable ``REVIEW_POISON`` (space-separated) kills its worker
+environment variable ``POISON_URLS`` (space-separated) kills its worker
 with SIGKILL, every time (a parser that segfaults, an out-of-memory kill).
 
 :class:`KillOnPoisonMiddleware` is a spider middleware (it kills before the
@@ -14,7 +14,7 @@ from typing import Any
 
 
 def _kill_if_poison(url: str) -> None:
-    if url in os.environ.get("REVIEW_POISON", "").split():
+    if url in os.environ.get("POISON_URLS", "").split():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
