@@ -20,7 +20,7 @@ from crawler.frontier.connection import get_redis
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Commit, Frontier, Lease, Retry
-from crawler.keys import shard_prefixes
+from crawler.keys import shard_of, shard_prefixes
 from crawler.status import StatusReader
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
@@ -48,6 +48,18 @@ def finish_one(frontier: Frontier, site: str) -> None:
     assert isinstance(lease, Lease)
     frontier.ack([lease.lease_id])
     frontier.release_slots([lease.lease_id])
+
+
+def sites_on_shard(shards: int, want: int, n: int) -> list[str]:
+    """The first ``n`` sites ``s<i>.example`` that fall on shard ``want`` of ``shards``."""
+    out = []
+    for i in range(1000):
+        site = f"s{i}.example"
+        if shard_of(site, shards) == want:
+            out.append(site)
+            if len(out) == n:
+                return out
+    raise AssertionError
 
 
 def push(frontier: Frontier, site: str, n: int = 1) -> None:
@@ -240,8 +252,9 @@ def retry_one(frontier: Frontier, site: str, delay: float) -> list[str]:
 def test_a_site_whose_only_work_is_a_retry_is_kept_until_the_retry_is_due(
     rds: redis.Redis,
 ) -> None:
-    """The site has work as long as a retry of it waits (the held-back case
-    of test_review_bounded with other numbers): forgotten only once its
+    """The site has work as long as a retry of it waits (as in
+    test_a_site_whose_only_work_waits_in_the_retry_set_is_not_forgotten, with
+    other numbers): forgotten only once its
     latest retry is due and FRONTIER_SITE_FORGET_AFTER more has passed."""
     frontier = Frontier(rds, "s")
     assert retry_one(frontier, "r.example", 30.0) == []
@@ -264,7 +277,7 @@ def test_a_site_whose_only_work_is_a_retry_is_kept_until_the_retry_is_due(
 
 
 def test_a_site_whose_due_retry_was_not_moved_yet_keeps_its_state(rds: redis.Redis) -> None:
-    """(A reviewer's case.) A retry comes due but no lease call moves it to
+    """A retry comes due but no lease call moves it to
     its queue (every worker paused, say): while it waits there, no site
     with a retry time is forgotten, however long ago that time is; once a
     lease call moved it, the site counts as busy by its queue, and idle
@@ -338,6 +351,54 @@ def test_a_retry_set_of_the_wrong_type_is_reported_and_the_sweep_goes_on(
         "{s}:retries holds a string, not a zset: not read"
     ])
     assert rds.get("{s}:retries") == b"x"
+
+
+def test_a_malformed_retry_time_counted_as_0_still_keeps_the_site_while_a_retry_waits(
+    rds: redis.Redis,
+) -> None:
+    """A malformed {s}:retryat field is reported and counted as 0: a retry
+    time all the same, so while a due retry waits unmoved the site is kept
+    (it was counted as no retry: the site forgotten, its slow mark and
+    Crawl-delay gone before its retry ran)."""
+    frontier = Frontier(rds, "s")
+    assert retry_one(frontier, "r.example", 0.0) == []
+    rds.hset("{s}:slow", "r.example", 4000)
+    rds.hset("{s}:rdelay", "r.example", 10_000)
+    rds.hset("{s}:retryat", "r.example", "soon")
+    rds.hset("{s}:due", "r.example", redis_ms(rds) - 10_000)
+    wait_for(lambda: rds.zrangebyscore("{s}:retries", "-inf", redis_ms(rds)), 5, "retry due")
+    keeper = Housekeeper(rds, "s", site_forget_after=0)
+    forgotten, problems = keeper.forget(["r.example"])
+    assert any("counted as 0" in p for p in problems), problems
+    assert rds.zcard("{s}:retries") == 1  # its retry still waits
+    assert (forgotten, rds.hget("{s}:slow", "r.example")) == (0, b"4000")
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_sharded_sweep_reads_each_shards_own_retries(rds: redis.Redis, shards: int) -> None:
+    """An unmoved due retry on one shard keeps that shard's sites with a
+    retry time; another shard's sites with an old retry time and no due
+    retry of their own are forgotten."""
+    [r0] = sites_on_shard(shards, 0, 1)
+    [r1] = sites_on_shard(shards, 1, 1)
+    f0 = Frontier(rds, "s", prefix=shard_prefixes("s", shards)[0])
+    f1 = Frontier(rds, "s", prefix=shard_prefixes("s", shards)[1])
+    assert retry_one(f0, r0, 0.0) == []
+    assert retry_one(f1, r1, 0.0) == []
+    # shard 0's retry was moved and done; shard 1's waits unmoved
+    p0, p1 = shard_prefixes("s", shards)[:2]
+    lease = f0.lease("w#n:9")
+    assert isinstance(lease, Lease) and lease.site == r0
+    f0.ack([lease.lease_id])
+    f0.release_slots([lease.lease_id])
+    for p, s in ((p0, r0), (p1, r1)):
+        rds.hset(p + "slow", s, 100)
+        rds.hset(p + "due", s, redis_ms(rds) - 60_000)
+    wait_for(lambda: rds.zrangebyscore(p1 + "retries", "-inf", redis_ms(rds)), 5, "retry due")
+    keeper = Housekeeper(rds, "s", site_forget_after=0, shards=shards)
+    assert keeper.forget([r0], shard=0) == (1, [])
+    assert keeper.forget([r1], shard=1) == (0, [])
+    assert not rds.hexists(p0 + "slow", r0) and rds.hexists(p1 + "slow", r1)
 
 
 def test_the_extension_reads_its_settings_and_can_be_switched_off(redis_url: str) -> None:
