@@ -2,31 +2,46 @@
 
 Real Redis; the frontier is written through :class:`crawler.frontier.store.Frontier`
 and the housekeeping runs its Lua scripts (:mod:`crawler.frontier.housekeeping`).
+A worker's own per-site memory (the slow marks of
+:class:`~crawler.politeness.AdaptiveSlowdownMiddleware`, built on a Scrapy
+crawler) is bounded too, and agrees with Redis once a site was forgotten;
+the parsed robots.txt rules: ``tests/test_robots_compact.py``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from scrapy import Request
+from scrapy.http import Response
 from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
 
+from crawler.commands.deadletters import dead_letters, purge, requeue
 from crawler.frontier import housekeeping
 from crawler.frontier.connection import get_redis
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Commit, Frontier, Lease, Retry
 from crawler.keys import shard_of, shard_prefixes
+from crawler.politeness import RULES_SWEEP_MIN, AdaptiveSlowdownMiddleware
+from crawler.spiders.pages import PagesSpider
 from crawler.status import StatusReader
 from tests.faultproxy import FaultProxy
 from tests.waiting import wait_for
 from tests.workers import PROJECT_DIR
 
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
 SITE_KEYS = ("due", "slow", "rdelay", "robots", "robots:down", "joined", "retryat")
+#: More sites than a worker's memory sweeps at (its per-site copies then bounded).
+SITES = 3 * RULES_SWEEP_MIN
 PROJECT_LUA = PROJECT_DIR / "crawler" / "frontier" / "lua"
 
 
@@ -147,6 +162,37 @@ def test_trim_refuses_a_bad_counter_before_writing(rds: redis.Redis, shards: int
     assert [rds.llen(p + "dead") for p in prefixes] == [2] * (shards - 1) + [5]
 
 
+def test_dead_letters_listed_requeued_purged_after_trimming_the_count_stays(
+    rds: redis.Redis,
+) -> None:
+    """Three shards, 300 dead letters of 60 sites, capped at 10 (4 a shard):
+    the status counts what was trimmed; ``deadletters list``, ``requeue`` and
+    ``purge`` act on the 12 kept; the count of the trimmed ones outlives a
+    purge (it says what was lost, not what is left)."""
+    frontier = FrontierShards.build(rds, "pages", 3)
+    frontier.check_count()
+    for i in range(300):
+        site = f"d{i % 60}.example"
+        frontier.for_site(site).dead_letter({
+            "url": f"http://{site}/{i}", "reason": "r", "attempts": 3, "site": site,
+            "entry": f'{{"u":"http://{site}/{i}"}}', "priority": 0,
+        })
+    swept = Housekeeper(rds, "pages", shards=3, dead_max=10).run()
+    assert swept.dead_trimmed == 300 - 12
+    reader = StatusReader(rds, None, "unused", ["pages"])
+    try:
+        spider = reader.read().spiders["pages"]
+        assert (spider.dead_letters, spider.dead_trimmed) == (12, 288)
+        assert len(list(dead_letters(frontier))) == 12
+        assert requeue(frontier, limit=5) == (5, 0)
+        assert sum(int(rds.get(f.key("count")) or 0) for f in frontier) == 5
+        assert purge(frontier) == 7
+        spider = reader.read().spiders["pages"]
+        assert (spider.dead_letters, spider.dead_trimmed, spider.queued) == (0, 288, 5)
+    finally:
+        reader.close()
+
+
 def test_idle_sites_are_forgotten_busy_ones_kept(rds: redis.Redis) -> None:
     frontier = Frontier(rds, "s", default_concurrency=1)
     for site in ("done.example", "queued.example", "leased.example"):
@@ -247,6 +293,30 @@ def retry_one(frontier: Frontier, site: str, delay: float) -> list[str]:
         retries=[Retry(b'{"u":"https://%s/r"}' % site.encode(), site, 0, delay)],
         acks=[lease.lease_id],
     )).problems
+
+
+def test_a_site_whose_only_work_waits_in_the_retry_set_is_not_forgotten(
+    rds: redis.Redis,
+) -> None:
+    """A 503 with Retry-After: 600 slowed the site and sent its request to the
+    retry set; the operator forgets sites after 300 s. 301 s after its last
+    request the site still has work (its retry, due in 299 s): it is not
+    forgotten, so the retry reaches the site with the slow mark the 503 set."""
+    frontier = Frontier(rds, "pages")
+    site = "r.example"
+    assert frontier.push(b'{"u":"http://r.example/"}', site=site, priority=0,
+                         fingerprint=None, dont_filter=True)
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.push_retry(b'{"u":"http://r.example/"}', site=site, priority=0, delay=600)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    rds.hset("{pages}:slow", site, 4000)
+    seconds, micros = rds.time()
+    rds.hset("{pages}:due", site, int(seconds) * 1000 + int(micros) // 1000 - 301_000)
+    assert rds.zcard("{pages}:retries") == 1
+    Housekeeper(rds, "pages", site_forget_after=300).forget([site])
+    assert rds.hget("{pages}:slow", site) == b"4000"
 
 
 def test_a_site_whose_only_work_is_a_retry_is_kept_until_the_retry_is_due(
@@ -449,6 +519,88 @@ def test_a_sharded_crawl_is_swept_on_a_cluster(redis_cluster_url: str) -> None:
         assert (spider.shards, spider.dead_letters, spider.dead_trimmed) == (3, 6, 12)
     finally:
         cluster.close()
+
+
+# -- a worker's own per-site memory ---------------------------------------------------
+
+
+def crawler_for(redis_url: str, **settings: Any) -> Crawler:
+    """A ``pages`` crawler on ``redis_url`` obeying robots.txt, its spider made
+    and its stats open: enough to build the worker's middlewares on."""
+    crawler = get_crawler(PagesSpider, {"REDIS_URL": redis_url, "ROBOTSTXT_OBEY": True, **settings})
+    crawler.spider = crawler._create_spider()
+    assert crawler.stats is not None
+    crawler.stats.open_spider()
+    return crawler
+
+
+def answer(mw: AdaptiveSlowdownMiddleware, url: str, status: int) -> None:
+    """``mw`` sees a response of ``status`` to a request of ``url``."""
+    request = Request(url)
+    mw.process_response(request, Response(url, status=status))
+
+
+def test_a_forgotten_slow_mark_is_not_written_back_by_a_workers_memory(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A site slowed by a 503, then idle: housekeeping deletes its slow mark
+    (a forgotten site starts afresh). The worker that slowed it must not
+    write three quarters of its own copy of the delay back to Redis at the
+    site's next ordinary response: the forgotten mark would come back, and
+    the site be crawled slowly again for a dozen responses."""
+    mw = AdaptiveSlowdownMiddleware(crawler_for(redis_url, FRONTIER_SITE_FORGET_AFTER=0))
+    site = "a.example"
+    answer(mw, f"http://{site}/1", 503)
+    assert rds.hget("{pages}:slow", site) == b"1000"
+    frontier = Frontier(rds, "pages")
+    assert frontier.push(b'{"u":"http://a.example/2"}', site=site, priority=0,
+                         fingerprint=None, dont_filter=True)
+    lease = frontier.lease("w#n:1")
+    assert isinstance(lease, Lease)
+    frontier.ack([lease.lease_id])
+    frontier.release_slots([lease.lease_id])
+    rds.hset("{pages}:due", site, 0)  # its last request long ago (no clock to wait for)
+    assert Housekeeper(rds, "pages", site_forget_after=0).forget([site]) == (1, [])
+    assert not rds.hexists("{pages}:slow", site)
+    answer(mw, f"http://{site}/3", 200)  # new work, an ordinary answer
+    assert rds.hget("{pages}:slow", site) is None
+    # Slowed again, then not heard from for long while another worker
+    # slowed it further: it shrinks from what Redis holds, not its copy.
+    answer(mw, f"http://{site}/4", 503)
+    assert rds.hget("{pages}:slow", site) == b"1000"
+    rds.hset("{pages}:slow", site, 8000)
+    answer(mw, f"http://{site}/5", 200)
+    assert rds.hget("{pages}:slow", site) == b"6000"
+
+
+def test_sites_no_longer_slowed_leave_the_workers_memory(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A site whose slow mark shrank away leaves the worker's memory: it
+    holds the sites slowed now, not every site it ever slowed (at 0)."""
+    mw = AdaptiveSlowdownMiddleware(crawler_for(redis_url))
+    for i in range(50):
+        answer(mw, f"http://s{i}.example/", 429)
+    assert rds.hlen("{pages}:slow") == 50
+    for _ in range(12):  # 1000 ms shrinks by a quarter each time: below 50 ms after 11
+        for i in range(50):
+            answer(mw, f"http://s{i}.example/", 200)
+    assert rds.hlen("{pages}:slow") == 0
+    assert len(mw._slow) == 0
+
+
+def test_sites_left_slowed_leave_the_workers_memory_once_not_heard_from(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Sites slowed and never heard from again (they finished slowed) are
+    dropped from the worker's memory once their copies are stale (with
+    FRONTIER_SITE_FORGET_AFTER = 0, at once); Redis keeps their marks for
+    housekeeping to forget."""
+    mw = AdaptiveSlowdownMiddleware(crawler_for(redis_url, FRONTIER_SITE_FORGET_AFTER=0))
+    for i in range(SITES):
+        answer(mw, f"http://s{i}.example/", 503)
+    assert rds.hlen("{pages}:slow") == SITES
+    assert len(mw._slow) <= 2 * RULES_SWEEP_MIN, len(mw._slow)
 
 
 # -- round trips -----------------------------------------------------------------------

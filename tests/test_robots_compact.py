@@ -1,18 +1,36 @@
-"""robots.txt is stored compact: only the group protego picks for our agent.
+"""robots.txt kept small, in Redis and in each worker.
 
+In Redis it is stored compact, only the group protego picks for our agent:
 :func:`crawler.politeness.compact_robots` must give the same decisions
 (allowed or not, Crawl-delay, Request-rate) as the full body for the
-crawl's user agent, in a few KiB where the body had hundreds.
+crawl's user agent, in a few KiB where the body had hundreds. In a worker,
+:class:`~crawler.politeness.SharedRobotsTxtMiddleware` keeps the parsed
+rules of a bounded number of sites once their copies expire (real Redis,
+the middleware built on a Scrapy crawler).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
+from typing import TYPE_CHECKING
 
 import pytest
 from protego import Protego
+from scrapy import Request
+from scrapy.exceptions import IgnoreRequest
 
-from crawler.politeness import ROBOTS_MAX_BYTES, compact_robots
+from crawler.politeness import (
+    ROBOTS_MAX_BYTES,
+    RULES_SWEEP_MIN,
+    SharedRobotsTxtMiddleware,
+    compact_robots,
+)
+from tests.test_housekeeping import SITES, crawler_for
+
+if TYPE_CHECKING:
+    import redis
 
 AGENT = "crawler (+https://docs.scrapy.org/en/latest/topics/practices.html)"
 
@@ -86,3 +104,58 @@ def test_compact_robots_stays_under_the_cap() -> None:
     compact = compact_robots(body.encode(), AGENT)
     assert len(body) > ROBOTS_MAX_BYTES >= len(compact)
     assert compact.endswith(b"\n")
+
+
+# -- a worker's parsed rules -------------------------------------------------------
+
+
+def store_robots(rds: redis.Redis, n: int) -> None:
+    """robots.txt of sites ``s<i>.example`` in Redis, as a worker stores it."""
+    stamp = time.time()
+    rds.hset("{pages}:robots", mapping={
+        f"s{i}.example": f"{stamp}\nUser-agent: *\nDisallow: /private/\n" for i in range(n)
+    })
+
+
+def hgets(rds: redis.Redis) -> int:
+    return int(rds.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+
+def test_a_worker_drops_the_expired_robots_rules_of_sites_it_no_longer_crawls(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A worker keeps each site's parsed robots.txt (about 1.5 KB) only while
+    it is fresh (an expired copy is read from Redis again anyway), not for
+    every site it ever met. With FRONTIER_SITE_FORGET_AFTER = 0 every copy
+    expires at once: the worker keeps a bounded number of them, and still
+    obeys every site's rules."""
+    store_robots(rds, SITES)
+    mw = SharedRobotsTxtMiddleware(crawler_for(redis_url, FRONTIER_SITE_FORGET_AFTER=0))
+
+    async def run() -> None:
+        for i in range(SITES):
+            await mw.process_request(Request(f"http://s{i}.example/"))
+        with pytest.raises(IgnoreRequest):
+            await mw.process_request(Request("http://s0.example/private/x"))
+
+    asyncio.run(run())
+    assert len(mw._rules) <= 2 * RULES_SWEEP_MIN, len(mw._rules)
+
+
+def test_fresh_robots_rules_are_kept_whatever_their_number(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """The other side: copies still fresh are never dropped (no Redis read
+    for a site used again within FRONTIER_SITE_FORGET_AFTER / 2)."""
+    store_robots(rds, SITES)
+    mw = SharedRobotsTxtMiddleware(crawler_for(redis_url))
+
+    async def run() -> None:
+        for i in range(SITES):
+            await mw.process_request(Request(f"http://s{i}.example/"))
+
+    asyncio.run(run())
+    assert len(mw._rules) == SITES
+    before = hgets(rds)
+    asyncio.run(run())
+    assert hgets(rds) == before
