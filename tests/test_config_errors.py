@@ -5,8 +5,11 @@ Real servers throughout: the session's redis-server (ACL users made and
 deleted here), small redis-servers of this module's own started with
 ``--requirepass``, the session's MongoDB server (SecantusDB, or ``$MONGO_URI``)
 for refused credentials, and a SecantusDB of this module's own started with
-``--auth`` for a user without the right to write. The exit paths are real
-``scrapy crawl`` processes.
+``--auth`` for a user without the right to write, and the session's Redis
+Cluster for a node reached without FRONTIER_REDIS_CLUSTER. The exit paths
+are real ``scrapy crawl`` processes: bad settings (a WARC_DIR or
+MONGO_SPILL_DIR that cannot be written among them) and the wrong kind of
+Redis for FRONTIER_REDIS_CLUSTER each stop a worker in one line.
 """
 
 from __future__ import annotations
@@ -57,15 +60,20 @@ from crawler.metrics import StatusCollector
 from crawler.pipelines import MongoPipeline, mongo_config_error
 from crawler.status import StatusReader
 from devtools.embedded import MongoServer, RedisServer, free_port
+from devtools.replay import Page
 from tests.cluster import free_cluster_port
 from tests.waiting import wait_for
-from tests.workers import PROJECT_DIR, start_worker, wait_workers, worker_env
+from tests.workers import PROJECT_DIR, crawl, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from tests.conftest import SiteFactory
+
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+
+HTML = [("Content-Type", "text/html")]
 
 #: How long a misconfigured worker may take to exit, seconds ("within
 #: seconds"; Scrapy's start-up is most of it on a busy machine).
@@ -834,6 +842,77 @@ def test_an_acl_that_forbids_a_command_inside_the_scripts_stops_the_crawl(
     assert crawler.stats.get_value("frontier/redis/outages") is None
     assert crawler.stats.get_value("frontier/redis/refused") is None  # no retry loop
     assert _closed_at_open(crawler)
+
+
+@pytest.mark.workers
+def test_a_warc_dir_that_cannot_be_written_is_a_bad_setting(
+    env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
+) -> None:
+    """WARC_DIR under a regular file: one line naming the setting, exit 2,
+    nothing crawled (not one ERROR and a crawl without an archive that
+    exits 0)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    site = site_factory({"/": Page(200, HTML, b"<html><title>t</title><body></body></html>")})
+    rds.lpush("pages:start_urls", site.url_for("/"))
+    [worker] = crawl("pages", env, tmp_path, settings={
+        "WARC_DIR": blocker / "warc", "FRONTIER_SHARDS": 3})
+    assert worker.returncode == 2, worker.log[-3000:]
+    assert f"Bad setting: WARC_DIR='{blocker / 'warc'}': must be a directory" in worker.log
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert site.hits() == []
+
+
+@pytest.mark.workers
+def test_a_spill_dir_that_cannot_be_made_is_a_bad_setting(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """MONGO_SPILL_DIR under a regular file: one line, exit 2 at start (not
+    found only when MongoDB is down and items have to spill, those items
+    then lost with the OSError)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    [worker] = crawl("pages", env, tmp_path, settings={"MONGO_SPILL_DIR": blocker / "spill"})
+    assert worker.returncode == 2, worker.log[-3000:]
+    assert (
+        f"Bad setting: MONGO_SPILL_DIR={blocker / 'spill'}: must be a directory the worker "
+        f"can create and write in ({blocker} is not a directory)"
+    ) in worker.log, worker.log[-3000:]
+    assert "Traceback" not in worker.log
+
+
+@pytest.mark.workers
+def test_the_cluster_switch_on_a_single_redis_is_a_configuration_error(
+    env: dict[str, str], rds: redis.Redis, tmp_path: Path
+) -> None:
+    """FRONTIER_REDIS_CLUSTER=1 with REDIS_URL at one Redis server: one line,
+    exit 1 (not asyncio's "Task exception was never retrieved" and a
+    traceback)."""
+    rds.lpush("pages:start_urls", "http://127.0.0.1:9/")
+    [worker] = crawl("pages", {**env, "FRONTIER_REDIS_CLUSTER": "1"}, tmp_path)
+    assert worker.returncode == 1, worker.log[-3000:]
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert "Configuration error: Redis at redis://127.0.0.1:" in worker.log
+    assert "FRONTIER_REDIS_CLUSTER is on but the server is no Redis Cluster node" in worker.log
+
+
+@pytest.mark.cluster
+@pytest.mark.workers
+def test_a_cluster_node_without_the_cluster_switch_is_a_configuration_error(
+    redis_cluster_url: str, mongo_uri: str, mongo_db: str, tmp_path: Path
+) -> None:
+    """REDIS_URL at a node of a Redis Cluster, FRONTIER_REDIS_CLUSTER unset:
+    the node's MOVED is no outage; the worker stops within seconds, exit 1
+    (not "Redis unreachable" with backoff for ever)."""
+    env = worker_env(redis_cluster_url, mongo_uri, mongo_db)
+    env.pop("FRONTIER_REDIS_CLUSTER", None)
+    started = time.monotonic()
+    [worker] = crawl("pages", env, tmp_path, timeout=60)
+    assert worker.returncode == 1, worker.log[-3000:]
+    assert worker.ended - started < 20
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert "the server is a node of a Redis Cluster (it answered MOVED/ASK" in worker.log, (
+        worker.log[-3000:])
 
 
 @pytest.mark.parametrize(

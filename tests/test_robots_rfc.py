@@ -2,9 +2,11 @@
 
 2xx: its rules; 4xx: no rules; 5xx or a network error: the site is
 unreachable, fully disallowed, and its requests wait (in the frontier's retry
-set, not in a worker) while robots.txt is fetched again with backoff. Whole
-crawls on a real HTTP site, real Redis and MongoDB; the robots.txt outage is
-driven by request counts, not by the clock.
+set, not in a worker) while robots.txt is fetched again with backoff. A
+robots.txt is read to its first 500 KiB (section 2.5), and a request that
+waited for it still keeps its site's delay to the next. Whole crawls on a
+real HTTP site, real Redis and MongoDB; the robots.txt outage is driven by
+request counts, not by the clock.
 """
 
 from __future__ import annotations
@@ -99,6 +101,12 @@ def down_attempts(rds: redis.Redis, site: str) -> int:
 
 def stat(workers: list[Any], name: str) -> int:
     return sum(w.stats.get(name, 0) for w in workers)
+
+
+def html_page(*links: str) -> Page:
+    """An HTML page titled ``t`` that links to ``links``."""
+    body = "".join(f'<a href="{link}">{link}</a>' for link in links)
+    return Page(200, HTML, f"<html><title>t</title><body>{body}</body></html>".encode())
 
 
 def test_robots_txt_answering_503_holds_the_site_until_it_answers(
@@ -498,3 +506,53 @@ def test_a_request_that_waited_for_robots_txt_is_still_filtered_when_it_redirect
     assert [h.path for h in b.hits()].count("/t") == 1
     assert worker.stats.get("dupefilter/filtered") == 1
     assert worker.stats.get("robotstxt/unreachable/deferred", 0) >= 1
+
+
+@pytest.mark.workers
+def test_the_request_that_waited_for_robots_txt_keeps_the_sites_delay_to_the_next(
+    env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
+) -> None:
+    """robots.txt (no Crawl-delay) answers after 1.5 s; the site's delay is
+    1 s. The seed leased before it waits for it, then is fetched; the next
+    request of the site must still come a delay after that one, not at once
+    (its due time ran from the lease, while robots.txt was fetched)."""
+    def handler(path: str, nth: int) -> Page | None:
+        if path == "/robots.txt":
+            time.sleep(1.5)
+            return Page(200, TEXT, b"User-agent: *\nDisallow: /private\n")
+        return None
+
+    site = site_factory({"/a": html_page(), "/b": html_page()}, handler=handler)
+    rds.lpush("pages:start_urls", site.url_for("/a"), site.url_for("/b"))
+    [worker] = crawl("pages", env, tmp_path, settings={"DOWNLOAD_DELAY": 1.0})
+    assert worker.returncode == 0, worker.log[-3000:]
+    starts = sorted((h.started, h.path) for h in site.hits())
+    assert [p for _, p in starts] == ["/robots.txt", "/a", "/b"]
+    assert starts[2][0] - starts[1][0] >= 1.0 * 0.95, starts
+
+
+@pytest.mark.workers
+def test_a_robots_txt_over_500_kib_and_download_maxsize_is_read_to_its_last_whole_line(
+    env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
+) -> None:
+    """A 600 KiB robots.txt, DOWNLOAD_MAXSIZE 500 KB, whose line
+    ``Disallow: /private`` straddles the 500 KiB it is read to (RFC 9309
+    section 2.5: what follows is ignored). The download is not cancelled
+    past DOWNLOAD_MAXSIZE (the site would be unreachable and held, the
+    worker never closing), and the line cut to ``Disallow: /`` does not
+    forbid the whole site."""
+    limit = 500 * 1024
+    head = b"User-agent: *\n"
+    cut = len(b"Disallow: /")
+    pad = limit - cut - len(head)
+    filler = b"".join(b"# " + b"x" * 97 + b"\n" for _ in range(pad // 100))
+    filler += b"#" * (pad - len(filler) - 1) + b"\n"
+    body = head + filler + b"Disallow: /private\n" + b"# tail\n" * 15000
+    assert body[:limit].endswith(b"\nDisallow: /")
+    site = site_factory({"/robots.txt": Page(200, TEXT, body), "/": html_page("/a"),
+                         "/a": html_page()})
+    rds.lpush("pages:start_urls", site.url_for("/"))
+    settings = {"FRONTIER_SHARDS": 3, "DOWNLOAD_MAXSIZE": 512_000}
+    [worker] = crawl("pages", env, tmp_path, settings=settings, timeout=60)
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert sorted(h.path for h in site.hits()) == ["/", "/a", "/robots.txt"]
