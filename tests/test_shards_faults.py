@@ -1,7 +1,8 @@
 """Lost replies, refusals and restarts on a sharded frontier
 (``FRONTIER_SHARDS`` > 1), in process, through the fault proxy in front of
 a real Redis: one round trip carries commits to several shards and a lease,
-and whatever of it ran is found out, shard by shard."""
+and whatever of it ran is found out, shard by shard. (Whole sharded crawls
+of ``scrapy crawl`` workers under faults: ``tests/test_sharded_crawl_faults.py``.)"""
 
 from __future__ import annotations
 

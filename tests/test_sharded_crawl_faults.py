@@ -1,22 +1,22 @@
-"""Issue 11's faults again, held back from its suite, on a sharded frontier
+"""Whole sharded crawls under faults: every page stored once, nothing lost.
+
+Real ``scrapy crawl pages`` workers on a sharded frontier
 (``FRONTIER_SHARDS`` > 1 on one plain Redis, and the default 16 shards on a
-Redis Cluster): real ``scrapy crawl pages`` workers, mostly through the
-fault proxy (:mod:`tests.faultproxy`), many sites over the shards, and the
-totals the issue asks for: every page stored once, every shard's audit
-clean, nothing queued, leased or dead-lettered unless expected.
-
-Most cases held on the code as it was reviewed; they take minutes, so they
-run only with ``REVIEW_FAULTS_FULL=1`` in the environment (``@LONG``). By
-default: the two findings, a poison seed killing its worker before its
-intake batch was deleted, and a request leased beside a poison request
-dead-lettered with it (both fixed; the second by leasing a request's last
-chance alone: tests/test_last_chance.py).
+Redis Cluster), mostly through the fault proxy (:mod:`tests.faultproxy`),
+many sites over the shards: replies lost to each script, random losses,
+workers killed after a reply or by a poison request (:mod:`tests.poison`),
+signals during an outage, Redis rolled back a moment, malformed values and
+queue entries written mid-crawl. Each case checks the totals: every page
+stored once, every shard's audit clean, nothing queued, leased or
+dead-lettered unless expected. A request leased beside a poison request is
+not dead-lettered with it, as its last delivery is made alone
+(``tests/test_last_chance.py``). The long cases (minutes in all) are marked
+``slow``; the in-process faults of a sharded frontier are in
+``tests/test_shards_faults.py``.
 """
-
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import time
@@ -40,14 +40,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+pytestmark = [pytest.mark.workers, pytest.mark.faults]
 
 PAGES = 5
 LUA = PROJECT_DIR / "crawler" / "frontier" / "lua"
 SHORT = json.dumps({"socket_timeout": 1.5, "socket_connect_timeout": 1.5})
-#: The cases that held, minutes in all: run with REVIEW_FAULTS_FULL=1.
-LONG = pytest.mark.skipif(
-    not os.environ.get("REVIEW_FAULTS_FULL"), reason="long; REVIEW_FAULTS_FULL=1 runs it"
-)
 
 
 @pytest.fixture
@@ -131,7 +128,7 @@ def assert_totals(
     assert not rds.keys("{pages:start_urls}:intake:*")
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("script", "shards", "mode", "skip"), [
     ("commit.lua", 3, "drop", 3),
     ("commit.lua", 5, "hold", 8),
@@ -161,7 +158,7 @@ def test_lost_replies_on_a_sharded_crawl(
     assert_totals(workers, rds, db, sites, n, shards)
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "shards"), [(1, 3), (2, 5), (3, 3)])
 def test_random_losses_on_a_sharded_crawl(
     seed: int, shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
@@ -194,7 +191,7 @@ def _prefix_of(site: str, shards: int) -> str:
     return shard_prefixes("pages", shards)[shard_of(site, shards)]
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize("shards", [3, 5])
 def test_bad_live_overrides_of_every_kind_on_a_sharded_crawl(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
@@ -232,7 +229,7 @@ def test_bad_live_overrides_of_every_kind_on_a_sharded_crawl(
     assert "refused" not in logs
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize("shards", [3, 5])
 def test_a_poison_request_on_a_sharded_crawl_is_dead_lettered(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
@@ -269,7 +266,7 @@ def test_a_poison_request_on_a_sharded_crawl_is_dead_lettered(
     assert frontier.pending() == 0
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("script", "shards", "skip"), [
     ("lease.lua", 5, 4), ("commit.lua", 3, 6), ("seeds_take.lua", 5, 1), ("commit.lua", 5, 15),
 ])
@@ -340,7 +337,7 @@ def _corrupt(rds: redis.Redis, shards: int, names: list[str]) -> list[str]:
     return done
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize("shards", [3, 5])
 def test_malformed_frontier_values_mid_crawl(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
@@ -386,7 +383,7 @@ def test_malformed_frontier_values_mid_crawl(
     assert frontier.pending() == 0
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "shards"), [("drop", 3), ("hold", 5)])
 def test_sigterm_whose_giveback_and_leave_replies_are_lost(
     mode: str, shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
@@ -412,7 +409,7 @@ def test_sigterm_whose_giveback_and_leave_replies_are_lost(
     assert leave.acted <= 1
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "shards", "extra"), [
     (5, 3, {"FRONTIER_HOUSEKEEPING_INTERVAL": 0.5, "FRONTIER_SITE_FORGET_AFTER": 1}),
     (6, 5, {"DUPEFILTER_CLASS": "crawler.frontier.bloom.BloomDupeFilter",
@@ -445,7 +442,7 @@ def test_random_losses_and_kills_with_housekeeping_bloom_revisits(
     assert_totals(workers, rds, db, sites, n, shards)
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
 @pytest.mark.parametrize("shards", [3, 5])
 def test_a_signal_during_an_outage_after_seed_intake_on_a_sharded_crawl(
@@ -471,7 +468,7 @@ def test_a_signal_during_an_outage_after_seed_intake_on_a_sharded_crawl(
     assert_totals(workers, rds, db, sites, n, shards)
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("shards", "at", "more"), [(3, 15, 6), (5, 1, 3), (3, 30, 15), (1, 5, 5)])
 def test_redis_rolled_back_a_moment_mid_crawl_on_a_sharded_crawl(
     shards: int, at: int, more: int, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
@@ -506,7 +503,7 @@ def test_redis_rolled_back_a_moment_mid_crawl_on_a_sharded_crawl(
         assert_totals(workers, rds, db, sites, n, shards)
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize("shards", [3, 5])
 def test_malformed_queue_entries_mid_crawl(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
@@ -547,7 +544,7 @@ def test_malformed_queue_entries_mid_crawl(
     assert frontier.pending() == 0
 
 
-@LONG
+@pytest.mark.slow
 @pytest.mark.parametrize(("shards", "mode"), [(3, "drop"), (5, "hold")])
 def test_the_reads_that_find_out_a_lost_round_trip_lose_their_replies_too(
     shards: int, mode: str, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites,
@@ -568,7 +565,8 @@ def test_the_reads_that_find_out_a_lost_round_trip_lose_their_replies_too(
     assert_totals(workers, rds, db, sites, n, shards)
 
 
-@LONG
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_poison_and_bad_overrides_on_a_cluster_with_the_default_16_shards(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
     tmp_path: Path,
