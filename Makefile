@@ -1,6 +1,8 @@
-# The two commands of the README:
+# The commands of the README:
 #   make demo   runs the main job (a two-worker crawl) on embedded servers
-#   make test   sets up and runs the whole test suite, with ruff and mypy
+#   make check  the developer's loop: ruff, mypy and the fast tier (the tests
+#               that start no worker process, cluster or whole-system run)
+#   make test   sets up and runs the whole test suite, with ruff and mypy (CI)
 # Both create the virtualenv .venv and install what is missing, redis-server
 # included (from Debian's packages).
 
@@ -9,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint redis-server
+.PHONY: demo check test lint redis-server
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,5 +35,11 @@ lint: $(VENV)/.dev
 	$(PY) -m mypy
 
 # Two processes, each test file in one of them (its servers and keys stay its own).
+# The tiers are pytest marks (tests/tiers.py); FAST selects the fast tier.
+FAST := not workers and not cluster and not slow
+
+check: redis-server lint
+	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
+
 test: redis-server lint
 	$(PY) -m pytest -n 2 --dist loadfile

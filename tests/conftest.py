@@ -29,10 +29,29 @@ import redis
 
 from devtools.embedded import MongoServer, RedisServer
 from devtools.replay import Page, ReplayServer, SiteServer, default_warc_path
+from tests import tiers
 from tests.cluster import RedisClusterServers
 from tests.workers import worker_env
 
 SiteFactory = Callable[..., SiteServer]
+
+tiers.install()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each test the tier marks of the fixtures it uses (tests.tiers)."""
+    tiers.mark_by_fixtures(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """Record the running test, so that the processes it starts are checked
+    against its marks (tests.tiers)."""
+    tiers.set_current(item)
+    try:
+        return (yield)
+    finally:
+        tiers.set_current(None)
 
 
 @pytest.fixture(scope="session")
@@ -117,6 +136,7 @@ def site_factory() -> Iterator[SiteFactory]:
 
 
 @pytest.fixture(scope="session")
+@tiers.gives("cluster")
 def redis_cluster() -> Iterator[RedisClusterServers]:
     """A real three-master Redis Cluster on loopback ports, for the session."""
     with RedisClusterServers(masters=3) as cluster:

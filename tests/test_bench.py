@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
+@pytest.mark.workers
 def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     """The quick run prints a JSON summary with a row of every figure and writes the table."""
     report = tmp_path / "BENCHMARKS.md"
@@ -43,6 +47,8 @@ def test_variants_run_in_turn_their_order_reversed_every_other_repeat() -> None:
     assert list(in_turn(["a"], 0)) == []
 
 
+@pytest.mark.slow
+@pytest.mark.workers
 def test_compare_runs_a_figure_on_each_checkout_in_turn() -> None:
     """``python -m bench.compare d`` on this checkout twice (tiny sizes):
     one median per checkout, every run counted."""
@@ -57,6 +63,8 @@ def test_compare_runs_a_figure_on_each_checkout_in_turn() -> None:
     assert all(len(r["runs"]) == 2 and r["median"] > 0 for r in result.values())
 
 
+@pytest.mark.slow
+@pytest.mark.workers
 def test_compare_weighs_the_scripts_of_each_checkout() -> None:
     """``python -m bench.compare s``: Redis's µs per push, lease and ack."""
     done = subprocess.run(

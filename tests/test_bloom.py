@@ -196,6 +196,7 @@ def test_false_positive_rate_and_memory_on_a_million_urls(
 # -- a whole crawl ---------------------------------------------------------------
 
 
+@pytest.mark.workers
 def test_two_workers_crawl_quotes_with_the_bloom_filter_and_fetch_nothing_twice(
     env: dict[str, str], db: Any, rds: redis.Redis, replay_server: ReplayServer, tmp_path: Path
 ) -> None:

@@ -152,6 +152,7 @@ def test_the_bloom_filter_works_on_the_cluster(redis_cluster_url: str, rc: Redis
 # -- the quotes crawl of tests/test_crawl.py, on the cluster ------------------------
 
 
+@pytest.mark.workers
 def test_two_workers_share_the_quotes_crawl_on_a_redis_cluster(
     redis_cluster_url: str, rc: RedisCluster, mongo_uri: str, mongo_db: str, db: Any,
     replay_server: ReplayServer, tmp_path: Path,

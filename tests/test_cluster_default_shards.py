@@ -33,6 +33,7 @@ def _crawl_stored_once(
     return done
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize(("n", "workers"), [(150, 1), (200, 3)])
 def test_default_shards_spread_over_masters(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path,
@@ -64,6 +65,7 @@ def _sum(rc: RedisCluster, suffix: str, read: str = "get") -> int:
     return total
 
 
+@pytest.mark.workers
 def test_every_command_on_a_default_cluster_crawl(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str
 ) -> None:
@@ -141,6 +143,7 @@ class _Pages(Spider):
     name = "pages"
 
 
+@pytest.mark.workers
 def test_a_one_shard_cluster_crawl_started_with_the_default(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path
 ) -> None:
@@ -181,6 +184,7 @@ def test_a_one_shard_cluster_crawl_started_with_the_default(
         rc.close()
 
 
+@pytest.mark.workers
 def test_bloom_crawl_on_a_cluster_with_the_default(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path
 ) -> None:
@@ -231,6 +235,7 @@ def _move_slot(rc: RedisCluster, key: str) -> None:
         for n in rc.get_primaries()), 5, "slot moved", 0.05)
 
 
+@pytest.mark.cluster
 def test_a_slot_moved_under_a_worker_is_found_by_moved_and_nothing_is_lost() -> None:
     """The slot of the shard of a new request moved to another master: the
     commit and the lease meet MOVED (they did not run), the slot map is

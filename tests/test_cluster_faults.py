@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 SITES, DELAY = 150, 0.02
 #: Seconds a stopped master stays down at least (under the cluster's node
 #: timeout, 5 s, so the other masters never mark it failed).
+pytestmark = [pytest.mark.faults, pytest.mark.cluster]
+
+
 DOWN = 1.5
 
 
@@ -113,6 +116,7 @@ def _assert_no_crash(workers: list[Worker]) -> None:
         assert "MOVED" not in w.log and "CROSSSLOT" not in w.log, w.log[-5000:]
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_master_restarted_mid_crawl_loses_nothing(
     cluster: RedisClusterServers, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
@@ -158,6 +162,7 @@ def test_a_master_restarted_mid_crawl_loses_nothing(
         rc.close()
 
 
+@pytest.mark.workers
 def test_a_worker_killed_mid_crawl_and_restarted_under_its_id_loses_nothing(
     cluster: RedisClusterServers, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
     tmp_path: Path,
@@ -255,6 +260,7 @@ def _cluster_failed(cluster: RedisClusterServers, down: int) -> bool:
     return True
 
 
+@pytest.mark.workers
 def test_a_master_down_past_the_node_timeout_is_an_outage_the_workers_wait_out(
     cluster: RedisClusterServers, mongo_uri: str, mongo_db: str, db: Any, sites: _Sites,
     tmp_path: Path,
@@ -373,6 +379,7 @@ def test_commits_that_ran_beside_one_the_cluster_did_not_serve_end_no_outage(
         rc.close()
 
 
+@pytest.mark.workers
 def test_a_worker_started_before_its_cluster_answers_waits_for_it_then_crawls(
     mongo_uri: str, mongo_db: str, db: Any, sites: _Sites, tmp_path: Path
 ) -> None:

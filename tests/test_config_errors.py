@@ -621,6 +621,7 @@ def test_an_acl_revoked_mid_crawl_stops_the_crawl_instead_of_retrying(
     assert crawler.stats.get_value("frontier/redis/outages") is None
 
 
+@pytest.mark.cluster
 def test_a_cluster_that_refuses_the_password_is_a_configuration_error() -> None:
     with PasswordClusterNode("cluster-secret-4") as node:
         url = f"redis://:wrong-secret-4@{node.host}:{node.port}/0"
@@ -752,6 +753,7 @@ def run_worker(env: dict[str, str], tmp_path: Path, **settings: object) -> tuple
     return worker.returncode, worker.log, worker.ended - started
 
 
+@pytest.mark.workers
 def test_bad_settings_exit_2_with_one_line_each_and_no_traceback(
     tmp_path: Path, mongo_uri: str
 ) -> None:
@@ -772,6 +774,7 @@ def test_bad_settings_exit_2_with_one_line_each_and_no_traceback(
     assert "Traceback" not in log and "Spider opened" not in log
 
 
+@pytest.mark.workers
 def test_a_wrong_redis_password_exits_non_zero_within_seconds(
     password_redis: PasswordRedisServer, mongo_uri: str, mongo_db: str, tmp_path: Path
 ) -> None:
@@ -786,6 +789,7 @@ def test_a_wrong_redis_password_exits_non_zero_within_seconds(
     assert "Traceback" not in log and "trying again" not in log
 
 
+@pytest.mark.workers
 def test_a_redis_password_changed_mid_crawl_stops_the_worker(
     password_redis: PasswordRedisServer, mongo_uri: str, mongo_db: str, tmp_path: Path
 ) -> None:
@@ -817,6 +821,7 @@ def test_a_redis_password_changed_mid_crawl_stops_the_worker(
     assert "'finish_reason': 'config_error'" in worker.log
 
 
+@pytest.mark.workers
 def test_refused_mongodb_credentials_exit_non_zero_within_seconds(
     redis_url: str, mongo_uri: str, mongo_db: str, tmp_path: Path
 ) -> None:
@@ -845,6 +850,7 @@ def test_an_acl_that_forbids_a_command_inside_the_scripts_stops_the_crawl(
 
 
 @pytest.mark.workers
+@pytest.mark.workers
 def test_a_warc_dir_that_cannot_be_written_is_a_bad_setting(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -864,6 +870,7 @@ def test_a_warc_dir_that_cannot_be_written_is_a_bad_setting(
 
 
 @pytest.mark.workers
+@pytest.mark.workers
 def test_a_spill_dir_that_cannot_be_made_is_a_bad_setting(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -882,6 +889,7 @@ def test_a_spill_dir_that_cannot_be_made_is_a_bad_setting(
 
 
 @pytest.mark.workers
+@pytest.mark.workers
 def test_the_cluster_switch_on_a_single_redis_is_a_configuration_error(
     env: dict[str, str], rds: redis.Redis, tmp_path: Path
 ) -> None:
@@ -896,6 +904,7 @@ def test_the_cluster_switch_on_a_single_redis_is_a_configuration_error(
     assert "FRONTIER_REDIS_CLUSTER is on but the server is no Redis Cluster node" in worker.log
 
 
+@pytest.mark.workers
 @pytest.mark.cluster
 @pytest.mark.workers
 def test_a_cluster_node_without_the_cluster_switch_is_a_configuration_error(
@@ -931,6 +940,7 @@ def test_two_settings_out_of_order_are_refused_in_one_line(low: str, high: str) 
     assert refused.value.problems == [f"{low}=10 and {high}=5: {low} must not exceed {high}"]
 
 
+@pytest.mark.workers
 def test_a_bad_metrics_port_in_the_environment_is_a_settings_error() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "scrapy", "crawl", "quotes"], check=False, cwd=PROJECT_DIR,
@@ -943,6 +953,7 @@ def test_a_bad_metrics_port_in_the_environment_is_a_settings_error() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.workers
 def test_the_metrics_exporter_refuses_a_bad_port_in_one_line() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "crawler.metrics"], check=False, cwd=PROJECT_DIR,
@@ -955,6 +966,7 @@ def test_the_metrics_exporter_refuses_a_bad_port_in_one_line() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.workers
 def test_an_unknown_spider_exits_2_naming_the_project_s_spiders() -> None:
     """No traceback (Scrapy's ``KeyError``), no server contacted."""
     closed = f"redis://:a-secret-7@127.0.0.1:{free_port()}/0"

@@ -119,6 +119,7 @@ def control(env: dict[str, str], rds: redis.Redis, command: str) -> float:
 # -- acceptance: two workers -------------------------------------------------------------
 
 
+@pytest.mark.workers
 def test_pause_stops_every_worker_fetching_until_resume(
     quotes_site: SiteServer, pool: Pool, env: dict[str, str], rds: redis.Redis, db: Any,
     tmp_path: Path,
@@ -159,6 +160,7 @@ def test_pause_stops_every_worker_fetching_until_resume(
     assert {urlsplit(h.path).path for h in quotes_site.hits()} <= archived
 
 
+@pytest.mark.workers
 def test_stop_ends_every_worker_and_a_later_worker_finishes_after_resume(
     quotes_site: SiteServer, pool: Pool, env: dict[str, str], rds: redis.Redis, db: Any
 ) -> None:
@@ -202,6 +204,7 @@ def test_stop_ends_every_worker_and_a_later_worker_finishes_after_resume(
 # -- the command ---------------------------------------------------------------------------
 
 
+@pytest.mark.workers
 def test_control_commands_set_the_state(env: dict[str, str], rds: redis.Redis) -> None:
     result = scrapy(env, "frontier", "pause", "quotes")
     assert result.returncode == 0, result.stderr
@@ -264,6 +267,7 @@ def test_status_and_metrics_show_the_state(rds: redis.Redis) -> None:
     ],
     ids=["unknown-spider", "no-spider", "two-spiders", "unset", "redis-down"],
 )
+@pytest.mark.workers
 def test_control_command_exit_statuses(
     env: dict[str, str], rds: redis.Redis, args: list[str], code: int, message: str
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from devtools.replay import Page
 from tests.workers import assert_quotes_crawled, crawl
 
@@ -15,6 +17,9 @@ if TYPE_CHECKING:
 
     from devtools.replay import ReplayServer
     from tests.conftest import SiteFactory
+
+
+pytestmark = pytest.mark.workers
 
 
 def no_deprecations(log: str) -> bool:

@@ -143,6 +143,7 @@ def test_a_key_of_the_wrong_type_refuses_the_call_and_writes_nothing(rds: redis.
         f.set_delay("a.example", -1)
 
 
+@pytest.mark.workers
 def test_the_command_says_how_far_the_sites_next_request_moved(
     redis_url: str, rds: redis.Redis,
 ) -> None:
@@ -160,6 +161,7 @@ def test_the_command_says_how_far_the_sites_next_request_moved(
     assert isinstance(_lease_one(f, 1), Lease)
 
 
+@pytest.mark.workers
 def test_bad_values_in_the_pace_are_reported_by_the_command(
     redis_url: str, rds: redis.Redis,
 ) -> None:
@@ -178,6 +180,7 @@ def test_bad_values_in_the_pace_are_reported_by_the_command(
     assert "a.example's next request moved 60 s later" in done.stdout, done.stdout
 
 
+@pytest.mark.workers
 def test_a_resent_delay_call_moves_nothing_twice_and_a_sharded_crawl_moves_its_shard(
     redis_url: str, rds: redis.Redis,
 ) -> None:

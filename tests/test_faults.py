@@ -1,6 +1,9 @@
 """Nothing lost, proven: real workers against a Redis that misbehaves.
 
 Every worker is a real ``scrapy crawl pages`` process whose ``REDIS_URL`` is
+pytestmark = pytest.mark.faults
+
+
 a :class:`~tests.faultproxy.FaultProxy` in front of the session's
 ``redis-server``: the proxy loses the replies to chosen commands (Redis ran
 them, the worker never hears back), cuts Redis off, or lets the test kill a
@@ -324,6 +327,7 @@ def test_an_outage_can_start_right_after_a_chosen_reply(
 # -- a. a lost reply to the lease call ------------------------------------------------
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("mode", ["drop", "hold"])
 def test_a_lost_lease_reply_loses_no_request(
     mode: Literal["drop", "hold"], proxy: FaultProxy, pool: Pool, site_factory: SiteFactory,
@@ -355,6 +359,7 @@ def test_a_lost_lease_reply_loses_no_request(
 # -- b. a lost reply to the outbox's write ---------------------------------------------
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("mode", ["drop", "hold"])
 def test_a_lost_outbox_reply_loses_and_duplicates_nothing(
     mode: Literal["drop", "hold"], proxy: FaultProxy, pool: Pool, site_factory: SiteFactory,
@@ -387,6 +392,7 @@ def test_a_lost_outbox_reply_loses_and_duplicates_nothing(
 # -- c. a worker restarted under the same id ---------------------------------------------
 
 
+@pytest.mark.workers
 def test_a_worker_restarted_under_its_id_loses_no_lease(
     pool: Pool, site_factory: SiteFactory, rds: redis.Redis, db: Any
 ) -> None:
@@ -414,6 +420,7 @@ def test_a_worker_restarted_under_its_id_loses_no_lease(
 KILL_SEED = 20240611
 
 
+@pytest.mark.workers
 def test_workers_killed_at_random_moments_lose_nothing(
     pool: Pool, site_factory: SiteFactory, rds: redis.Redis, db: Any
 ) -> None:
@@ -488,6 +495,7 @@ def log_messages(text: str) -> list[str]:
     ("conc", "-1"),
     ("conc", ""),
 ])
+@pytest.mark.workers
 def test_a_bad_site_override_neither_stalls_nor_duplicates(
     key: str, value: str, pool: Pool, site_factory: SiteFactory, rds: redis.Redis, db: Any
 ) -> None:
@@ -518,6 +526,7 @@ def test_a_bad_site_override_neither_stalls_nor_duplicates(
 MAX_DELIVERIES = 3
 
 
+@pytest.mark.workers
 def test_a_request_that_kills_its_worker_ends_in_the_dead_letters(
     pool: Pool, site_factory: SiteFactory, rds: redis.Redis, db: Any
 ) -> None:
@@ -597,6 +606,7 @@ def assert_every_seed_crawled(site: SiteServer, db: Any, rds: redis.Redis) -> No
 INTAKE = {"FRONTIER_SEED_BATCH": 5, "CONCURRENT_REQUESTS": 8}
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_signal_during_seed_intake_loses_no_seed(
     signum: int, proxy: FaultProxy, pool: Pool, site_factory: SiteFactory,
@@ -621,6 +631,7 @@ def test_a_signal_during_seed_intake_loses_no_seed(
     assert_every_seed_crawled(site, db, rds)
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_signal_during_a_redis_outage_loses_no_seed(
     signum: int, proxy: FaultProxy, pool: Pool, site_factory: SiteFactory,
@@ -646,6 +657,7 @@ def test_a_signal_during_a_redis_outage_loses_no_seed(
 # -- h. a lost reply to a Redis read on the download path -----------------------------
 
 
+@pytest.mark.workers
 def test_a_lost_reply_to_the_shared_robots_read_does_not_dead_letter_the_request(
     proxy: FaultProxy, pool: Pool, site_factory: SiteFactory, rds: redis.Redis, db: Any
 ) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from crawler.frontier.scheduler import FrontierScheduler
 
-pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+pytestmark = [pytest.mark.usefixtures("stop_heartbeats"), pytest.mark.faults]
 
 
 class _Spider(Spider):
@@ -540,7 +540,10 @@ def _stall(client: Any, key: str, micros: int) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+@pytest.mark.parametrize("cluster", [
+    pytest.param(False, id="standalone"),
+    pytest.param(True, id="cluster", marks=pytest.mark.cluster),
+])
 def test_a_call_that_outlives_the_socket_timeout_is_found_out_never_resent(
     cluster: bool, request: pytest.FixtureRequest
 ) -> None:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from tests.conftest import SiteFactory
 
 #: Short leases so that a killed worker's requests come back within seconds.
+pytestmark = [pytest.mark.workers, pytest.mark.faults]
+
+
 FAST = {"FRONTIER_LEASE_TIMEOUT": 3, "MAX_IDLE_TIME_BEFORE_CLOSE": 3}
 
 

@@ -82,6 +82,7 @@ def down_env(env: dict[str, str]) -> tuple[dict[str, str], str]:
     ],
     ids=lambda args: "-".join(a for a in args if a != "nosuch"),
 )
+@pytest.mark.workers
 def test_unknown_spider_exits_2_naming_the_known_ones(
     env: dict[str, str], rds: redis.Redis, args: list[str]
 ) -> None:
@@ -97,6 +98,7 @@ def test_unknown_spider_exits_2_naming_the_known_ones(
 # -- Redis down ------------------------------------------------------------------------
 
 
+@pytest.mark.workers
 def test_status_with_redis_down_names_the_url_and_the_cause_and_exits_1(
     env: dict[str, str],
 ) -> None:
@@ -130,6 +132,7 @@ def test_status_with_redis_down_names_the_url_and_the_cause_and_exits_1(
     ],
     ids="-".join,
 )
+@pytest.mark.workers
 def test_other_subcommands_with_redis_down_exit_3_naming_the_url(
     env: dict[str, str], args: list[str]
 ) -> None:
@@ -178,6 +181,7 @@ def watch(env: dict[str, str], *args: str) -> str:
         proc.wait(timeout=10)
 
 
+@pytest.mark.workers
 def test_watch_off_a_terminal_writes_a_plain_snapshot_per_interval(
     env: dict[str, str], rds: redis.Redis
 ) -> None:
@@ -189,6 +193,7 @@ def test_watch_off_a_terminal_writes_a_plain_snapshot_per_interval(
     assert "\x1b" not in out  # no cursor movement, no colour
 
 
+@pytest.mark.workers
 def test_watch_with_redis_down_shows_the_error_at_each_refresh_and_goes_on(
     env: dict[str, str],
 ) -> None:
@@ -242,6 +247,7 @@ def test_a_requeued_dead_letter_comes_back_at_the_priority_it_was_first_schedule
         assert "retry_times" not in entry_fields(lease.data).get("m", {})
 
 
+@pytest.mark.workers
 def test_a_dead_letter_the_frontier_buried_comes_back_at_its_first_priority(
     rds: redis.Redis, env: dict[str, str],
 ) -> None:
@@ -361,6 +367,7 @@ def test_a_dead_letter_records_its_first_priority_by_the_crawls_own_adjustment(
     scheduler.server.delete(frontier.key("dead"))
 
 
+@pytest.mark.workers
 def test_listing_no_dead_letters_says_so(env: dict[str, str]) -> None:
     """Text output says there are none; ``--json`` prints nothing (no object)."""
     listed = scrapy(env, "deadletters", "list", "quotes")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pymongo
+import pytest
 import redis
 import yaml
 
@@ -86,6 +87,7 @@ def test_scrapyd_conf_binds_loopback_and_holds_no_credentials() -> None:
     assert config.get("scrapyd", "password") == ""
 
 
+@pytest.mark.workers
 def test_scrapyd_node_refuses_to_start_without_credentials(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPYD_")}
     result = subprocess.run(
@@ -152,6 +154,7 @@ def test_deploy_targets_read_credentials_from_the_environment() -> None:
         assert config[section]["url"].startswith("http://127.0.0.1:")
 
 
+@pytest.mark.workers
 def test_the_deployed_egg_carries_the_crawler_alone(tmp_path: Path) -> None:
     # The development and demo machinery (devtools/) stays out of the egg
     # scrapyd installs on every node; the Lua scripts go in.

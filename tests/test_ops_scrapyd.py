@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
     from devtools.replay import ReplayServer
 
+pytestmark = [pytest.mark.workers, pytest.mark.slow]
+
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
 SCRAPY = [PYTHON, "-m", "scrapy"]

@@ -30,6 +30,7 @@ def seed(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.workers
 def test_seed_file_queues_valid_lines_in_order_and_reports_invalid_ones(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -62,6 +63,7 @@ def test_seed_file_queues_valid_lines_in_order_and_reports_invalid_ones(
         client.close()
 
 
+@pytest.mark.workers
 def test_seed_arguments_take_priority_and_meta_in_redis_cli_json_form(redis_url: str) -> None:
     result = seed(
         redis_url,
@@ -115,6 +117,7 @@ def test_seed_rejects_a_callback_the_spider_lacks() -> None:
         (["quotes", "https://a.example/", "--meta", "[1]"], "--meta must be a JSON object"),
     ],
 )
+@pytest.mark.workers
 def test_seed_usage_errors_exit_2_and_push_nothing(
     redis_url: str, args: list[str], message: str
 ) -> None:
@@ -128,6 +131,7 @@ def test_seed_usage_errors_exit_2_and_push_nothing(
         client.close()
 
 
+@pytest.mark.workers
 def test_seed_names_the_redis_that_failed_with_its_password_masked(redis_url: str) -> None:
     """As every other command does: the server's address, never the password."""
     wrong = redis_url.replace("redis://", "redis://nobody:s3cret-pw@", 1)  # no such user

@@ -148,6 +148,7 @@ def filled(redis_url: str, mongo_uri: str, mongo_db: str) -> dict[str, Any]:
     return {"now": now}
 
 
+@pytest.mark.workers
 def test_status_json_reports_every_figure_redis_and_mongodb_hold(
     filled: dict[str, Any], env: dict[str, str], redis_url: str
 ) -> None:
@@ -204,6 +205,7 @@ def test_status_json_reports_every_figure_redis_and_mongodb_hold(
     assert pages["started"] is False  # no key of it in Redis
 
 
+@pytest.mark.workers
 def test_status_table_names_each_figure(
     filled: dict[str, Any], env: dict[str, str], redis_url: str
 ) -> None:
@@ -235,6 +237,7 @@ def test_status_table_names_each_figure(
         assert text in result.stdout
 
 
+@pytest.mark.workers
 def test_status_reports_an_unreachable_mongodb_and_still_reads_redis(
     filled: dict[str, Any], env: dict[str, str], redis_url: str
 ) -> None:
@@ -254,6 +257,7 @@ def test_status_reports_an_unreachable_mongodb_and_still_reads_redis(
     assert status["spiders"]["quotes"]["queued"] == queued_count(redis_url) == 14
 
 
+@pytest.mark.workers
 def test_metrics_endpoint_serves_the_status_figures(
     filled: dict[str, Any], env: dict[str, str], redis_url: str
 ) -> None:
@@ -397,6 +401,7 @@ def test_worker_records_that_are_not_json_are_skipped_not_unpickled(
         reader.close()
 
 
+@pytest.mark.workers
 def test_json_logs_put_worker_spider_and_job_on_every_line(
     site_factory: Any, env: dict[str, str]
 ) -> None:

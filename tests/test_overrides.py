@@ -188,6 +188,7 @@ def test_parse_site_settings_names_the_setting_and_site_it_refuses(
 # --- the command, on a real Redis -------------------------------------------------
 
 
+@pytest.mark.workers
 def test_delay_and_concurrency_are_stored_in_the_lease_scripts_formats(
     redis_url: str, rds: redis.Redis
 ) -> None:
@@ -204,6 +205,7 @@ def test_delay_and_concurrency_are_stored_in_the_lease_scripts_formats(
     assert rds.hgetall("{quotes}:delay") == {b"example.org": b"0"}
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("value", ["2s", "1O", "-1", "", "nan", "inf", "1e3"])
 def test_a_bad_delay_is_refused_with_exit_status_2_and_nothing_written(
     redis_url: str, rds: redis.Redis, value: str
@@ -220,6 +222,7 @@ def test_a_bad_delay_is_refused_with_exit_status_2_and_nothing_written(
     assert rds.hgetall("{pages}:delay") == {b"example.com": b"1000"}
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("value", ["2s", "1O", "-1", "", "0", "1.5"])
 def test_a_bad_concurrency_is_refused_with_exit_status_2_and_nothing_written(
     redis_url: str, rds: redis.Redis, value: str
@@ -244,6 +247,7 @@ def test_a_bad_concurrency_is_refused_with_exit_status_2_and_nothing_written(
         (["delay", "pages", "example.com", "2", "--watch"], "--watch is for status only"),
     ],
 )
+@pytest.mark.workers
 def test_usage_errors_exit_2_and_write_nothing(
     redis_url: str, rds: redis.Redis, args: list[str], message: str
 ) -> None:
@@ -254,6 +258,7 @@ def test_usage_errors_exit_2_and_write_nothing(
     assert rds.dbsize() == 0
 
 
+@pytest.mark.workers
 def test_unset_removes_an_override_and_says_when_there_was_none(
     redis_url: str, rds: redis.Redis
 ) -> None:
@@ -271,6 +276,7 @@ def test_unset_removes_an_override_and_says_when_there_was_none(
     assert not rds.exists("{pages}:conc")
 
 
+@pytest.mark.workers
 def test_overrides_lists_every_spiders_values_and_flags_the_bad_ones(
     redis_url: str, rds: redis.Redis
 ) -> None:
@@ -307,6 +313,7 @@ def test_overrides_lists_every_spiders_values_and_flags_the_bad_ones(
     assert frontier(redis_url, "overrides", "--json").returncode == 0
 
 
+@pytest.mark.workers
 def test_an_unreachable_redis_exits_3(redis_url: str) -> None:
     result = frontier("redis://127.0.0.1:1/0", "delay", "pages", "example.com", "2")
 
@@ -314,6 +321,7 @@ def test_an_unreachable_redis_exits_3(redis_url: str) -> None:
     assert "Redis at redis://127.0.0.1:1/0 failed" in result.stderr
 
 
+@pytest.mark.workers
 def test_overrides_lists_huge_and_undecodable_values_without_failing(
     redis_url: str, rds: redis.Redis
 ) -> None:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import scrapy
 from bson import json_util
 from itemadapter import ItemAdapter
@@ -378,6 +379,7 @@ def _spill_file(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+@pytest.mark.workers
 def test_loadspill_never_overwrites_a_newer_document_and_only_lowers_first_seen(
     mongo_uri: str, mongo_db: str, db: Any, env: dict[str, str], tmp_path: Path
 ) -> None:

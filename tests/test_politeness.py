@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pymongo
+import pytest
 import redis
 from scrapy.utils.test import get_crawler
 
@@ -37,6 +38,7 @@ def pages_of(hits: list[Hit]) -> list[Hit]:
     return [h for h in hits if h.path != "/robots.txt"]
 
 
+@pytest.mark.workers
 def test_rate_and_concurrency_hold_for_the_cluster_unlike_stock_scrapy_redis(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, capsys: Any
 ) -> None:
@@ -67,6 +69,7 @@ def test_rate_and_concurrency_hold_for_the_cluster_unlike_stock_scrapy_redis(
     assert figures["stock"][0] > 4 or figures["stock"][1] > 2
 
 
+@pytest.mark.workers
 def test_small_sites_finish_before_a_big_one_is_half_done(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -86,6 +89,7 @@ def test_small_sites_finish_before_a_big_one_is_half_done(
         assert hits[-1] < half_done
 
 
+@pytest.mark.workers
 def test_higher_priority_seeds_first_equal_priorities_in_push_order(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -105,6 +109,7 @@ def test_higher_priority_seeds_first_equal_priorities_in_push_order(
     assert order == [f"/b{i}" for i in range(15)] + [f"/a{i}" for i in range(15)]
 
 
+@pytest.mark.workers
 def test_crawl_delay_holds_all_workers_together(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, mongo_uri: str, mongo_db: str
 ) -> None:

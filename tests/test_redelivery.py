@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import pytest
 import scrapy
 from scrapy import Request, Spider, signals
 from scrapy.core.spidermw import SpiderMiddlewareManager
@@ -294,6 +295,7 @@ def _pid() -> int:
     return os.getpid()
 
 
+@pytest.mark.workers
 def test_two_workers_crawling_the_same_page_store_its_items_once(
     env: dict[str, str], db: Any, rds: redis.Redis, tmp_path: Path, site_factory: SiteFactory
 ) -> None:

@@ -105,6 +105,7 @@ def _fetched(site: Any) -> list[str]:
 # --- case 2: duplicates, in whole crawls ---------------------------------------------
 
 
+@pytest.mark.workers
 def test_a_redirect_onto_a_dead_lettered_fingerprint_is_counted_and_logged(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -139,6 +140,7 @@ def test_a_redirect_onto_a_dead_lettered_fingerprint_is_counted_and_logged(
     assert FIRST_DUPLICATE.format(site.url_for("/t?b=2&a=1")) in worker.log, worker.log[-5000:]
 
 
+@pytest.mark.workers
 def test_every_duplicate_the_spider_yields_is_logged_with_dupefilter_debug(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -233,6 +235,7 @@ def test_a_commit_whose_reply_was_lost_says_its_duplicates_are_not_known(
 # --- case 3: Request subclasses ----------------------------------------------------
 
 
+@pytest.mark.workers
 def test_a_request_subclass_reaches_its_callback_whole_or_is_refused_by_name(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:

@@ -58,6 +58,7 @@ def make_due(rds: redis.Redis, key: str) -> None:
     rds.zadd(key, dict.fromkeys(rds.zrange(key, 0, -1), now), xx=True)
 
 
+@pytest.mark.workers
 def test_second_run_revisits_every_page_conditionally_and_advances_last_seen(
     env: dict[str, str], db: Any, rds: redis.Redis, replay_server: ReplayServer, tmp_path: Path
 ) -> None:
@@ -219,6 +220,7 @@ def _two_pages(version: dict[str, str]) -> Any:
     return handle
 
 
+@pytest.mark.workers
 def test_a_changed_page_is_parsed_again_and_a_sites_override_sets_its_interval(
     env: dict[str, str], db: Any, rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:

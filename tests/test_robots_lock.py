@@ -112,6 +112,7 @@ def _renewed_then_gone(
     return worker, _lock_pexpires(proxy, lock), ended
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("outcome", ["503", "redirects", "timeout", "200"])
 def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
@@ -141,6 +142,7 @@ def test_a_slow_robots_fetch_that_ends_any_way_stops_renewing_and_lets_go(
     assert_nothing_lost(rds)
 
 
+@pytest.mark.workers
 def test_a_worker_stopped_while_fetching_robots_txt(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
     redis_url: str,
@@ -162,6 +164,7 @@ def test_a_worker_stopped_while_fetching_robots_txt(
     assert not rds.exists(lock)
 
 
+@pytest.mark.workers
 def test_redis_lost_while_renewing(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
     redis_url: str,
@@ -192,6 +195,7 @@ def test_redis_lost_while_renewing(
     assert sorted(h.path for h in site.hits() if h.path != "/robots.txt") == ["/", "/public/y"]
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("value", ["0", "-1", "x", "0.5"])
 def test_a_bad_lock_seconds_exits_2_in_one_line(
     tmp_path: Path, mongo_uri: str, value: str
@@ -209,6 +213,7 @@ def test_a_bad_lock_seconds_exits_2_in_one_line(
     assert "Traceback" not in log
 
 
+@pytest.mark.cluster
 def test_a_cluster_that_cannot_be_reached_during_a_renewal_does_not_end_the_renewals() -> None:
     """On a Redis Cluster an outage is a RedisClusterException (no
     RedisError): the renewal that meets it is tried again at the next turn,
@@ -259,6 +264,7 @@ def test_a_cluster_that_cannot_be_reached_during_a_renewal_does_not_end_the_rene
             rc.close()
 
 
+@pytest.mark.workers
 def test_two_sites_robots_fetched_at_once_each_renewed_and_let_go(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
     redis_url: str,
@@ -291,6 +297,7 @@ def test_two_sites_robots_fetched_at_once_each_renewed_and_let_go(
         assert sorted(h.path for h in site.hits() if h.path != "/robots.txt") == ["/", "/public/y"]
 
 
+@pytest.mark.workers
 def test_a_worker_forced_to_stop_while_fetching_robots_txt(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
 ) -> None:
@@ -320,6 +327,7 @@ def test_a_worker_forced_to_stop_while_fetching_robots_txt(
     assert time.monotonic() - stopped < LOCK_S + 1
 
 
+@pytest.mark.cluster
 def test_a_request_whose_robots_txt_is_read_while_the_cluster_is_out_of_reach_waits() -> None:
     """On one Redis an outage while robots.txt is read makes the request
     wait (backoff) until Redis is back; on a cluster the outage is a

@@ -109,6 +109,7 @@ def html_page(*links: str) -> Page:
     return Page(200, HTML, f"<html><title>t</title><body>{body}</body></html>".encode())
 
 
+@pytest.mark.workers
 def test_robots_txt_answering_503_holds_the_site_until_it_answers(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis, db: Any
 ) -> None:
@@ -148,6 +149,7 @@ def test_robots_txt_answering_503_holds_the_site_until_it_answers(
     assert "DeprecationWarning" not in log
 
 
+@pytest.mark.workers
 def test_robots_txt_answering_404_means_no_rules(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -164,6 +166,7 @@ def test_robots_txt_answering_404_means_no_rules(
     assert_nothing_lost(rds)
 
 
+@pytest.mark.workers
 def test_robots_txt_refused_then_served(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -195,6 +198,7 @@ def test_robots_txt_refused_then_served(
     assert rds.hlen(DOWN) == 0
 
 
+@pytest.mark.workers
 def test_a_worker_killed_while_fetching_robots_txt_holds_the_others_up_only_briefly(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -261,6 +265,7 @@ def _refuses(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) != 0
 
 
+@pytest.mark.workers
 def test_unreachable_state_is_kept_under_the_site_key_not_host_and_port(
     env: dict[str, str], tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -295,6 +300,7 @@ def test_unreachable_state_is_kept_under_the_site_key_not_host_and_port(
     assert int(rds.hget("{pages}:due", host) or 0) > 0
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("bad", ["value", "type"])
 def test_a_malformed_unreachable_state_does_not_stop_the_crawl(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis, bad: str
@@ -321,6 +327,7 @@ def test_a_malformed_unreachable_state_does_not_stop_the_crawl(
     assert "Traceback" not in workers[0].log
 
 
+@pytest.mark.workers
 def test_stale_rules_are_kept_while_robots_txt_is_unreachable(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -342,6 +349,7 @@ def test_stale_rules_are_kept_while_robots_txt_is_unreachable(
     assert workers[0].stats.get("robotstxt/unreachable/deferred", 0) == 0
 
 
+@pytest.mark.workers
 def test_robots_txt_unreachable_for_30_days_means_no_rules(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -379,6 +387,7 @@ class InlineDownloadSpider(PagesSpider):
             yield output
 
 
+@pytest.mark.workers
 def test_a_download_outside_the_scheduler_waits_in_the_worker(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:
@@ -474,6 +483,7 @@ def test_a_request_whose_sender_handles_its_failure_is_no_dead_letter(failure: A
     assert dead == ["http://a.example/robots.txt"]
 
 
+@pytest.mark.workers
 def test_a_request_that_waited_for_robots_txt_is_still_filtered_when_it_redirects(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -509,6 +519,7 @@ def test_a_request_that_waited_for_robots_txt_is_still_filtered_when_it_redirect
 
 
 @pytest.mark.workers
+@pytest.mark.workers
 def test_the_request_that_waited_for_robots_txt_keeps_the_sites_delay_to_the_next(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:
@@ -531,6 +542,7 @@ def test_the_request_that_waited_for_robots_txt_keeps_the_sites_delay_to_the_nex
     assert starts[2][0] - starts[1][0] >= 1.0 * 0.95, starts
 
 
+@pytest.mark.workers
 @pytest.mark.workers
 def test_a_robots_txt_over_500_kib_and_download_maxsize_is_read_to_its_last_whole_line(
     env: dict[str, str], rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path

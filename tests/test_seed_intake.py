@@ -319,6 +319,7 @@ def assert_every_seed_crawled_once_more_at_most(site: SiteServer, n: int) -> Non
     assert sorted(set(fetched)) == sorted(f"/p/{i}" for i in range(n))
 
 
+@pytest.mark.workers
 def test_a_worker_killed_with_seeds_in_intake_loses_none(
     site_factory: SiteFactory, env: dict[str, str], rds: redis.Redis, tmp_path: Path
 ) -> None:
@@ -351,6 +352,7 @@ def test_a_worker_killed_with_seeds_in_intake_loses_none(
     assert list(rds.scan_iter(match="{pages:start_urls}*")) == []
 
 
+@pytest.mark.workers
 def test_sigterm_during_a_redis_outage_leaves_the_seeds_in_intake_for_the_next_worker(
     site_factory: SiteFactory, mongo_uri: str, mongo_db: str, tmp_path: Path
 ) -> None:
@@ -396,6 +398,7 @@ def test_sigterm_during_a_redis_outage_leaves_the_seeds_in_intake_for_the_next_w
         client.close()
 
 
+@pytest.mark.workers
 def test_seeds_whose_requests_were_not_stored_go_back_to_the_seed_list_at_close(
     site_factory: SiteFactory, env: dict[str, str], rds: redis.Redis, tmp_path: Path
 ) -> None:
@@ -422,6 +425,7 @@ def test_seeds_whose_requests_were_not_stored_go_back_to_the_seed_list_at_close(
     assert site.hits() == []
 
 
+@pytest.mark.workers
 def test_an_idle_worker_takes_a_new_seed_at_once(
     site_factory: SiteFactory, env: dict[str, str], rds: redis.Redis, tmp_path: Path
 ) -> None:

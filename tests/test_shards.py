@@ -283,6 +283,7 @@ def _assert_stored_once(db: Any, sites: _Sites, n: int, workers: list[Any]) -> N
     assert [k for k, v in pages.items() if v > 1] == []
 
 
+@pytest.mark.workers
 def test_a_crawl_on_one_redis_with_four_shards_stores_every_page_once(
     redis_url: str, rds: redis.Redis, mongo_uri: str, mongo_db: str, db: Any,
     sites: _Sites, tmp_path: Path,
@@ -305,6 +306,7 @@ def test_a_crawl_on_one_redis_with_four_shards_stores_every_page_once(
     assert not rds.exists("{pages}:dupefilter")
 
 
+@pytest.mark.workers
 def test_a_crawl_of_120_sites_spreads_over_the_masters_of_a_cluster(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any,
     sites: _Sites, tmp_path: Path,

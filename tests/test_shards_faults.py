@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from crawler.frontier.scheduler import FrontierScheduler
 
-pytestmark = pytest.mark.usefixtures("stop_heartbeats")
+pytestmark = [pytest.mark.usefixtures("stop_heartbeats"), pytest.mark.faults]
 
 LUA = Path(__file__).resolve().parent.parent / "crawler" / "frontier" / "lua"
 SHARDS = 3
@@ -246,6 +246,7 @@ def _held(rds: redis.Redis, shards: int, holder: str) -> dict[int, list[str]]:
     return out
 
 
+@pytest.mark.workers
 def test_a_worker_killed_with_leases_in_several_shards_and_restarted_under_its_id(
     proxy: FaultProxy, rds: redis.Redis, mongo_uri: str, mongo_db: str, db: Any,
     slow_sites: _Sites, tmp_path: Path,

@@ -451,6 +451,7 @@ def test_first_in_first_out_across_the_default_shards_of_a_cluster(
         rc.close()
 
 
+@pytest.mark.workers
 def test_a_cluster_crawl_with_exact_fifo_stores_every_page_once(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any, tmp_path: Path
 ) -> None:

@@ -77,6 +77,7 @@ def _dead(rds: redis.Redis, spider: str, shards: int) -> list[int]:
 # -- dead letters ---------------------------------------------------------------------
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("shards", [1, 3])
 def test_deadletters_list_requeue_and_purge_act_on_every_shard(
     redis_url: str, rds: redis.Redis, env: dict[str, str], shards: int
@@ -284,6 +285,7 @@ def test_an_idle_worker_counts_a_dead_workers_leases_in_every_shard(
 # -- scrapy frontier clear: starting again with another shard count ----------------------
 
 
+@pytest.mark.workers
 def test_frontier_clear_deletes_every_shard_so_the_crawl_can_start_with_another_count(
     redis_url: str, rds: redis.Redis, env: dict[str, str]
 ) -> None:
@@ -314,6 +316,7 @@ def test_frontier_clear_deletes_every_shard_so_the_crawl_can_start_with_another_
     assert rds.get("{quotes}:shards") == b"2"
 
 
+@pytest.mark.workers
 def test_clear_is_refused_while_a_worker_of_the_crawl_is_live(
     redis_url: str, rds: redis.Redis, env: dict[str, str]
 ) -> None:
@@ -333,6 +336,7 @@ def test_clear_is_refused_while_a_worker_of_the_crawl_is_live(
     assert not rds.exists("{quotes}:shards")
 
 
+@pytest.mark.workers
 def test_override_commands_use_the_recorded_shard_count(
     redis_url: str, rds: redis.Redis, env: dict[str, str]
 ) -> None:
@@ -347,6 +351,7 @@ def test_override_commands_use_the_recorded_shard_count(
     assert key in listed.stdout and site in listed.stdout
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("value", ["0", "abc", "1000"])
 def test_commands_refuse_a_bad_shard_count_before_touching_redis(
     rds: redis.Redis, env: dict[str, str], value: str

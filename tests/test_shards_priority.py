@@ -94,6 +94,7 @@ def test_a_priority_9_request_pushed_mid_crawl_on_any_shard_is_leased_next(
 _CRAWLED = re.compile(r"Crawled \(\d+\) <GET (\S+)>")
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("shards", [3, 5])
 def test_a_priority_9_seed_pushed_last_of_200_is_fetched_among_the_first(
     redis_url: str, rds: redis.Redis, mongo_uri: str, mongo_db: str, tmp_path: Path,

@@ -52,6 +52,7 @@ def many_sites() -> Iterator[_Sites]:
         yield server
 
 
+@pytest.mark.workers
 def test_a_crawl_of_200_sites_in_9_shards_spreads_over_the_masters_of_a_cluster(
     redis_cluster_url: str, mongo_uri: str, mongo_db: str, db: Any,
     many_sites: _Sites, tmp_path: Path,
@@ -229,6 +230,7 @@ def _frontier_status(env: dict[str, str], *extra: str) -> str:
     return result.stdout
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("mode", ["drop", "hold"])
 def test_dead_letters_trimmed_in_three_shards_are_counted_once_and_shown_summed(
     redis_url: str, rds: redis.Redis, env: dict[str, str], mode: Literal["drop", "hold"]

@@ -341,6 +341,7 @@ def test_sites_queued_by_the_previous_version_count_as_joined_long_ago(
 ROBOTS_DELAY = b"User-agent: *\nCrawl-delay: 1\n"
 
 
+@pytest.mark.workers
 def test_a_forgotten_site_that_gets_new_work_keeps_its_crawl_delay(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
 ) -> None:

@@ -19,6 +19,9 @@ import pytest
 from devtools.replay import default_warc_path
 from tests.workers import PROJECT_DIR
 
+pytestmark = [pytest.mark.workers, pytest.mark.slow]
+
+
 SEED = 11
 #: The soak's own bound on its one round; the subprocess gets a little more.
 ROUND_TIMEOUT = 60

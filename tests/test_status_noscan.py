@@ -146,6 +146,7 @@ def test_status_reader_is_as_fast_beside_a_million_foreign_keys(server: RedisSer
             reader.close()
 
 
+@pytest.mark.workers
 def test_status_command_reads_no_keyspace_beside_a_million_foreign_keys(
     server: RedisServer, env: dict[str, str]
 ) -> None:

@@ -67,6 +67,7 @@ def test_warc_writer_is_off_without_warc_dir() -> None:
         build_from_crawler(WarcWriterMiddleware, crawler)
 
 
+@pytest.mark.workers
 def test_every_fetched_url_is_archived_in_rotated_files_that_replay_the_crawl(
     env: dict[str, str], db: Any, rds: redis.Redis, replay_server: ReplayServer, tmp_path: Path
 ) -> None:
@@ -122,6 +123,7 @@ def test_every_fetched_url_is_archived_in_rotated_files_that_replay_the_crawl(
     assert items(db) == crawled
 
 
+@pytest.mark.workers
 def test_sigterm_closes_the_files_and_sigkill_leaves_them_readable(
     env: dict[str, str], rds: redis.Redis, tmp_path: Path
 ) -> None:
@@ -176,6 +178,7 @@ def test_sigterm_closes_the_files_and_sigkill_leaves_them_readable(
     assert len(load_warc(torn)) == len(load_warc(left))
 
 
+@pytest.mark.workers
 def test_bodies_are_archived_as_they_came_over_the_wire(
     env: dict[str, str], db: Any, rds: redis.Redis, site_factory: SiteFactory, tmp_path: Path
 ) -> None:
