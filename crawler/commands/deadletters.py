@@ -141,10 +141,8 @@ def requeue_push(
         else:
             return None
         json_serializer.loads(json_serializer.pack_fields(entry), site)  # raises if not a request
+        meta = json_serializer.entry_meta(entry)
     except (ValueError, KeyError, TypeError):
-        return None
-    meta = entry.get("m", {})
-    if not isinstance(meta, dict):
         return None
     priority = whole_number(entry.get("p"))
     if priority is None:
@@ -152,10 +150,7 @@ def requeue_push(
     first = whole_number(record.get("first_priority"))  # recorded by the crawl itself
     priority = first if first is not None else first_priority(priority, meta, priority_adjust)
     meta.pop("retry_times", None)
-    if meta:
-        entry["m"] = meta
-    else:
-        entry.pop("m", None)
+    json_serializer.set_entry_meta(entry, meta)
     if priority:
         entry["p"] = priority
     else:
