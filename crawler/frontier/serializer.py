@@ -940,7 +940,14 @@ def _from_tag(tag: str, v: Any) -> Any:
         cls = _item_class(v[0])
         if cls is None:
             raise DecodeError(f"entry holds an item of {v[0]!r}, which is not a loaded item class")
-        return _build_item(cls, {k: _decode_value(x) for k, x in v[1].items()})
+        fields = {k: _decode_value(x) for k, x in v[1].items()}
+        try:
+            return _build_item(cls, fields)
+        except Exception as exc:  # whatever the item's own code raises
+            raise DecodeError(
+                f"entry holds a {cls.__name__} item that its class cannot build from its "
+                f"fields {sorted(fields)} ({type(exc).__name__}: {exc})"
+            ) from None
     raise DecodeError(f"entry has an unknown tag or a malformed value: {tag!r}")
 
 
