@@ -1,4 +1,4 @@
-"""Compact, pickle-free encoding of requests for the Redis frontier.
+"""Compact, pickle-free, versioned encoding of requests for the Redis frontier.
 
 This module is a scrapy-redis *serializer* (it has ``dumps`` and ``loads``):
 scrapy-redis's queues pass it the dict of
@@ -54,18 +54,68 @@ key    Request attribute      encoding
 ``b``  ``body``               UTF-8 string; ``B``: base64 when not UTF-8
 ``k``  ``cookies``            JSON as given
 ``m``  ``meta``               JSON object (without the ``depth`` the
-                              DEPTH field holds)
-``a``  ``cb_kwargs``          JSON object
+                              DEPTH field holds), tagged values
+``a``  ``cb_kwargs``          JSON object, tagged values
 ``x``  ``encoding``           left out when ``utf-8``
 ``p``  ``priority``           integer, left out when 0
 ``f``  ``dont_filter``        ``1`` when true
 ``g``  ``flags``              list of strings
 ``t``  ``_class``             import path of a Request subclass
-``X``  the other names in     ``{name: value}``, JSON values, only
+``X``  the other names in     ``{name: value}``, tagged values, only
        the subclass's         with ``t``: what a subclass adds to
        ``attributes``         ``Request.attributes`` (e.g.
                               ``JsonRequest.dumps_kwargs``)
+``v``  (encoding version)     ``1`` when a value in ``m``, ``a`` or
+                              ``X`` is tagged; left out otherwise
 =====  =====================  =====================================
+
+Tagged values (version 1)
+-------------------------
+
+The values of ``meta``, ``cb_kwargs`` and a subclass's attributes keep
+their types, as in Scrapy's own (pickled) queues, without pickle: a value
+JSON carries faithfully (``str``, ``int``, ``float``, ``bool``, ``None``, a
+list, a dict with string keys) is stored as plain JSON, byte for byte as an
+entry without tags; any other is a JSON object of one key, its tag, and the
+entry gets ``"v":1``:
+
+==========  ==============================  ===============================
+tag         Python value                    JSON value
+==========  ==============================  ===============================
+``!t``      ``tuple``                       list of tagged values
+``!s``      ``set``                         list of tagged values
+``!fs``     ``frozenset``                   list of tagged values
+``!b``      ``bytes``                       base64 text
+``!ba``     ``bytearray``                   base64 text
+``!dt``     ``datetime.datetime``           ISO 8601 text (naive, or a fixed
+                                            offset); ``[wall time, zone
+                                            key]`` (``, 1`` when ``fold``)
+                                            in a ``zoneinfo.ZoneInfo`` zone
+``!d``      ``datetime.date``               ISO 8601 text
+``!tm``     ``datetime.time``               ISO 8601 text (naive, or a
+                                            fixed offset)
+``!td``     ``datetime.timedelta``          ``[days, seconds, microseconds]``
+``!D``      ``decimal.Decimal``             its ``str`` (``"1.10"``,
+                                            ``"NaN"``)
+``!m``      a dict with a key that is not   ``[[key, value], ...]``, both
+            a string, or that could be      tagged
+            read as a tag (one key,
+            starting with ``!``)
+``!i``      an item of a kind itemadapter   ``["module:QualName", {field:
+            supports (``scrapy.Item``,      tagged value}]``; its class is
+            dataclass, attrs, ...): not a   looked up in modules already
+            dict                            imported, never imported
+==========  ==============================  ===============================
+
+Subclasses of ``dict``, ``list``, ``tuple``, ``str``, ``int`` and ``float``
+come back as their base type (a named tuple as a tuple). Anything else (a
+function, an open file, a Response, an arbitrary object, a ``datetime`` in a
+pytz or dateutil zone, an item whose class is defined in a function, a
+container that holds itself) has no faithful encoding: :func:`dumps` raises
+:class:`EncodeError` naming the key (``meta['x'][1]``). An entry without
+``v`` (every entry of earlier versions) holds plain JSON values only; an
+entry whose ``v`` is not :data:`VALUES_VERSION` is refused (a newer worker
+wrote it).
 
 :func:`entry_fields` gives any entry as that JSON object (``u``, ``w``,
 ``c`` and the whole ``meta`` in it) and :func:`pack_fields` frames such an
@@ -76,9 +126,8 @@ So a :class:`scrapy.Request` subclass comes back as itself with every
 attribute it declares in ``attributes`` (as Scrapy documents for
 subclasses), as with Scrapy's own :meth:`~scrapy.Request.to_dict` and
 :func:`~scrapy.utils.request.request_from_dict`; a subclass whose attribute
-holds a value JSON cannot carry (a set, bytes, an object) is refused when it
-is encoded, naming the class and the attribute. As in ``meta``, a tuple
-comes back as a list.
+holds a value with no faithful encoding is refused when it is encoded,
+naming the class and the attribute.
 
 :func:`loads` gives every attribute of ``Request`` (defaults filled in),
 as ``Request.to_dict`` does, so a subclass whose ``__init__`` fills in
@@ -182,12 +231,12 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
     :returns: the entry, UTF-8 bytes: ``URL<TAB>CALLBACK<TAB>DEPTH<TAB>JSON``
         with trailing empty fields left out, or the JSON object alone (see
         the module), defaults left out.
-    :raises EncodeError: when meta, cb_kwargs, cookies or an attribute a
-        Request subclass adds hold a value JSON cannot carry; the message
-        names the URL and the key (``cannot store request https://a/ in
-        Redis: TaggedRequest attribute 'tag' is a set, which JSON cannot
-        carry``); or when ``obj`` has keys of no Request attribute without
-        a ``_class``.
+    :raises EncodeError: when meta, cb_kwargs or an attribute a Request
+        subclass adds hold a value with no faithful encoding (see the
+        module), or cookies one JSON cannot carry; the message names the URL
+        and the key (``cannot store request https://a/ in Redis:
+        meta['x'][1] is a function, which has no faithful encoding``); or
+        when ``obj`` has keys of no Request attribute without a ``_class``.
     """
     url = obj["url"]
     head, http = url, False
@@ -744,20 +793,12 @@ def _encode_dict(d: dict[Any, Any], seen: set[int]) -> Any:
     """``d`` itself when plain JSON; a copy when a value changes; ``{"!m":
     [[key, value], ...]}`` when a key is not a string or ``d`` could be
     read as a tag (one key, starting with ``!``)."""
-    if any(not isinstance(k, str) for k in d) or (len(d) == 1 and next(iter(d))[:1] == "!"):
-        key = _enter(d, seen)
-        pairs = []
-        for k, v in d.items():
-            try:
-                pairs.append([_encode_value(k, seen), _encode_value(v, seen)])
-            except _Unencodable as exc:
-                exc.path.append(f"[{k!r}]")
-                raise
-        seen.discard(key)
-        return {"!m": pairs}
     key = _enter(d, seen)
     out: dict[str, Any] | None = None
     for k, v in d.items():
+        if not isinstance(k, str) or (k[:1] == "!" and len(d) == 1):
+            seen.discard(key)
+            return _encode_pairs(d, seen)
         try:
             e = _encode_value(v, seen)
         except _Unencodable as exc:
@@ -774,6 +815,20 @@ def _encode_dict(d: dict[Any, Any], seen: set[int]) -> Any:
         out[k] = e
     seen.discard(key)
     return d if out is None else out
+
+
+def _encode_pairs(d: dict[Any, Any], seen: set[int]) -> dict[str, Any]:
+    """``{"!m": [[key, value], ...]}``, keys and values encoded."""
+    key = _enter(d, seen)
+    pairs = []
+    for k, v in d.items():
+        try:
+            pairs.append([_encode_value(k, seen), _encode_value(v, seen)])
+        except _Unencodable as exc:
+            exc.path.append(f"[{k!r}]")
+            raise
+    seen.discard(key)
+    return {"!m": pairs}
 
 
 def _fixed_zone(tz: datetime.tzinfo) -> bool:
