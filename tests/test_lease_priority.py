@@ -5,12 +5,16 @@ call that says "try again now" without progress."""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from scrapy import Request, Spider, signals
 
+from crawler.frontier import store
 from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push, Retry
 from tests import scheduler_harness as harness
 from tests.waiting import wait_for
@@ -96,6 +100,83 @@ def test_equal_priorities_are_served_first_in_first_out_across_sites(rds: redis.
         "https://c.example/1", "https://a.example/1", "https://b.example/1",
         "https://d.example/1",
     ]
+
+
+# -- the priority range: +-PRIORITY_LIMIT keeps its order, the rest is refused -------
+
+
+def test_priorities_to_the_ends_of_the_range_keep_their_order(rds: redis.Redis) -> None:
+    frontier = _frontier(rds)
+    order = [1_000_000, 999_999, 500_000, 1, 0, -1, -999_999, -1_000_000]
+    pushes = [_p(f"https://s{i}.example/{p}", p) for i, p in enumerate(reversed(order))]
+    frontier.push_many(pushes)
+    # And within one site.
+    frontier.push_many([_p(f"https://one.example/{p}", p) for p in (-1_000_000, 1_000_000, 0)])
+    served = [int(url.rsplit("/", 1)[1]) for url in _one_by_one(frontier)]
+    assert served == sorted(served, reverse=True)
+    assert served.count(1_000_000) == 2 and served.count(-1_000_000) == 2
+
+
+def test_a_priority_outside_the_range_is_refused_by_the_frontier_not_clamped(
+    rds: redis.Redis,
+) -> None:
+    frontier = _frontier(rds)
+    for priority in (3_000_000, 1_000_001, -1_000_001):
+        with pytest.raises(ValueError, match=f"priority {priority} is outside the frontier's"):
+            frontier.push_many([_p("https://a.example/ok", 0), _p("https://b.example/x", priority)])
+    assert int(rds.get("{t}:count") or 0) == 0  # nothing of the batch was written
+
+
+def test_priorities_scrapy_accepts_outside_the_range_are_refused_when_scheduled(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 3,000,000, 2,000,000 and 1,500,000 were clamped to 1,000,000 and served
+    # first in, first out: each is now refused loudly, as Scrapy's scheduler
+    # refuses what it cannot queue, and the rest keeps its order.
+    scheduler, crawler = harness.open_scheduler(redis_url, _Spider)
+    caplog.set_level(logging.INFO)
+    for priority in (1_500_000, 2_000_000, 3_000_000, -(10**20)):
+        request = Request(f"https://a.example/{priority}", priority=priority)
+        assert scheduler.enqueue_request(request) is False
+    for priority in (999_999, 1_000_000, -1_000_000):
+        assert scheduler.enqueue_request(Request(f"https://a.example/{priority}",
+                                                 priority=priority))
+    assert scheduler.flush_outbox()
+
+    served = [r.priority for r in harness.lease_all(scheduler)]
+    assert served == [1_000_000, 999_999, -1_000_000]
+    assert crawler.stats.get_value("scheduler/priority_out_of_range") == 4
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors[0] == (
+        "cannot queue request https://a.example/1500000: its priority 1500000 is outside "
+        "the frontier's range, -1000000 to 1000000 (see docs/requests.md)"
+    )
+    assert len(errors) == 4
+
+
+def test_the_scripts_and_python_agree_on_the_priority_range() -> None:
+    lib = (Path(store.__file__).parent / "lua" / "lib.lua").read_text()
+    match = re.search(r"^local PRIO_MAX = (\d+)$", lib, re.MULTILINE)
+    assert match is not None
+    assert int(match.group(1)) == store.PRIORITY_LIMIT
+    # The ready score, -priority * 2^32 + turn, is exact in a double.
+    assert (store.PRIORITY_LIMIT + 1) * 2**32 < 2**53
+
+
+def test_a_queued_priority_past_the_range_is_not_taken_by_the_scripts(
+    rds: redis.Redis,
+) -> None:
+    # A lease's data edited by hand to a priority no worker writes: given
+    # back, it is buried as a dead letter rather than ranked wrongly.
+    frontier = _frontier(rds)
+    frontier.push_many([_p("https://a.example/x", 1_000_000)])
+    [lease] = _leased(frontier.lease_many(["w#1:0"]))
+    data = rds.hget("{t}:ldata", lease.lease_id)
+    assert data is not None and data.startswith(b"1000000\t")
+    rds.hset("{t}:ldata", lease.lease_id, b"1000001" + data[len(b"1000000"):])
+    frontier.commit(Commit(givebacks=[lease.lease_id]))
+    assert rds.llen("{t}:dead") == 1
+    assert _one_by_one(frontier) == []
 
 
 def test_a_site_with_several_requests_takes_turns_with_the_others(rds: redis.Redis) -> None:

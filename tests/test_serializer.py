@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
+import io
+import json
 import pickle
+import zoneinfo
+from typing import Any
 
+import attrs
 import pytest
-from scrapy import Request, Spider
+from scrapy import Field, Item, Request, Spider
 from scrapy.utils.request import request_from_dict
 
 from crawler.frontier import serializer
@@ -144,8 +152,10 @@ def test_unencodable_meta_names_the_url_and_key() -> None:
     request = Request("https://a.example/x", meta={"ok": 1, "item": object()})
     with pytest.raises(EncodeError, match=r"https://a.example/x.*meta\['item'\] is a object"):
         serializer.dumps(request.to_dict())
-    request = Request("https://a.example/y", cb_kwargs={"b": b"bytes"})
-    with pytest.raises(EncodeError, match=r"https://a.example/y.*cb_kwargs\['b'\] is a bytes"):
+    request = Request("https://a.example/y", cb_kwargs={"b": [1, (2, len)]})
+    with pytest.raises(
+        EncodeError, match=r"https://a.example/y.*cb_kwargs\['b'\]\[1\]\[1\] is a builtin_"
+    ):
         serializer.dumps(request.to_dict())
 
 
@@ -293,3 +303,271 @@ def test_rebuild_keeps_a_verbatim_url_and_subclasses() -> None:
     back = serializer.rebuild(serializer.loads(data))
     assert type(back) is JsonRequest
     assert back.meta == {}
+
+
+# -- values of meta and cb_kwargs keep their types (a tagged encoding, version 1) ------
+
+
+class BookItem(Item):
+    title = Field()
+    price = Field()
+
+
+@dataclasses.dataclass
+class PageItem:
+    url: str
+    seen: datetime.date
+    links: tuple[str, ...] = ()
+    count: int = dataclasses.field(init=False, default=0)
+
+
+@attrs.define
+class AttrsItem:
+    name: str
+    _secret: bytes = b""
+    tags: frozenset[str] = frozenset()
+
+
+PARIS = zoneinfo.ZoneInfo("Europe/Paris")
+
+#: Values a Scrapy queue (pickle) keeps, JSON does not.
+TYPED_VALUES: dict[str, Any] = {
+    "datetime": datetime.datetime(2024, 5, 1, 12, 30, 1, 123456),
+    "datetime_utc": datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.UTC),
+    "datetime_offset": datetime.datetime(
+        2024, 5, 1, 12, 30, tzinfo=datetime.timezone(datetime.timedelta(hours=-3, minutes=-30))
+    ),
+    "datetime_zone": datetime.datetime(2024, 10, 27, 2, 30, tzinfo=PARIS, fold=1),
+    "date": datetime.date(2024, 2, 29),
+    "time": datetime.time(23, 59, 59, 999999),
+    "time_offset": datetime.time(8, 0, tzinfo=datetime.timezone(datetime.timedelta(hours=5))),
+    "timedelta": datetime.timedelta(days=-2, seconds=5, microseconds=7),
+    "decimal": decimal.Decimal("1.10"),
+    "decimal_inf": decimal.Decimal("-Infinity"),
+    "bytes": b"\x00\xffraw",
+    "bytearray": bytearray(b"ab"),
+    "set": {1, "a", (2, 3)},
+    "frozenset": frozenset({b"x", None}),
+    "empty_set": set(),
+    "tuple": (1, [2, (3,)], {"k": (4,)}),
+    "empty_tuple": (),
+    "int_keys": {1: "a", 2: {3: "b"}},
+    "mixed_keys": {None: 1, True: 2, 1.5: 3, (1, "a"): 4, frozenset({1}): 5, "s": 6},
+    "date_keys": {datetime.date(2024, 1, 1): "new year"},
+    "looks_like_a_tag": {"!t": [1, 2]},
+    "looks_like_a_tag_nested": [{"!dt": "2024-01-01"}, {"!x": 1, "other": 2}],
+    "scrapy_item": BookItem(title="T", price=decimal.Decimal("9.99")),
+    "empty_item": BookItem(),
+    "dataclass_item": PageItem("https://a.example/", datetime.date(2024, 1, 2), ("x",)),
+    "attrs_item": AttrsItem("n", b"s", frozenset({"t"})),
+    "items_in_items": [BookItem(title=PageItem("u", datetime.date(2000, 1, 1)))],
+}
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with the type of every part beside it, for comparisons that
+    ``==`` would pass (``1 == 1.0 == True``, ``(1,) != [1]`` only by type)."""
+    if isinstance(value, dict):
+        return ("dict", sorted((repr(_typed(k)), _typed(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_typed(v) for v in value])
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, sorted(repr(_typed(v)) for v in value))
+    if isinstance(value, Item) or dataclasses.is_dataclass(value) or attrs.has(type(value)):
+        names = (list(value) if isinstance(value, Item)
+                 else [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value)
+                 else [a.name for a in attrs.fields(type(value))])
+        fields = {k: value[k] if isinstance(value, Item) else getattr(value, k) for k in names}
+        return (type(value).__qualname__, _typed(fields))
+    if isinstance(value, datetime.datetime):
+        return ("datetime", value.isoformat(), value.tzinfo, value.fold)
+    return (type(value).__name__, repr(value))
+
+
+@pytest.mark.parametrize("name", list(TYPED_VALUES))
+def test_meta_and_cb_kwargs_values_keep_their_types_through_the_encoding(name: str) -> None:
+    spider = _Spider()
+    value = TYPED_VALUES[name]
+    request = Request(
+        "https://a.example/x", callback=spider.parse_item,
+        meta={name: value, "depth": 1}, cb_kwargs={"arg": value},
+    )
+    data = serializer.dumps(request.to_dict(spider=spider), "a.example")
+    assert b"\n" not in data and b"\r" not in data
+    fields = serializer.loads(data, "a.example")
+    back = serializer.rebuild(fields, spider)
+    assert _typed(back.meta) == _typed(request.meta)
+    assert _typed(back.cb_kwargs) == _typed(request.cb_kwargs)
+    assert list(back.meta) == [name, "depth"]
+    assert data.startswith(b"/x\tparse_item\t1\t")  # depth still has its own field
+
+
+def test_a_dict_with_int_keys_and_a_tuple_come_back_as_themselves() -> None:
+    request = Request("https://a.example/x", meta={"pages": {1: "a", 2: "b"}, "at": (3, 4)})
+    back = request_from_dict(serializer.loads(serializer.dumps(request.to_dict())))
+    assert back.meta == {"pages": {1: "a", 2: "b"}, "at": (3, 4)}
+    assert type(back.meta["at"]) is tuple
+
+
+def test_tagged_values_are_written_with_the_version_of_the_encoding() -> None:
+    request = Request(
+        "https://a.example/x", meta={"when": datetime.date(2024, 1, 2), "depth": 3},
+    )
+    data = serializer.dumps(request.to_dict(), "a.example")
+    assert data == b'/x\t\t3\t{"m":{"when":{"!d":"2024-01-02"}},"v":1}'
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"depth": 2},
+        {"seed_hosts": ["a.example"], "nested": {"x": [1, None, 2.5, True]}, "depth": 1},
+        {"s": "é\u2028", "n": -(10**30), "f": float("inf"), "l": []},
+        {"dont_cache": True, "download_slot": "a.example", "!bang": 1, "ok": 2},
+    ],
+)
+def test_plain_json_values_cost_no_more_bytes_than_plain_json(meta: dict[str, Any]) -> None:
+    # What earlier versions wrote: the compact JSON of meta (depth in its field).
+    request = Request("https://a.example/x", meta=meta, cb_kwargs={"page": [1, {"a": None}]})
+    data = serializer.dumps(request.to_dict(), "a.example")
+    rest = {k: v for k, v in meta.items() if k != "depth"}
+    before = {"m": rest} if rest else {}
+    before["a"] = {"page": [1, {"a": None}]}
+    depth = str(meta["depth"]) if "depth" in meta else ""
+    assert data == (f"/x\t\t{depth}\t".encode()
+                    + json.dumps(before, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def test_entries_without_a_version_hold_plain_json_even_where_it_looks_like_a_tag() -> None:
+    data = b'/x\t\t2\t{"m":{"!t":[1]},"a":{"k":{"!b":"AA=="}}}'
+    back = request_from_dict(serializer.loads(data, "a.example"))
+    assert back.meta == {"!t": [1], "depth": 2}
+    assert back.cb_kwargs == {"k": {"!b": "AA=="}}
+
+
+def test_an_entry_of_an_unknown_version_is_refused() -> None:
+    with pytest.raises(DecodeError, match="version 2 of the encoding"):
+        serializer.loads(b'/x\t\t\t{"m":{"a":1},"v":2}', "a.example")
+
+
+def _local_item() -> Any:
+    @dataclasses.dataclass
+    class Local:
+        x: int = 1
+
+    return Local()
+
+
+def _closure() -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("meta", "where", "what"),
+    [
+        ({"callback": _closure}, "meta['callback']", "a function"),
+        ({"f": io.BytesIO(b"x")}, "meta['f']", "a BytesIO"),
+        ({"x": object()}, "meta['x']", "a object"),
+        ({"x": (1, [2, {"k": _closure}])}, "meta['x'][1][1]['k']", "a function"),
+        ({"x": {1: _closure}}, "meta['x'][1]", "a function"),
+        ({"x": {frozenset({1, complex(1, 2)})}}, "meta['x'] element element", "a complex"),
+        ({"x": BookItem(title=iter([]))}, "meta['x']['title']", "a list_iterator"),
+        ({"x": _local_item()}, "meta['x']", "a Local item, whose class cannot be found"),
+        ({"x": datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone(
+            datetime.timedelta(0), "Z0"))}, "meta['x']", "a datetime in the zone"),
+        ({"x": datetime.time(1, tzinfo=PARIS)}, "meta['x']", "a time in the zone"),
+        ({"x": range(3)}, "meta['x']", "a range"),
+    ],
+)
+def test_a_value_with_no_faithful_encoding_is_refused_naming_its_key(
+    meta: dict[str, Any], where: str, what: str
+) -> None:
+    request = Request("https://a.example/x", meta=meta)
+    with pytest.raises(EncodeError) as info:
+        serializer.dumps(request.to_dict())
+    assert str(info.value).startswith(
+        f"cannot store request https://a.example/x in Redis: {where} is {what}"
+    )
+
+
+def test_a_value_that_holds_itself_is_refused() -> None:
+    loop: list[Any] = [1]
+    loop.append({"again": loop})
+    with pytest.raises(EncodeError, match=r"meta\['loop'\]\[1\]\['again'\] is a list that "
+                                          r"holds itself"):
+        serializer.dumps(Request("https://a.example/x", meta={"loop": loop}).to_dict())
+    shared = [1]
+    data = serializer.dumps(Request("https://a.example/x", meta={"a": shared, "b": shared})
+                            .to_dict())
+    assert serializer.loads(data)["meta"] == {"a": [1], "b": [1]}  # (shared, not a cycle)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ('{"!nosuch":1}', "unknown tag"),
+        ('{"!b":"not base64!"}', "bad '!b' value"),
+        ('{"!b":5}', "bad '!b' value"),
+        ('{"!dt":"yesterday"}', "bad '!dt' value"),
+        ('{"!dt":["2024-01-01T00:00:00","../../etc/passwd"]}', "bad '!dt' value"),
+        ('{"!dt":["2024-01-01T00:00:00","Europe/Paris",2]}', "bad '!dt' value"),
+        ('{"!td":[1,2]}', "unknown tag or a malformed value"),
+        ('{"!D":"1,5"}', "bad '!D' value"),
+        ('{"!s":[[1]]}', "bad '!s' value"),
+        ('{"!m":[[1]]}', "malformed"),
+        ('{"!m":[[[1],2]]}', "bad '!m' value"),
+        ('{"!i":["nosuchmodule:X",{}]}', "not a loaded item class"),
+        ('{"!i":["os:system",{}]}', "not a loaded item class"),
+        ('{"!i":["tests.test_serializer:BookItem",{"nosuch":1}]}', "cannot build from its"),
+        ('{"!i":["tests.test_serializer:PageItem",{"url":"u"}]}', "cannot build from its"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON|nested too deeply"),
+    ],
+)
+def test_malformed_tags_read_from_redis_are_refused_without_importing_anything(
+    value: str, reason: str
+) -> None:
+    import sys
+
+    data = ('/x\t\t\t{"m":{"k":' + value + '},"v":1}').encode()
+    with pytest.raises(DecodeError, match=reason):
+        serializer.loads(data, "a.example")
+    assert "nosuchmodule" not in sys.modules
+
+
+def test_meta_that_is_not_a_dict_once_decoded_is_refused() -> None:
+    with pytest.raises(DecodeError, match="bad field 'm'"):
+        serializer.loads(b'/x\t\t\t{"m":{"!t":[1]},"v":1}', "a.example")
+
+
+def test_tagged_entries_keep_their_values_through_entry_fields_and_pack_fields() -> None:
+    meta = {"when": datetime.date(2024, 1, 2), "k": {1: (2,)}, "retry_times": 2}
+    request = Request("https://a.example/x", meta=meta, cb_kwargs={"b": b"\x00"})
+    data = serializer.dumps(request.to_dict(), "a.example")
+    fields = serializer.entry_fields(data)
+    assert serializer.loads(serializer.pack_fields(fields), "a.example") == serializer.loads(
+        data, "a.example"
+    )
+    assert serializer.entry_meta(fields) == meta
+    serializer.set_entry_meta(fields, {"when": meta["when"]})
+    back = serializer.loads(serializer.pack_fields(fields), "a.example")
+    assert (back["meta"], back["cb_kwargs"]) == ({"when": meta["when"]}, {"b": b"\x00"})
+
+
+def test_an_old_entry_given_tagged_meta_keeps_its_other_values_literal() -> None:
+    fields = serializer.entry_fields(b'/x\t\t\t{"a":{"k":{"!t":[1]}}}')
+    serializer.set_entry_meta(fields, {"when": datetime.date(2024, 1, 2)})
+    back = serializer.loads(serializer.pack_fields(fields), "a.example")
+    assert back["cb_kwargs"] == {"k": {"!t": [1]}}
+    assert back["meta"] == {"when": datetime.date(2024, 1, 2)}
+
+
+def test_a_requeued_dead_letter_keeps_the_types_of_its_meta() -> None:
+    from crawler.commands.deadletters import requeue_push
+
+    meta = {"when": datetime.date(2024, 1, 2), "pages": {1: 2}, "retry_times": 2}
+    request = Request("https://a.example/x", meta=meta, priority=3)
+    push = requeue_push({"request": serializer.dumps(request.to_dict()).decode()})
+    assert push is not None
+    back = serializer.loads(push.data, "a.example")
+    assert back["meta"] == {"when": datetime.date(2024, 1, 2), "pages": {1: 2}}
+    assert (push.priority, back["priority"]) == (5, 5)

@@ -30,7 +30,7 @@ from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, whole_number
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
-from crawler.frontier.store import Commit, Frontier, Push
+from crawler.frontier.store import PRIORITY_LIMIT, Commit, Frontier, Push
 from crawler.keys import recorded_shards, shard_count
 
 if TYPE_CHECKING:
@@ -119,7 +119,8 @@ def requeue_push(
     as it was first scheduled: its retry count reset, its priority the one
     it had before Scrapy's retries lowered it (:func:`first_priority`), and
     bypassing the dupefilter; None when the dead letter carries no request
-    that can be decoded.
+    that can be decoded, or that priority is outside the frontier's range
+    (``PRIORITY_LIMIT``).
 
     Two forms carry one: ``request`` (the full encoded request, written by
     the scheduler) and ``entry`` with ``site`` (the queued entry, written by
@@ -141,21 +142,18 @@ def requeue_push(
         else:
             return None
         json_serializer.loads(json_serializer.pack_fields(entry), site)  # raises if not a request
+        meta = json_serializer.entry_meta(entry)
     except (ValueError, KeyError, TypeError):
-        return None
-    meta = entry.get("m", {})
-    if not isinstance(meta, dict):
         return None
     priority = whole_number(entry.get("p"))
     if priority is None:
         priority = whole_number(record.get("priority")) or 0
     first = whole_number(record.get("first_priority"))  # recorded by the crawl itself
     priority = first if first is not None else first_priority(priority, meta, priority_adjust)
+    if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+        return None
     meta.pop("retry_times", None)
-    if meta:
-        entry["m"] = meta
-    else:
-        entry.pop("m", None)
+    json_serializer.set_entry_meta(entry, meta)
     if priority:
         entry["p"] = priority
     else:

@@ -36,6 +36,7 @@ from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import (
+    PRIORITY_LIMIT,
     Commit,
     Committed,
     Frontier,
@@ -243,7 +244,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     Stats: ``scheduler/enqueued/redis``, ``scheduler/dequeued/redis``,
     ``dupefilter/filtered`` (counted by the dupefilter's ``log``),
-    ``scheduler/unencodable``,
+    ``scheduler/unencodable``, ``scheduler/priority_out_of_range``,
     ``frontier/leases/acked``, ``frontier/leases/returned`` (expired leases
     this worker put back), ``frontier/leases/released``,
     ``frontier/retries/scheduled``, ``frontier/dead``,
@@ -542,9 +543,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Queue ``request`` (through the outbox) unless it was seen.
 
         A request with ``frontier_retry_delay`` in its meta goes to the retry
-        set instead. A request that cannot be encoded is logged as an error
-        naming the URL and the key that JSON cannot carry, counted in
-        ``scheduler/unencodable`` and dropped, without being marked as seen.
+        set instead. A request that cannot be encoded (a value in meta,
+        cb_kwargs or a subclass's attribute with no faithful encoding, see
+        :mod:`crawler.frontier.serializer`) is logged as one error naming the
+        URL and the key, counted in ``scheduler/unencodable`` and refused
+        (False), without being marked as seen; one whose priority is outside
+        +-``PRIORITY_LIMIT`` (1,000,000) likewise, counted in
+        ``scheduler/priority_out_of_range``. The engine then sends
+        ``request_dropped`` for it, as for any request a scheduler refuses.
 
         Every duplicate is handed to the dupefilter's ``log(request,
         spider)``, which logs it as Scrapy does (the first one, or all of
@@ -554,9 +560,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         dupefilter in Redis holds (then the signal ``request_dropped`` is
         sent too, as the engine sends it when this method returns False).
 
-        :returns: False for a request that could not be encoded, or a
-            duplicate of one this worker recorded (``FRONTIER_LOCAL_SEEN``);
-            other duplicates are filtered when the outbox is sent.
+        :returns: False for a request that could not be encoded or whose
+            priority is out of range, or a duplicate of one this worker
+            recorded (``FRONTIER_LOCAL_SEEN``); other duplicates are
+            filtered when the outbox is sent.
         """
         delay = request.meta.pop(RETRY_DELAY_META, None)
         fingerprint = None
@@ -565,9 +572,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if fingerprint in self._seen:
                 self.df.log(request, self.spider)
                 return False
+        if not -PRIORITY_LIMIT <= request.priority <= PRIORITY_LIMIT:
+            logger.error(
+                "cannot queue request %s: its priority %d is outside the frontier's "
+                "range, -%d to %d (see docs/requests.md)",
+                request.url, request.priority, PRIORITY_LIMIT, PRIORITY_LIMIT,
+                extra={"spider": self.spider},
+            )
+            self.stats.inc_value("scheduler/priority_out_of_range")
+            return False
         try:
             data = self.queue.encode(request)
-            if type(request) is not Request:
+            if type(request) is not Request or b'{"!i":' in data:
                 self._check_rebuilds(request, data)
         except ValueError as exc:  # EncodeError, or a callback not on the spider
             logger.error("%s", exc, extra={"spider": self.spider})
@@ -591,8 +607,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Decode ``data`` as a worker will: a Request subclass whose
         ``__init__`` does not take back what ``to_dict`` gave (Scrapy's
         :func:`~scrapy.utils.request.request_from_dict` passes every
-        attribute as a keyword) is refused now, not lost when leased.
-        Only subclasses pay for it.
+        attribute as a keyword), or an item in meta or cb_kwargs whose class
+        cannot be built from its fields, is refused now, not lost when
+        leased. Only subclasses and requests holding items pay for it.
 
         :raises ValueError: naming the URL, the class and the cause.
         """

@@ -1,4 +1,4 @@
-"""Compact, pickle-free encoding of requests for the Redis frontier.
+"""Compact, pickle-free, versioned encoding of requests for the Redis frontier.
 
 This module is a scrapy-redis *serializer* (it has ``dumps`` and ``loads``):
 scrapy-redis's queues pass it the dict of
@@ -54,18 +54,68 @@ key    Request attribute      encoding
 ``b``  ``body``               UTF-8 string; ``B``: base64 when not UTF-8
 ``k``  ``cookies``            JSON as given
 ``m``  ``meta``               JSON object (without the ``depth`` the
-                              DEPTH field holds)
-``a``  ``cb_kwargs``          JSON object
+                              DEPTH field holds), tagged values
+``a``  ``cb_kwargs``          JSON object, tagged values
 ``x``  ``encoding``           left out when ``utf-8``
 ``p``  ``priority``           integer, left out when 0
 ``f``  ``dont_filter``        ``1`` when true
 ``g``  ``flags``              list of strings
 ``t``  ``_class``             import path of a Request subclass
-``X``  the other names in     ``{name: value}``, JSON values, only
+``X``  the other names in     ``{name: value}``, tagged values, only
        the subclass's         with ``t``: what a subclass adds to
        ``attributes``         ``Request.attributes`` (e.g.
                               ``JsonRequest.dumps_kwargs``)
+``v``  (encoding version)     ``1`` when a value in ``m``, ``a`` or
+                              ``X`` is tagged; left out otherwise
 =====  =====================  =====================================
+
+Tagged values (version 1)
+-------------------------
+
+The values of ``meta``, ``cb_kwargs`` and a subclass's attributes keep
+their types, as in Scrapy's own (pickled) queues, without pickle: a value
+JSON carries faithfully (``str``, ``int``, ``float``, ``bool``, ``None``, a
+list, a dict with string keys) is stored as plain JSON, byte for byte as an
+entry without tags; any other is a JSON object of one key, its tag, and the
+entry gets ``"v":1``:
+
+==========  ==============================  ===============================
+tag         Python value                    JSON value
+==========  ==============================  ===============================
+``!t``      ``tuple``                       list of tagged values
+``!s``      ``set``                         list of tagged values
+``!fs``     ``frozenset``                   list of tagged values
+``!b``      ``bytes``                       base64 text
+``!ba``     ``bytearray``                   base64 text
+``!dt``     ``datetime.datetime``           ISO 8601 text (naive, or a fixed
+                                            offset); ``[wall time, zone
+                                            key]`` (``, 1`` when ``fold``)
+                                            in a ``zoneinfo.ZoneInfo`` zone
+``!d``      ``datetime.date``               ISO 8601 text
+``!tm``     ``datetime.time``               ISO 8601 text (naive, or a
+                                            fixed offset)
+``!td``     ``datetime.timedelta``          ``[days, seconds, microseconds]``
+``!D``      ``decimal.Decimal``             its ``str`` (``"1.10"``,
+                                            ``"NaN"``)
+``!m``      a dict with a key that is not   ``[[key, value], ...]``, both
+            a string, or that could be      tagged
+            read as a tag (one key,
+            starting with ``!``)
+``!i``      an item of a kind itemadapter   ``["module:QualName", {field:
+            supports (``scrapy.Item``,      tagged value}]``; its class is
+            dataclass, attrs, ...): not a   looked up in modules already
+            dict                            imported, never imported
+==========  ==============================  ===============================
+
+Subclasses of ``dict``, ``list``, ``tuple``, ``str``, ``int`` and ``float``
+come back as their base type (a named tuple as a tuple). Anything else (a
+function, an open file, a Response, an arbitrary object, a ``datetime`` in a
+pytz or dateutil zone, an item whose class is defined in a function, a
+container that holds itself) has no faithful encoding: :func:`dumps` raises
+:class:`EncodeError` naming the key (``meta['x'][1]``). An entry without
+``v`` (every entry of earlier versions) holds plain JSON values only; an
+entry whose ``v`` is not :data:`VALUES_VERSION` is refused (a newer worker
+wrote it).
 
 :func:`entry_fields` gives any entry as that JSON object (``u``, ``w``,
 ``c`` and the whole ``meta`` in it) and :func:`pack_fields` frames such an
@@ -76,9 +126,8 @@ So a :class:`scrapy.Request` subclass comes back as itself with every
 attribute it declares in ``attributes`` (as Scrapy documents for
 subclasses), as with Scrapy's own :meth:`~scrapy.Request.to_dict` and
 :func:`~scrapy.utils.request.request_from_dict`; a subclass whose attribute
-holds a value JSON cannot carry (a set, bytes, an object) is refused when it
-is encoded, naming the class and the attribute. As in ``meta``, a tuple
-comes back as a list.
+holds a value with no faithful encoding is refused when it is encoded,
+naming the class and the attribute.
 
 :func:`loads` gives every attribute of ``Request`` (defaults filled in),
 as ``Request.to_dict`` does, so a subclass whose ``__init__`` fills in
@@ -89,16 +138,30 @@ values stored.
 from __future__ import annotations
 
 import base64
+import dataclasses
+import datetime
+import decimal
 import json
 import re
 import sys
-from typing import Any
+import zoneinfo
+from typing import TYPE_CHECKING, Any
 
+from itemadapter import ItemAdapter
 from scrapy import Request
 from scrapy.utils.request import request_from_dict
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+try:
+    import attrs as _attrs
+except ImportError:  # attrs items are then simply not met
+    _attrs = None  # type: ignore[assignment]
+
 __all__ = [
-    "DecodeError", "EncodeError", "dumps", "entry_fields", "loads", "pack_fields", "rebuild",
+    "VALUES_VERSION", "DecodeError", "EncodeError", "dumps", "entry_fields", "entry_meta",
+    "loads", "pack_fields", "rebuild", "set_entry_meta",
 ]
 
 
@@ -168,12 +231,12 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
     :returns: the entry, UTF-8 bytes: ``URL<TAB>CALLBACK<TAB>DEPTH<TAB>JSON``
         with trailing empty fields left out, or the JSON object alone (see
         the module), defaults left out.
-    :raises EncodeError: when meta, cb_kwargs, cookies or an attribute a
-        Request subclass adds hold a value JSON cannot carry; the message
-        names the URL and the key (``cannot store request https://a/ in
-        Redis: TaggedRequest attribute 'tag' is a set, which JSON cannot
-        carry``); or when ``obj`` has keys of no Request attribute without
-        a ``_class``.
+    :raises EncodeError: when meta, cb_kwargs or an attribute a Request
+        subclass adds hold a value with no faithful encoding (see the
+        module), or cookies one JSON cannot carry; the message names the URL
+        and the key (``cannot store request https://a/ in Redis:
+        meta['x'][1] is a function, which has no faithful encoding``); or
+        when ``obj`` has keys of no Request attribute without a ``_class``.
     """
     url = obj["url"]
     head, http = url, False
@@ -185,17 +248,7 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
                 head = rest if rest[0] == "/" else "/" + rest
                 http = scheme == "http"
                 break
-    out: dict[str, Any] = {}
-    for name, (short, default) in _PLAIN.items():
-        value = obj.get(name, default)
-        if value is None or value == default:
-            continue
-        _check_json(value, name, url)
-        out[short] = value
-    if obj.get("dont_filter"):
-        out["f"] = 1
-    if extra := _extra_attributes(obj, url):
-        out["X"] = extra
+    out = _encode_fields(obj, url)
     headers = obj.get("headers") or {}
     if headers:
         out["h"] = {
@@ -211,6 +264,39 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
         return _frame(head, http, out)
     except (TypeError, ValueError) as exc:  # e.g. NaN is fine, circular is not
         raise EncodeError(f"cannot store request {url} in Redis: {exc}") from exc
+
+
+def _encode_fields(obj: dict[str, Any], url: str) -> dict[str, Any]:
+    """The JSON keys of the module table for the attributes of ``obj`` that
+    differ from their defaults (not ``u``, ``w``, ``h``, ``b``, ``B``), with
+    ``v`` when a value is tagged.
+
+    :raises EncodeError: see :func:`dumps`.
+    """
+    out: dict[str, Any] = {}
+    tagged = False
+    for name, (short, default) in _PLAIN.items():
+        value = obj.get(name, default)
+        if value is None or value == default:
+            continue
+        if name in _VALUES:
+            encoded = _encode_field(value, name, url)
+            tagged = tagged or encoded is not value
+            value = encoded
+        else:
+            _check_json(value, name, url)
+        out[short] = value
+    if obj.get("dont_filter"):
+        out["f"] = 1
+    if extra := _extra_attributes(obj, url):
+        cls_name = str(obj["_class"]).rpartition(".")[2]
+        for name, value in extra.items():
+            extra[name] = _encode_field(value, f"{cls_name} attribute {name!r}", url)
+            tagged = tagged or extra[name] is not value
+        out["X"] = extra
+    if tagged:
+        out["v"] = VALUES_VERSION
+    return out
 
 
 #: An absolute URL's scheme and colon: what the URL field holds when it
@@ -253,10 +339,9 @@ def _frame(url: str, http: bool, rest: dict[str, Any]) -> bytes:
 
 def _extra_attributes(obj: dict[str, Any], url: str) -> dict[str, Any]:
     """The attributes a Request subclass adds (the keys of ``obj`` without a
-    field of their own), checked.
+    field of their own; a new dict), not yet encoded.
 
-    :raises EncodeError: a value JSON cannot carry (naming the class and
-        the attribute), or such keys without a ``_class``.
+    :raises EncodeError: such keys without a ``_class``.
     """
     extra = {name: value for name, value in obj.items() if name not in _OWN}
     if not extra:
@@ -267,9 +352,6 @@ def _extra_attributes(obj: dict[str, Any], url: str) -> dict[str, Any]:
             f"cannot store request {url} in Redis: Request has no attribute "
             f"{next(iter(extra))!r} (a subclass's dict needs its '_class')"
         )
-    cls_name = str(cls).rpartition(".")[2]
-    for name, value in extra.items():
-        _check_json(value, f"{cls_name} attribute {name!r}", url)
     return extra
 
 
@@ -284,11 +366,15 @@ def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
         ``_class`` of a subclass and the attributes it adds.
     :raises DecodeError: the entry is not one of ours (a pickled payload is
         named as such and never unpickled), or a field is malformed: of the
-        wrong type, unknown, or (``X``) naming no attribute the entry's
-        class adds to ``Request.attributes``.
+        wrong type, unknown, (``X``) naming no attribute the entry's class
+        adds to ``Request.attributes``, (``v``) a version of the value tags
+        other than :data:`VALUES_VERSION`, or a tagged value malformed (an
+        unknown tag, an item class not loaded).
     """
     enc = entry_fields(data)
     _check_fields(enc)
+    if "v" in enc:
+        _decode_values(enc)
     url = enc["u"]
     if url.startswith("/"):
         if site is None:
@@ -457,6 +543,48 @@ def pack_fields(fields: dict[str, Any]) -> bytes:
         raise EncodeError(f"cannot store request {url} in Redis: {exc}") from exc
 
 
+def entry_meta(fields: dict[str, Any]) -> dict[str, Any]:
+    """The ``meta`` of an entry's fields (as :func:`entry_fields` gives
+    them), its tagged values decoded: a new dict.
+
+    :raises DecodeError: ``m`` is malformed, or of an unknown version.
+    """
+    meta = fields.get("m", {})
+    if type(meta) is not dict:
+        raise DecodeError(f"entry has a bad field 'm': {str(meta)[:80]!r}")
+    if "v" not in fields:
+        return dict(meta)
+    _check_fields({"v": fields["v"]})
+    decoded = _decode_value(meta)
+    if type(decoded) is not dict:
+        raise DecodeError("entry has a bad field 'm': not a dict")
+    return decoded
+
+
+def set_entry_meta(fields: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Store ``meta`` in an entry's fields (as :func:`entry_fields` gives
+    them), encoded as :func:`dumps` encodes it; ``m`` is left out when
+    ``meta`` is empty. An entry without ``v`` whose new meta needs tags
+    gets ``v``, and its other values (``a``, ``X``) are encoded anew.
+
+    :raises EncodeError: a value in ``meta`` has no faithful encoding.
+    """
+    url = str(fields.get("u"))
+    encoded = _encode_field(meta, "meta", url)
+    if encoded is not meta and "v" not in fields:
+        if "a" in fields:
+            fields["a"] = _encode_field(fields["a"], "cb_kwargs", url)
+        if isinstance(fields.get("X"), dict):
+            fields["X"] = {
+                k: _encode_field(v, f"attribute {k!r}", url) for k, v in fields["X"].items()
+            }
+        fields["v"] = VALUES_VERSION
+    if meta:
+        fields["m"] = encoded
+    else:
+        fields.pop("m", None)
+
+
 def _json_form(fields: dict[str, Any]) -> bytes:
     """The JSON form of an entry (``u`` and all in one object)."""
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
@@ -467,7 +595,11 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "u": (str,), "w": (int,), "c": (str,), "e": (str,), "M": (str,), "h": (dict,),
     "b": (str,), "B": (str,), "k": (dict, list), "m": (dict,), "a": (dict,),
     "x": (str,), "p": (int,), "f": (int,), "g": (list,), "t": (str,), "X": (dict,),
+    "v": (int,),
 }
+
+#: Request attributes whose values are encoded with tags (field ``v``).
+_VALUES = frozenset({"meta", "cb_kwargs"})
 
 
 def _check_fields(enc: dict[str, Any]) -> None:
@@ -486,6 +618,12 @@ def _check_fields(enc: dict[str, Any]) -> None:
         for k, vs in enc["h"].items()
     ):
         raise DecodeError("entry has bad headers")
+    version = enc.get("v", VALUES_VERSION)
+    if version != VALUES_VERSION:
+        raise DecodeError(
+            f"entry's values are in version {version} of the encoding; this "
+            f"worker reads version {VALUES_VERSION} (was it written by a newer one?)"
+        )
     path = enc.get("t")
     cls = None if path is None else _request_class(path)
     if path is not None and cls is None:
@@ -502,6 +640,25 @@ def _check_fields(enc: dict[str, Any]) -> None:
                 )
 
 
+def _decode_values(enc: dict[str, Any]) -> None:
+    """Decode the tagged values of ``meta``, ``cb_kwargs`` and ``X`` of a
+    checked entry of version :data:`VALUES_VERSION`, in place.
+
+    :raises DecodeError: a tag or its value is malformed, or meta or
+        cb_kwargs is not a dict once decoded.
+    """
+    try:
+        for short in ("m", "a"):
+            if short in enc:
+                enc[short] = value = _decode_value(enc[short])
+                if type(value) is not dict:
+                    raise DecodeError(f"entry has a bad field {short!r}: not a dict")
+        if "X" in enc:
+            enc["X"] = {k: _decode_value(v) for k, v in enc["X"].items()}
+    except RecursionError:
+        raise DecodeError("entry's values are nested too deeply") from None
+
+
 def _request_class(path: str) -> type[Request] | None:
     """The Request subclass ``path`` names in an already imported module, or None.
 
@@ -514,3 +671,353 @@ def _request_class(path: str) -> type[Request] | None:
 
 def _latin1(value: bytes | str) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+# -- values of meta, cb_kwargs and a subclass's attributes ---------------------------
+
+#: The version of the value tags (the ``v`` field) this module writes and reads.
+VALUES_VERSION = 1
+
+
+class _Unencodable(Exception):
+    """A value with no faithful encoding: ``what`` it is, and ``path``, the
+    keys that lead to it (innermost first), collected as the error unwinds."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+        self.path: list[str] = []
+
+
+def _encode_field(value: Any, where: str, url: str) -> Any:
+    """``value`` (meta, cb_kwargs or a subclass's attribute) as a JSON value:
+    ``value`` itself when it is plain JSON, else a copy with tags.
+
+    :raises EncodeError: naming ``where`` and the key of the value that has
+        no faithful encoding, e.g. ``meta['x'][0]``.
+    """
+    try:
+        return _encode_value(value, set())
+    except _Unencodable as exc:
+        raise EncodeError(
+            f"cannot store request {url} in Redis: {where}{''.join(reversed(exc.path))} "
+            f"is {exc.what}, which has no faithful encoding"
+        ) from None
+    except RecursionError:
+        raise EncodeError(
+            f"cannot store request {url} in Redis: {where} is nested too deeply"
+        ) from None
+
+
+def _encode_value(value: Any, seen: set[int]) -> Any:
+    """``value`` as a JSON value: the object itself when it is plain JSON (no
+    copy is made), else a copy with tags (see the module's table).
+
+    :param seen: ids of the containers being encoded, to refuse a cycle.
+    :raises _Unencodable: a value with no faithful encoding.
+    """
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    encode = _ENCODERS.get(type(value)) or _encoder_of(value)
+    return encode(value, seen)
+
+
+def _encoder_of(value: Any) -> Callable[[Any, set[int]], Any]:
+    """The encoder of a value of no type of ``_ENCODERS``: that of its base
+    for a subclass of dict, list or tuple (it comes back as its base type),
+    of items for an item.
+
+    :raises _Unencodable: a value with no faithful encoding.
+    """
+    for base in (dict, list, tuple):
+        if isinstance(value, base):
+            return _ENCODERS[base]
+    if ItemAdapter.is_item(value):
+        return _encode_item
+    raise _Unencodable(f"a {type(value).__name__}")
+
+
+def _encode_time(value: datetime.time, seen: set[int]) -> Any:
+    if value.tzinfo is not None and not _fixed_zone(value.tzinfo):
+        raise _Unencodable(f"a time in the zone {value.tzinfo!r} (only fixed offsets)")
+    return {"!tm": value.isoformat()}
+
+
+def _b64encode(value: bytes | bytearray) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _enter(container: Any, seen: set[int]) -> int:
+    key = id(container)
+    if key in seen:
+        raise _Unencodable(f"a {type(container).__name__} that holds itself")
+    seen.add(key)
+    return key
+
+
+def _encode_list(values: list[Any], seen: set[int]) -> list[Any]:
+    """``values`` itself when no item changes, else a list of the encodings."""
+    key = _enter(values, seen)
+    out: list[Any] | None = None
+    for i, v in enumerate(values):
+        try:
+            e = _encode_value(v, seen)
+        except _Unencodable as exc:
+            exc.path.append(f"[{i}]")
+            raise
+        if out is None:
+            if e is v:
+                continue
+            out = values[:i]
+        out.append(e)
+    seen.discard(key)
+    return values if out is None else out
+
+
+def _encode_all(values: Any, seen: set[int], step: str) -> list[Any]:
+    """The encodings of ``values`` (a tuple, set or frozenset) as a list;
+    ``step`` names an item in an error (``[{}]``: its index)."""
+    key = _enter(values, seen)
+    out = []
+    for i, v in enumerate(values):
+        try:
+            out.append(_encode_value(v, seen))
+        except _Unencodable as exc:
+            exc.path.append(step.format(i))
+            raise
+    seen.discard(key)
+    return out
+
+
+def _encode_dict(d: dict[Any, Any], seen: set[int]) -> Any:
+    """``d`` itself when plain JSON; a copy when a value changes; ``{"!m":
+    [[key, value], ...]}`` when a key is not a string or ``d`` could be
+    read as a tag (one key, starting with ``!``)."""
+    key = _enter(d, seen)
+    out: dict[str, Any] | None = None
+    for k, v in d.items():
+        if not isinstance(k, str) or (k[:1] == "!" and len(d) == 1):
+            seen.discard(key)
+            return _encode_pairs(d, seen)
+        try:
+            e = _encode_value(v, seen)
+        except _Unencodable as exc:
+            exc.path.append(f"[{k!r}]")
+            raise
+        if out is None:
+            if e is v:
+                continue
+            out = {}
+            for k2, v2 in d.items():
+                if k2 is k:
+                    break
+                out[k2] = v2
+        out[k] = e
+    seen.discard(key)
+    return d if out is None else out
+
+
+def _encode_pairs(d: dict[Any, Any], seen: set[int]) -> dict[str, Any]:
+    """``{"!m": [[key, value], ...]}``, keys and values encoded."""
+    key = _enter(d, seen)
+    pairs = []
+    for k, v in d.items():
+        try:
+            pairs.append([_encode_value(k, seen), _encode_value(v, seen)])
+        except _Unencodable as exc:
+            exc.path.append(f"[{k!r}]")
+            raise
+    seen.discard(key)
+    return {"!m": pairs}
+
+
+def _fixed_zone(tz: datetime.tzinfo) -> bool:
+    """``tz`` is a fixed offset that ISO 8601 text gives back whole."""
+    return type(tz) is datetime.timezone and str(tz) == str(
+        datetime.timezone(tz.utcoffset(None))
+    )
+
+
+def _encode_datetime(value: datetime.datetime) -> str | list[Any]:
+    """ISO 8601 text (naive, or a fixed offset); ``[wall time, zone key]``
+    (and ``1`` for ``fold``) in a :class:`zoneinfo.ZoneInfo` zone."""
+    tz = value.tzinfo
+    if tz is None or _fixed_zone(tz):
+        return value.isoformat()
+    if type(tz) is zoneinfo.ZoneInfo and tz.key is not None:
+        out: list[Any] = [value.replace(tzinfo=None, fold=0).isoformat(), tz.key]
+        return [*out, 1] if value.fold else out
+    raise _Unencodable(
+        f"a datetime in the zone {tz!r} (only fixed offsets and zoneinfo zones)"
+    )
+
+
+def _encode_item(item: Any, seen: set[int]) -> dict[str, Any]:
+    """``{"!i": [class path, {field: encoded value}]}`` of an item of a
+    class that :func:`_item_class` finds by that path."""
+    cls = type(item)
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    if _item_class(path) is not cls:
+        raise _Unencodable(
+            f"a {cls.__name__} item, whose class cannot be found by its name {path!r}"
+        )
+    key = _enter(item, seen)
+    out = {}
+    for name, v in _item_fields(item).items():
+        try:
+            out[name] = _encode_value(v, seen)
+        except _Unencodable as exc:
+            exc.path.append(f"[{name!r}]")
+            raise
+    seen.discard(key)
+    return {"!i": [path, out]}
+
+
+def _item_fields(item: Any) -> dict[str, Any]:
+    """Every field an item has a value for (a dataclass's or attrs class's
+    fields also when ``init=False``), not converted."""
+    if dataclasses.is_dataclass(item):
+        return {
+            f.name: getattr(item, f.name)
+            for f in dataclasses.fields(item) if hasattr(item, f.name)
+        }
+    if _attrs is not None and _attrs.has(type(item)):
+        return {
+            a.name: getattr(item, a.name)
+            for a in _attrs.fields(type(item)) if hasattr(item, a.name)
+        }
+    return dict(ItemAdapter(item).items())
+
+
+def _item_class(path: str) -> type | None:
+    """The item class ``module:qualname`` names in an already imported
+    module (nothing is imported on the word of Redis), or None."""
+    module, _, qualname = path.partition(":")
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and not issubclass(obj, dict) and ItemAdapter.is_item_class(obj):
+        return obj
+    return None
+
+
+def _build_item(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of item class ``cls`` with ``fields``: a dataclass or
+    attrs class built with its ``__init__`` arguments, its other fields set
+    after; other items built empty and filled through their adapter.
+
+    :raises Exception: what the class raises for these fields.
+    """
+    item: Any
+    if dataclasses.is_dataclass(cls):
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        item = cls(**{k: v for k, v in fields.items() if k in init})
+        late = {k: v for k, v in fields.items() if k not in init}
+    elif _attrs is not None and _attrs.has(cls):
+        attributes = {a.name: a for a in _attrs.fields(cls)}
+        item = cls(**{attributes[k].alias: v for k, v in fields.items() if attributes[k].init})
+        late = {k: v for k, v in fields.items() if not attributes[k].init}
+    else:
+        item = cls()
+        adapter = ItemAdapter(item)
+        for k, v in fields.items():
+            adapter[k] = v
+        return item
+    for k, v in late.items():
+        object.__setattr__(item, k, v)  # (also on a frozen class)
+    return item
+
+
+#: Encoders of values by their exact type (see :func:`_encoder_of` for the others).
+_ENCODERS: dict[type, Callable[[Any, set[int]], Any]] = {
+    dict: _encode_dict,
+    list: _encode_list,
+    tuple: lambda v, seen: {"!t": _encode_all(v, seen, "[{}]")},
+    set: lambda v, seen: {"!s": _encode_all(v, seen, " element")},
+    frozenset: lambda v, seen: {"!fs": _encode_all(v, seen, " element")},
+    bytes: lambda v, seen: {"!b": _b64encode(v)},
+    bytearray: lambda v, seen: {"!ba": _b64encode(v)},
+    datetime.datetime: lambda v, seen: {"!dt": _encode_datetime(v)},
+    datetime.date: lambda v, seen: {"!d": v.isoformat()},
+    datetime.time: _encode_time,
+    datetime.timedelta: lambda v, seen: {"!td": [v.days, v.seconds, v.microseconds]},
+    decimal.Decimal: lambda v, seen: {"!D": str(v)},
+}
+
+
+def _decode_value(value: Any) -> Any:
+    """A JSON value of an entry of version 1 with its tags decoded.
+
+    :raises DecodeError: an unknown tag, or a tag's value malformed.
+    """
+    kind = type(value)
+    if kind is list:
+        return [_decode_value(v) for v in value]
+    if kind is not dict:
+        return value
+    if len(value) == 1:
+        tag = next(iter(value))
+        if tag[:1] == "!":
+            try:
+                return _from_tag(tag, value[tag])
+            except DecodeError:
+                raise
+            except Exception as exc:  # what a constructor raises for malformed text
+                raise DecodeError(
+                    f"entry has a bad {tag!r} value: {str(value[tag])[:80]!r} "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
+    return {k: _decode_value(v) for k, v in value.items()}
+
+
+def _from_tag(tag: str, v: Any) -> Any:
+    """The value of tag ``tag`` with the JSON value ``v``."""
+    if tag == "!dt" and type(v) is list and len(v) in (2, 3) and type(v[1]) is str:
+        fold = v[2] if len(v) == 3 else 0
+        if fold not in (0, 1) or type(fold) is not int:
+            raise ValueError("bad fold")
+        zone = zoneinfo.ZoneInfo(v[1])
+        return datetime.datetime.fromisoformat(v[0]).replace(tzinfo=zone, fold=fold)
+    if tag in _SEQUENCES:
+        if type(v) is not list:
+            raise TypeError("not a list")
+        return _SEQUENCES[tag](_decode_value(x) for x in v)
+    if tag in _TEXTS:
+        if type(v) is not str:
+            raise TypeError("not a string")
+        return _TEXTS[tag](v)
+    if tag == "!td" and type(v) is list and len(v) == 3 and all(type(x) is int for x in v):
+        return datetime.timedelta(days=v[0], seconds=v[1], microseconds=v[2])
+    if tag == "!m" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+        return {_decode_value(k): _decode_value(x) for k, x in v}
+    if (tag == "!i" and type(v) is list and len(v) == 2 and type(v[0]) is str
+            and type(v[1]) is dict):
+        cls = _item_class(v[0])
+        if cls is None:
+            raise DecodeError(f"entry holds an item of {v[0]!r}, which is not a loaded item class")
+        fields = {k: _decode_value(x) for k, x in v[1].items()}
+        try:
+            return _build_item(cls, fields)
+        except Exception as exc:  # whatever the item's own code raises
+            raise DecodeError(
+                f"entry holds a {cls.__name__} item that its class cannot build from its "
+                f"fields {sorted(fields)} ({type(exc).__name__}: {exc})"
+            ) from None
+    raise DecodeError(f"entry has an unknown tag or a malformed value: {tag!r}")
+
+
+def _b64(text: str) -> bytes:
+    return base64.b64decode(text, validate=True)
+
+
+#: Tags whose value is a list of the items.
+_SEQUENCES: dict[str, Callable[[Any], Any]] = {"!t": tuple, "!s": set, "!fs": frozenset}
+#: Tags whose value is text.
+_TEXTS: dict[str, Callable[[str], Any]] = {
+    "!b": _b64,
+    "!ba": lambda text: bytearray(_b64(text)),
+    "!dt": datetime.datetime.fromisoformat,
+    "!d": datetime.date.fromisoformat,
+    "!tm": datetime.time.fromisoformat,
+    "!D": decimal.Decimal,
+}

@@ -121,7 +121,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Highest and lowest priorities kept apart; larger ones are clamped.
+#: Priorities from -PRIORITY_LIMIT to PRIORITY_LIMIT keep their order; the
+#: scripts (``PRIO_MAX`` in ``lua/lib.lua``) take no other. A site's place
+#: in the ready index is scored ``-priority * 2^32 + turn``, exact in a
+#: double only below 2^21 (see ``lua/lib.lua``).
 PRIORITY_LIMIT = 1_000_000
 
 
@@ -168,7 +171,8 @@ class Push(NamedTuple):
 
     :ivar data: the encoded request.
     :ivar site: its site (``host`` or ``host:port``).
-    :ivar priority: higher is served first; clamped to +-1,000,000.
+    :ivar priority: higher is served first; from -1,000,000 to 1,000,000
+        (``PRIORITY_LIMIT``; :meth:`Frontier.push_many` refuses others).
     :ivar fingerprint: recorded in the dupefilter; None skips it.
     :ivar dont_filter: queue even when the fingerprint was seen.
     """
@@ -450,6 +454,8 @@ class Frontier:
             it wrote anything (a key of the wrong type, a counter that is
             not a number, a Bloom bitmap of another size); the message names
             the key and the value.
+        :raises ValueError: a priority outside +-``PRIORITY_LIMIT``
+            (nothing is sent).
         """
         k = self.key
         bloom = self.bloom
@@ -486,16 +492,16 @@ class Frontier:
                 spec = str(index).encode() + b" " + offsets
             args += (
                 p.fingerprint or b"", b"1" if p.dont_filter else b"0", p.site,
-                _clamp(p.priority), p.data, spec,
+                _in_range(p.priority), p.data, spec,
             )
         for r in batch.retries:
-            args += (_clamp(r.priority), r.site, r.data, max(0, int(r.delay * 1000)))
+            args += (_in_range(r.priority), r.site, r.data, max(0, int(r.delay * 1000)))
         args += batch.dead
         args += batch.slots
         args += batch.acks
         args += batch.givebacks
         for v in batch.revisits:
-            args += (v.fingerprint, v.site, _clamp(v.priority), v.data)
+            args += (v.fingerprint, v.site, _in_range(v.priority), v.data)
         reply = self._commit(keys=keys, args=args, client=client)
         return None if client is not None else Committed.of(reply)
 
@@ -556,6 +562,8 @@ class Frontier:
         :returns: per request, True when queued, False when filtered.
         :raises redis.exceptions.ResponseError: a Bloom bitmap exists with
             another size than this worker's settings give.
+        :raises ValueError: a priority outside +-``PRIORITY_LIMIT``
+            (nothing is sent).
         """
         if not pushes:
             return []
@@ -952,5 +960,15 @@ def _lease_entry(entry: bytes) -> tuple[str, int, bytes] | None:
     return parts[1].decode("utf-8", "replace"), deliveries, rest
 
 
-def _clamp(priority: int) -> int:
-    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, int(priority)))
+def _in_range(priority: int) -> int:
+    """``priority``, checked.
+
+    :raises ValueError: outside +-``PRIORITY_LIMIT`` (the scheduler refuses
+        such requests before they reach a write).
+    """
+    if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+        raise ValueError(
+            f"priority {priority} is outside the frontier's range, "
+            f"-{PRIORITY_LIMIT} to {PRIORITY_LIMIT}"
+        )
+    return int(priority)

@@ -503,7 +503,7 @@ save_turns()
 
 -- The best priority due now and when the site on top joined K.ready (µs),
 -- appended to the reply ("", "" when no site is due). A site on top of
--- K.ready with a score no frontier writes (a priority past +-1,000,000,
+-- K.ready with a score no frontier writes (a priority past +-PRIO_MAX,
 -- an infinite one: a key edited by hand) is reported and ranked again by
 -- its queued work (or leaves K.ready without any), up to ARGV[6] of them.
 local function best_due()
@@ -511,7 +511,7 @@ local function best_due()
     local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
     if #top == 0 then return '', '' end
     local p = prio_of(tonumber(top[2]))
-    if p >= -1000000 and p <= 1000000 then
+    if p >= -PRIO_MAX and p <= PRIO_MAX then
       return tostring(p), string.format('%d', joined_of(top[1]))
     end
     problem(K.ready .. ' ' .. top[1] .. ' has the score ' .. top[2] ..

@@ -94,9 +94,14 @@ local function hnum(key, site, pattern, default, rule)
 end
 
 local INT = '^%-?%d+$'
--- A queued priority as the workers write it (clamped to +-1,000,000).
+-- The priorities the frontier takes: -PRIO_MAX to PRIO_MAX (the workers
+-- refuse others; store.py's PRIORITY_LIMIT is the same number). A ready
+-- score, -priority * TURN + turn, is then below 2^52: an exact double.
+local PRIO_MAX = 1000000
+-- A queued priority as the workers write it (an integer within +-PRIO_MAX).
 local function prio_ok(prio)
   return prio ~= nil and #prio <= 8 and string.match(prio, INT) ~= nil
+    and math.abs(tonumber(prio)) <= PRIO_MAX
 end
 local NAT = '^%d+$'
 local POS = '^[1-9]%d*$'
@@ -521,8 +526,8 @@ end
 -- The ready index (K.ready) scores a site by its best queued priority and
 -- its turn: -priority * TURN + turn, where turn is K.seq (one more each
 -- time a site joins the index, is raised or is served; re-based before it
--- reaches TURN, see save_turns). Priorities are clamped to
--- +-1,000,000 (< 2^20), so a score stays below 2^52: an exact double.
+-- reaches TURN, see save_turns). Priorities are within +-PRIO_MAX
+-- (< 2^20), so a score stays below 2^52: an exact double.
 local TURN = 4294967296 -- 2^32
 
 -- The priority part of a ready score.
@@ -614,7 +619,7 @@ local function rebase_turns()
   local n, args = 0, {}
   for j = 1, #all, 2 do
     local p = prio_of(tonumber(all[j + 1]))
-    if p >= -1000000 and p <= 1000000 then
+    if p >= -PRIO_MAX and p <= PRIO_MAX then
       n = n + 1
       args[#args + 1] = -p * TURN + n
       args[#args + 1] = all[j]
