@@ -41,10 +41,11 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     * one FIFO list per site and priority, so a higher ``Request.priority``
       pops first and equal priorities pop in the order they were pushed
       (scrapy-redis pops equal scores in the byte order of the encoding);
-    * sites served in order of when they are due, each at most
-      ``FRONTIER_CONCURRENCY`` at once and ``FRONTIER_DELAY`` seconds apart
-      across all workers (defaults: ``CONCURRENT_REQUESTS_PER_DOMAIN`` and
-      ``DOWNLOAD_DELAY``);
+    * sites (a request's download slot: :attr:`policy`) served in order of
+      when they are due, each at most ``FRONTIER_CONCURRENCY`` at once and
+      ``FRONTIER_DELAY`` seconds apart across all workers (defaults:
+      ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY``; per slot,
+      ``DOWNLOAD_SLOTS``);
     * leases: :meth:`lease` hands out a request with a deadline
       (``FRONTIER_LEASE_TIMEOUT`` seconds) that the worker extends while it
       works and ends with :meth:`ack`; expired leases go back to the queue.
