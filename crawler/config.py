@@ -449,6 +449,15 @@ def _site_check(kind: str) -> Callable[[dict[Any, Any]], object]:
     return check
 
 
+def _check_download_slots(value: dict[Any, Any]) -> None:
+    from crawler.frontier.slots import parse_download_slots  # noqa: PLC0415 (a cycle)
+
+    try:
+        parse_download_slots(value)
+    except ValueError as exc:
+        raise _Invalid(f"{exc}") from None
+
+
 def _check_redis_url(value: str) -> None:
     try:
         parse_url(value)  # type: ignore[no-untyped-call]
@@ -619,6 +628,13 @@ SETTINGS: dict[str, Setting] = {
     "CONCURRENT_REQUESTS": _s(_COUNT_POS, "downloads at once in one worker"),
     "CONCURRENT_REQUESTS_PER_DOMAIN": _s(_COUNT_POS, "downloads at once per site (the whole "
                                          "cluster)"),
+    "DOWNLOAD_SLOTS": _s(dictionary(_check_download_slots, "a dict of slot -> {'delay': "
+                                    "seconds >= 0, 'concurrency': whole number >= 1}"),
+                         "per download slot delay and concurrency (the whole cluster)"),
+    "DOWNLOADER_MIDDLEWARES": _s(dictionary(), "downloader middlewares, by class path "
+                                 "(which robots.txt middleware is enabled)"),
+    "DOWNLOADER": _s(Kind("an importable class path", _check_object_path),
+                     "each worker's downloader (the add-on sets the frontier's)"),
     "ROBOTSTXT_OBEY": _s(FLAG, "obey robots.txt"),
     "RETRY_ENABLED": _s(FLAG, "retry failed downloads"),
     "RETRY_TIMES": _s(_COUNT, "retries of a failed download"),

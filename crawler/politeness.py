@@ -41,7 +41,8 @@ from scrapy.utils.response import response_status_message
 from crawler.config import stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
-from crawler.frontier.sites import site_of
+from crawler.frontier.sites import SLOT_META, site_of, slot_of
+from crawler.frontier.slots import SitePolicy
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -310,12 +311,11 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
         self.margin = settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
         #: The sites' delay without an override, whole ms (FRONTIER_DELAY,
-        #: which the add-on sets from DOWNLOAD_DELAY), as lease.lua gets it.
-        delay_setting = settings.get("FRONTIER_DELAY")
-        self.default_delay_ms = round(
-            max(0.0, settings.getfloat("FRONTIER_DELAY") if delay_setting is not None else 0.0)
-            * 1000
-        )
+        #: else DOWNLOAD_DELAY: SitePolicy), as lease.lua gets it.
+        self.default_delay_ms = round(SitePolicy.from_settings(settings).delay * 1000)
+        #: Slots (not hosts) whose robots.txt gate this worker opened, with
+        #: time.monotonic() until which it trusts that it is open.
+        self._gates: dict[str, float] = {}
         self.retry_base = settings.getfloat("FRONTIER_ROBOTS_RETRY_BASE", 2.0)
         self.retry_max = settings.getfloat("FRONTIER_ROBOTS_RETRY_MAX", 300.0)
         self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
@@ -382,8 +382,49 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             await asyncio.sleep(rules.seconds)
             rules = await self._rules_for(request)
         request.meta.pop(RETRY_DELAY_META, None)
+        slot = request.meta.get(SLOT_META)
+        if slot is not None and slot != site_of(request):
+            self._open_gate(str(slot), rules, request)
         self.process_request_2(rules, request)
         return None
+
+    def _open_gate(self, slot: str, rules: RobotParser, request: Request) -> None:
+        """The robots.txt of ``request``'s host is known: let the frontier
+        serve its download slot ``slot`` (a ``meta["download_slot"]``, or a
+        ``DOWNLOAD_SLOTS`` key, other than the host) at its full concurrency.
+
+        The frontier serves a site one request at a time until
+        ``{s}:robots`` has a field for it; a slot that is not a host gets
+        the field ``"\t<slot>"`` (no host has a tab), value ``"1"``, and
+        its Crawl-delay in ``{s}:rdelay`` when the host asks for a larger
+        one than the slot has. Once per slot per worker within
+        :attr:`local_max` seconds; best effort (Redis out of reach: the slot
+        stays served one at a time until the next request tries again).
+        """
+        now = time.monotonic()
+        if self._gates.get(slot, 0.0) > now:
+            return
+        agent = to_unicode(
+            self._robotstxt_useragent
+            or request.headers.get(b"User-Agent", self._default_useragent)
+            or ""
+        )
+        delay = rules.crawl_delay(agent)
+        prefix = self._prefix(slot)
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(prefix + "robots", "\t" + slot, "1")
+                pipe.hget(prefix + "rdelay", slot)
+                _, known = pipe.execute()
+            if delay and round(delay * 1000) > (_whole_ms(known) or 0):
+                self.redis.hset(prefix + "rdelay", slot, round(delay * 1000))
+        except UNREACHABLE as exc:
+            if not self._config_error(exc):
+                logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
+            return
+        if len(self._gates) >= self._sweep_at:
+            self._gates = {s: until for s, until in self._gates.items() if until > now}
+        self._gates[slot] = now + self.local_max
 
     async def _rules_for(self, request: Request) -> RobotParser | _Wait:
         """The rules of ``request``'s site: this worker's copy while fresh,
@@ -783,8 +824,9 @@ class AdaptiveSlowdownMiddleware:
         return cls(crawler)
 
     def process_response(self, request: Request, response: Response) -> Any:
-        """Adjust the site's extra delay from this response."""
-        site = site_of(request)
+        """Adjust the extra delay of the request's site (its download slot)
+        from this response."""
+        site = slot_of(request)
         assert self.crawler.spider is not None
         key = site_prefix(
             self.crawler.spider.name, site, shard_count(self.crawler.settings)

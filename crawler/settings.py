@@ -29,8 +29,9 @@ SPIDER_MODULES = ["crawler.spiders"]
 NEWSPIDER_MODULE = "crawler.spiders"
 
 ADDONS = {
-    # FRONTIER_DELAY / FRONTIER_CONCURRENCY default to DOWNLOAD_DELAY /
-    # CONCURRENT_REQUESTS_PER_DOMAIN, held across all workers.
+    # Scrapy's politeness settings (DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN,
+    # DOWNLOAD_SLOTS, meta["download_slot"]) held across all workers; each
+    # worker's downloader waits no delay of its own (docs/politeness.md).
     "crawler.addon.FrontierAddon": 0,
 }
 

@@ -53,6 +53,7 @@ from crawler.config import (
 from crawler.extensions import ClusterStats
 from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redis
 from crawler.frontier.housekeeping import FrontierHousekeeping
+from crawler.frontier.slots import SitePolicy
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import QuoteItem
 from crawler.keys import CLUSTER_SHARDS, shard_count
@@ -313,8 +314,8 @@ def test_none_given_as_text_asks_for_the_default_of_a_setting_whose_default_is_n
     settings.set("FRONTIER_REDIS_CLUSTER", True, priority="cmdline")
     assert shard_count(settings) == CLUSTER_SHARDS
     FrontierAddon().update_settings(settings)
-    assert settings.getfloat("FRONTIER_DELAY") == 1.5
-    assert settings.getint("FRONTIER_CONCURRENCY") == 3
+    policy = SitePolicy.from_settings(settings)
+    assert (policy.delay, policy.concurrency) == (1.5, 3)
 
 
 def test_none_as_text_is_still_refused_where_the_default_is_not_none() -> None:

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 from crawler.frontier.connection import get_redis
 from crawler.frontier.dupefilter import FrontierDupeFilter
 from crawler.frontier.shards import shard_bloom
-from crawler.frontier.sites import site_of
+from crawler.frontier.sites import slot_of
 from crawler.frontier.store import frontier_prefix
 from crawler.keys import shard_count, shard_of
 
@@ -193,7 +193,7 @@ class BloomDupeFilter(FrontierDupeFilter):
     With ``shards`` > 1 the filter is split as the frontier splits it (see
     the module): :attr:`blooms` holds each shard's filter, and the methods
     that take fingerprints need their sites (``sites=``, one per
-    fingerprint, e.g. :func:`crawler.frontier.sites.site_of` of the request).
+    fingerprint, e.g. :func:`crawler.frontier.sites.slot_of` of the request).
 
     :param server: a redis-py client (standalone or cluster).
     :param bloom: the filter's shape and key, for all shards together
@@ -276,7 +276,7 @@ class BloomDupeFilter(FrontierDupeFilter):
         fingerprint = self.request_fingerprint(request)
         if self.shards == 1:
             return self.add([fingerprint])[0]
-        return self.add([fingerprint], sites=[site_of(request)])[0]
+        return self.add([fingerprint], sites=[slot_of(request)])[0]
 
     def add(
         self, fingerprints: Sequence[bytes], sites: Sequence[str] | None = None

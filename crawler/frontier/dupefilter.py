@@ -9,7 +9,7 @@ from scrapy.utils.request import referer_str
 from scrapy_redis.dupefilter import RFPDupeFilter
 
 from crawler.frontier.connection import get_redis
-from crawler.frontier.sites import site_of
+from crawler.frontier.sites import slot_of
 from crawler.keys import shard_count, shard_of, shard_prefix
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
         One ``SADD`` round trip, to the set of the request's site's shard
         (:meth:`key_for`).
         """
-        key = self.key_for(site_of(request)) if self.shards > 1 else self.key
+        key = self.key_for(slot_of(request)) if self.shards > 1 else self.key
         return int(self.server.sadd(key, self.request_fingerprint(request))) == 0
 
     def clear(self) -> None:

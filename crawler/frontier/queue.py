@@ -12,7 +12,8 @@ from scrapy_redis.queue import Base
 
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.sites import site_of
+from crawler.frontier.sites import SLOT_META
+from crawler.frontier.slots import SitePolicy
 from crawler.frontier.store import Frontier, Lease, NotDue
 from crawler.keys import shard_count
 
@@ -40,10 +41,11 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     * one FIFO list per site and priority, so a higher ``Request.priority``
       pops first and equal priorities pop in the order they were pushed
       (scrapy-redis pops equal scores in the byte order of the encoding);
-    * sites served in order of when they are due, each at most
-      ``FRONTIER_CONCURRENCY`` at once and ``FRONTIER_DELAY`` seconds apart
-      across all workers (defaults: ``CONCURRENT_REQUESTS_PER_DOMAIN`` and
-      ``DOWNLOAD_DELAY``);
+    * sites (a request's download slot: :attr:`policy`) served in order of
+      when they are due, each at most ``FRONTIER_CONCURRENCY`` at once and
+      ``FRONTIER_DELAY`` seconds apart across all workers (defaults:
+      ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY``; per slot,
+      ``DOWNLOAD_SLOTS``);
     * leases: :meth:`lease` hands out a request with a deadline
       (``FRONTIER_LEASE_TIMEOUT`` seconds) that the worker extends while it
       works and ends with :meth:`ack`; expired leases go back to the queue.
@@ -71,17 +73,19 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         settings = spider.crawler.settings
+        #: Each site's delay and concurrency, from Scrapy's settings.
+        self.policy = SitePolicy.from_settings(settings)
         #: The frontier's shards (``FRONTIER_SHARDS``, default 1).
         self.shards = FrontierShards.build(
             server,
             spider.name,
             shard_count(settings),
-            default_delay=settings.getfloat("FRONTIER_DELAY"),
-            default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
+            default_delay=self.policy.delay,
+            default_concurrency=self.policy.concurrency,
             lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
             max_deliveries=settings.getint("FRONTIER_MAX_DELIVERIES", 5),
             delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
-            robots_gate=settings.getbool("ROBOTSTXT_OBEY"),
+            robots_gate=self.policy.robots_gate,
             bloom=bloom,
             revisit_after=max(0.0, settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0)),
         )
@@ -101,18 +105,30 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     def encode(self, request: Request, *, compact: bool = True) -> bytes:
         """Encode ``request`` for the queue.
 
-        :param compact: store the URL relative to its site (the entry lives
-            under the site's key); False for a self-contained entry (dead
+        :param compact: store the URL relative to its site, its download
+            slot (:meth:`SitePolicy.slot_of`; the entry lives under the
+            site's key, so ``meta["download_slot"]`` is left out when it
+            names that site); False for a self-contained entry (dead
             letters). Only the JSON serializer compacts.
         :raises crawler.frontier.serializer.EncodeError: a value in meta,
             cb_kwargs, cookies or an attribute a Request subclass declares
             cannot be stored (the message says which).
-        :raises ValueError: the callback is not a method of the spider.
+        :raises ValueError: the callback is not a method of the spider, or
+            ``meta["download_slot"]`` is not a slot name the frontier can
+            keep (:func:`~crawler.frontier.sites.check_slot`).
         """
         if self.serializer is not json_serializer:
             data: bytes = self._encode_request(request)
             return data
-        return json_serializer.dumps(self._to_dict(request), site_of(request) if compact else None)
+        d = self._to_dict(request)
+        if not compact:
+            return json_serializer.dumps(d, None)
+        site = self.policy.slot_of(request)
+        meta = d.get("meta")
+        if isinstance(meta, dict) and meta.get(SLOT_META) == site:
+            # The entry lives under its slot: decode() puts it back.
+            d["meta"] = {k: v for k, v in meta.items() if k != SLOT_META}
+        return json_serializer.dumps(d, site)
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
         """:meth:`scrapy.Request.to_dict` with ``spider=self.spider``, built
@@ -158,21 +174,25 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         raise ValueError(f"Function {func} is not an instance method in: {self.spider}")
 
     def decode(self, data: bytes, site: str | None = None) -> Request:
-        """Decode an entry stored under ``site``.
+        """Decode an entry stored under ``site``; its
+        ``meta["download_slot"]`` is ``site`` unless it names another.
 
         :raises ValueError: (or a subclass) the entry is not a request.
         """
         if self.serializer is not json_serializer:
             request: Request = self._decode_request(data)
             return request
-        return json_serializer.rebuild(json_serializer.loads(data, site), self.spider)
+        request = json_serializer.rebuild(json_serializer.loads(data, site), self.spider)
+        if site is not None:
+            request.meta.setdefault(SLOT_META, site)
+        return request
 
     def push(self, request: Request, fingerprint: bytes | None = None) -> bool:
         """Queue ``request``; with a fingerprint, only if it was not seen.
 
         :returns: False when filtered as a duplicate.
         """
-        site = site_of(request)
+        site = self.policy.slot_of(request)
         return self.shards.for_site(site).push(
             self.encode(request),
             site=site,

@@ -34,7 +34,7 @@ from crawler.frontier.connection import (
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
-from crawler.frontier.sites import site_of
+from crawler.frontier.sites import SLOT_META, slot_of
 from crawler.frontier.store import (
     PRIORITY_LIMIT,
     Commit,
@@ -394,6 +394,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             dupefilter_key=self.df.key,
             bloom=getattr(self.df, "bloom", None),
         )
+        if self.crawler.settings.getbool("ROBOTSTXT_OBEY") and not self.queue.policy.robots_gate:
+            logger.info(
+                "ROBOTSTXT_OBEY without crawler.politeness.SharedRobotsTxtMiddleware: each "
+                "worker fetches robots.txt itself and sites get their full concurrency at "
+                "once (that middleware fetches it once for the cluster and keeps its "
+                "Crawl-delay)", extra={"spider": spider},
+            )
         if hasattr(spider, "server"):
             # scrapy-redis's setup_redis gave the spider a client of its own
             # (unused yet, no I/O), with scrapy-redis's options only: it reads
@@ -460,8 +467,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return f"{exc} (FRONTIER_SHARDS is not set: {count} is its default {where})"
 
     def _site_settings(self) -> dict[str, dict[str, int]]:
-        """``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` /
-        ``FRONTIER_SITE_REVISITS`` as the overrides ``scrapy frontier
+        """``DOWNLOAD_SLOTS``' delays and concurrency, then
+        ``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` (which win
+        for a site both name) and ``FRONTIER_SITE_REVISITS``, as the overrides ``scrapy frontier
         delay|concurrency|revisit`` would store, by key (``delay``: ms,
         ``conc``, ``revisit``: ms).
 
@@ -469,13 +477,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             which setting, site and value).
         """
         settings = self.crawler.settings
+        policy = self.queue.policy
         out = {
-            "delay": parse_site_settings(
+            "delay": {**policy.slot_delays, **parse_site_settings(
                 "delay", settings.getdict("FRONTIER_SITE_DELAYS"), "FRONTIER_SITE_DELAYS"
-            ),
-            "conc": parse_site_settings(
+            )},
+            "conc": {**policy.slot_concurrency, **parse_site_settings(
                 "conc", settings.getdict("FRONTIER_SITE_CONCURRENCY"), "FRONTIER_SITE_CONCURRENCY"
-            ),
+            )},
             "revisit": parse_site_settings(
                 "revisit", settings.getdict("FRONTIER_SITE_REVISITS"), "FRONTIER_SITE_REVISITS"
             ),
@@ -566,6 +575,14 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             filtered when the outbox is sent.
         """
         delay = request.meta.pop(RETRY_DELAY_META, None)
+        try:
+            # Its site in the frontier, and its slot in Scrapy's downloader.
+            request.meta[SLOT_META] = self.queue.policy.slot_of(request)
+        except ValueError as exc:
+            logger.error("Request %s not scheduled: %s", request.url, exc,
+                         extra={"spider": self.spider})
+            self.stats.inc_value("scheduler/unencodable")
+            return False
         fingerprint = None
         if delay is None and not request.dont_filter and self._seen:
             fingerprint = self.df.request_fingerprint(request)
@@ -589,7 +606,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             logger.error("%s", exc, extra={"spider": self.spider})
             self.stats.inc_value("scheduler/unencodable")
             return False
-        site, priority = site_of(request), request.priority
+        site, priority = request.meta[SLOT_META], request.priority
         shard = self.queue.shards.index_of(site)
         if delay is not None:
             self._write("retries", item=Retry(data, site, priority, float(delay)), shard=shard)
@@ -614,7 +631,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         :raises ValueError: naming the URL, the class and the cause.
         """
         try:
-            self.queue.decode(data, site_of(request))
+            self.queue.decode(data, slot_of(request))
         except Exception as exc:
             raise ValueError(
                 f"cannot store request {request.url} in Redis: {type(request).__name__} "
@@ -1121,7 +1138,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             logger.error("Revisit not scheduled: %s", exc, extra={"spider": self.spider})
             return
         fingerprint = self.df.request_fingerprint(request)
-        site = site_of(request)
+        site = slot_of(request)
         self._write(
             "revisits", item=Revisit(data, site, request.priority, fingerprint),
             shard=self.queue.shards.index_of(site),
@@ -1182,7 +1199,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.crawler.settings.getint("RETRY_PRIORITY_ADJUST", -1),
             ),
         }
-        self._dead(record, site_of(request))
+        self._dead(record, slot_of(request))
         logger.warning("Dead letter for %s: %s", request.url, reason)
 
     def _dead_entry(

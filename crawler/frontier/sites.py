@@ -1,4 +1,10 @@
-"""Sites: the unit of politeness and of seed scoping."""
+"""Sites: the unit of politeness and of seed scoping.
+
+A request's site in the frontier is its download slot, as Scrapy's
+downloader would give it (:func:`slot_of`): ``meta["download_slot"]`` when
+set, else its host. The frontier keeps each site's delay and concurrency
+for all workers together.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,19 @@ from typing import TYPE_CHECKING
 from scrapy.utils.httpobj import urlparse_cached
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from urllib.parse import ParseResult
 
     from scrapy import Request
     from scrapy.http import Response
 
-__all__ = ["on_sites", "site_of"]
+__all__ = ["SLOT_META", "check_slot", "on_sites", "site_of", "slot_of"]
+
+#: The meta key Scrapy's downloader reads a request's download slot from
+#: (``scrapy.core.downloader.Downloader.DOWNLOAD_SLOT``).
+SLOT_META = "download_slot"
+#: Longest slot name :func:`check_slot` accepts, characters.
+SLOT_MAX_CHARS = 1000
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: Network locations whose site is remembered; the memo is emptied when full.
@@ -56,3 +69,45 @@ def on_sites(target: Request | Response, sites: list[str]) -> bool:
     """Whether ``target`` is on one of ``sites`` or a subdomain of one."""
     site = site_of(target)
     return bool(site) and any(site == s or site.endswith(f".{s}") for s in sites)
+
+
+def slot_of(request: Request, named: Collection[str] = ()) -> str:
+    """The download slot of ``request``: its site in the frontier.
+
+    As Scrapy's downloader chooses it (``Downloader.get_slot_key``):
+    ``meta["download_slot"]`` when set; else the host, which is
+    :func:`site_of` (with the port when it is not the scheme's default:
+    two servers of one host are two sites) unless the bare host name is
+    one of ``named`` (the keys of ``DOWNLOAD_SLOTS``), which Scrapy's
+    downloader would then use.
+
+    :param named: slot names given settings of their own (``DOWNLOAD_SLOTS``).
+    :returns: the slot; never raises (:func:`check_slot` checks a meta one).
+    """
+    slot = request.meta.get(SLOT_META)
+    if slot is not None:
+        return str(slot)
+    if named:
+        host = urlparse_cached(request).hostname or ""
+        if host in named:
+            return host
+    return site_of(request)
+
+
+def check_slot(slot: object) -> str:
+    """``slot``, a ``meta["download_slot"]``, if the frontier can keep it.
+
+    :raises ValueError: not a str, longer than :data:`SLOT_MAX_CHARS`, or
+        holding a tab, a line break or a NUL (the frontier's entries
+        separate fields with them); the message says so.
+    """
+    if not isinstance(slot, str):
+        raise ValueError(
+            f"meta[{SLOT_META!r}] must be text (a slot name), not {type(slot).__name__}"
+        )
+    if len(slot) > SLOT_MAX_CHARS or any(c in slot for c in "\t\r\n\0"):
+        raise ValueError(
+            f"meta[{SLOT_META!r}] {slot[:80]!r} is not a slot name the frontier can keep: "
+            f"at most {SLOT_MAX_CHARS} characters, without tabs, line breaks or NUL"
+        )
+    return slot

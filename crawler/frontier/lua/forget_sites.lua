@@ -11,7 +11,8 @@
 -- KEYS[13] (no lease call moved it yet: the workers are paused, say, or
 -- behind), no site with a field in KEYS[12] is idle: its retry may be that
 -- one. Its fields in KEYS[1], [4], [5], [6], [7], [8], [11] and [12] are
--- then deleted (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
+-- then deleted, and the field "\t<site>" of KEYS[7] (a download slot's
+-- robots.txt gate) too (a field of KEYS[11] is deleted when its site leaves KEYS[3]: one
 -- left behind, e.g. by a hand edit of KEYS[3], goes with the site).
 -- The operator's overrides ({s}:delay, {s}:conc, {s}:revisit) are kept.
 --
@@ -49,11 +50,12 @@ if not after or after < 0 then
 end
 -- The per-site hashes of workers' figures are read leniently: one of
 -- another type is skipped (and reported), as lease.lua reads it.
-local lenient, problems = {}, {}
+local lenient, problems, lenient_robots = {}, {}, false
 for _, i in ipairs({5, 6, 7, 8, 11, 12}) do
   local t = redis.call('TYPE', KEYS[i])['ok']
   if t == 'none' or t == 'hash' then
     lenient[#lenient + 1] = KEYS[i]
+    if i == 7 then lenient_robots = true end
   else
     problems[#problems + 1] = KEYS[i] .. ' holds a ' .. t .. ', not a hash: left alone'
   end
@@ -106,6 +108,8 @@ for i = 3, #ARGV do
     redis.call('HDEL', KEYS[1], site)
     redis.call('HDEL', KEYS[4], site)
     for _, key in ipairs(lenient) do redis.call('HDEL', key, site) end
+    -- (a download slot's robots.txt gate: lib.lua's cap_of)
+    if lenient_robots then redis.call('HDEL', KEYS[7], '\t' .. site) end
     forgotten = forgotten + 1
   end
 end

@@ -647,7 +647,10 @@ local function raise(site, score, prio)
 end
 
 -- The concurrency of `site`: 1 while its robots.txt is not known (K.gate),
--- else its override in K.conc or the default.
+-- else its override in K.conc or the default. A site's robots.txt is known
+-- when K.robots has a field for it: the site (a host), or "\t" .. site (a
+-- download slot that is not a host, opened by the workers once the
+-- robots.txt of a host it serves is known).
 local function cap_of(site)
   if K.gate then
     local known = redis.pcall('HEXISTS', K.robots, site)
@@ -655,6 +658,7 @@ local function cap_of(site)
       problem(K.robots .. ' is not a hash: robots.txt counted as unknown')
       return 1
     end
+    if known == 0 then known = redis.call('HEXISTS', K.robots, '\t' .. site) end
     if known == 0 then return 1 end
   end
   return hnum(K.conc, site, POS, K.cap, 'concurrency must be an integer >= 1: default used')

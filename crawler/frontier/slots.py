@@ -1,0 +1,187 @@
+"""Scrapy's download slots, kept by the frontier for the whole cluster.
+
+Scrapy paces each download slot of one process (``scrapy.core.downloader``:
+a ``Slot`` with a concurrency and a delay; ``DOWNLOAD_SLOTS`` sets them per
+slot). The frontier paces the same slots across all workers: a request's
+site is its slot (:func:`~crawler.frontier.sites.slot_of`), and
+:class:`SitePolicy` reads the settings that shape a slot into the frontier's
+defaults and per-site overrides:
+
+===================================  =========================================
+Scrapy                               frontier, for all workers together
+===================================  =========================================
+``DOWNLOAD_DELAY`` (and a spider's   default delay (unless ``FRONTIER_DELAY``)
+``download_delay``)
+``CONCURRENT_REQUESTS_PER_DOMAIN``   default concurrency (unless
+(and ``max_concurrent_requests``)    ``FRONTIER_CONCURRENCY``)
+``DOWNLOAD_SLOTS[slot]["delay"]``    the slot's ``{s}:delay`` (unless
+                                     ``FRONTIER_SITE_DELAYS`` names it)
+``DOWNLOAD_SLOTS[slot]               the slot's ``{s}:conc`` (unless
+["concurrency"]``                    ``FRONTIER_SITE_CONCURRENCY`` names it)
+``meta["download_slot"]``            the request's site
+===================================  =========================================
+
+Each worker's own downloader (:class:`FrontierDownloader`) then waits no
+delay of its own: the frontier hands a request out when its slot is due.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy.core.downloader import Downloader
+from scrapy.utils.conf import build_component_list
+from scrapy.utils.misc import load_object
+
+from crawler.config import is_unset
+from crawler.frontier.overrides import parse_concurrency, parse_delay
+from crawler.frontier.sites import check_slot, slot_of
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FrontierDownloader", "SitePolicy", "shared_robots_enabled"]
+
+#: The class path of the robots.txt middleware that opens the frontier's
+#: robots.txt gate (it stores each site's robots.txt in Redis).
+SHARED_ROBOTS = "crawler.politeness.SharedRobotsTxtMiddleware"
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """The politeness the frontier keeps per site, from the final settings.
+
+    Built once the spider's attributes are merged into the settings
+    (Scrapy copies a spider's ``download_delay`` into ``DOWNLOAD_DELAY`` and
+    ``max_concurrent_requests`` into ``CONCURRENT_REQUESTS_PER_DOMAIN``),
+    i.e. from a component's ``from_crawler``.
+
+    :ivar delay: seconds between two requests to a site, >= 0:
+        ``FRONTIER_DELAY``, else ``DOWNLOAD_DELAY``.
+    :ivar concurrency: requests to a site at once, >= 1:
+        ``FRONTIER_CONCURRENCY``, else ``CONCURRENT_REQUESTS_PER_DOMAIN``.
+    :ivar slot_delays: slot -> delay, ms, from ``DOWNLOAD_SLOTS``.
+    :ivar slot_concurrency: slot -> concurrency, from ``DOWNLOAD_SLOTS``.
+    :ivar robots_gate: the frontier serves a site one request at a time
+        until its robots.txt is known: ``ROBOTSTXT_OBEY`` with
+        :data:`SHARED_ROBOTS` (or a subclass) enabled.
+    """
+
+    delay: float
+    concurrency: int
+    slot_delays: dict[str, int] = field(default_factory=dict)
+    slot_concurrency: dict[str, int] = field(default_factory=dict)
+    robots_gate: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> SitePolicy:
+        """Read the policy.
+
+        :raises ValueError: a ``DOWNLOAD_SLOTS`` entry is not a dict, names
+            a slot the frontier cannot keep, or has a delay or concurrency
+            out of range (the message names the slot and what is allowed).
+        """
+        delay = (
+            settings.getfloat("DOWNLOAD_DELAY")
+            if is_unset(settings, "FRONTIER_DELAY")
+            else settings.getfloat("FRONTIER_DELAY")
+        )
+        concurrency = (
+            settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
+            if is_unset(settings, "FRONTIER_CONCURRENCY")
+            else settings.getint("FRONTIER_CONCURRENCY")
+        )
+        delays, caps = parse_download_slots(settings.getdict("DOWNLOAD_SLOTS"))
+        return cls(
+            delay=max(0.0, delay),
+            concurrency=max(1, concurrency),
+            slot_delays=delays,
+            slot_concurrency=caps,
+            robots_gate=settings.getbool("ROBOTSTXT_OBEY") and shared_robots_enabled(settings),
+        )
+
+    @property
+    def named_slots(self) -> frozenset[str]:
+        """The slots ``DOWNLOAD_SLOTS`` names."""
+        return frozenset(self.slot_delays) | frozenset(self.slot_concurrency)
+
+    def slot_of(self, request: Request) -> str:
+        """The site of ``request`` in the frontier
+        (:func:`~crawler.frontier.sites.slot_of` with :attr:`named_slots`).
+
+        :raises ValueError: its ``meta["download_slot"]`` cannot be kept
+            (:func:`~crawler.frontier.sites.check_slot`).
+        """
+        slot = request.meta.get("download_slot")
+        if slot is not None:
+            return check_slot(slot)
+        return slot_of(request, self.named_slots)
+
+
+def parse_download_slots(slots: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """``DOWNLOAD_SLOTS`` as the frontier's overrides: (slot -> delay in
+    ms, slot -> concurrency), for the entries that set them. Other keys
+    (``jitter``, ``randomize_delay``) are left to each worker's downloader.
+
+    :raises ValueError: as :meth:`SitePolicy.from_settings`.
+    """
+    delays: dict[str, int] = {}
+    caps: dict[str, int] = {}
+    for name, entry in slots.items():
+        where = f"DOWNLOAD_SLOTS[{name!r}]"
+        try:
+            slot = check_slot(name)
+            if not isinstance(entry, dict):
+                raise ValueError(
+                    f"must be a dict such as {{'delay': 1.5, 'concurrency': 1}}, "
+                    f"not {type(entry).__name__}"
+                )
+            if entry.get("delay") is not None:
+                delays[slot] = parse_delay(entry["delay"])
+            if entry.get("concurrency") is not None:
+                caps[slot] = parse_concurrency(entry["concurrency"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return delays, caps
+
+
+def shared_robots_enabled(settings: BaseSettings) -> bool:
+    """Whether a downloader middleware of ``settings`` is
+    :data:`SHARED_ROBOTS` or a subclass of it (enabled: not ``None``)."""
+    from crawler.politeness import SharedRobotsTxtMiddleware  # noqa: PLC0415 (a cycle)
+
+    for path in build_component_list(settings.getwithbase("DOWNLOADER_MIDDLEWARES")):
+        try:
+            component = load_object(path) if isinstance(path, str) else path
+        except (ImportError, ValueError, NameError, AttributeError):
+            continue
+        if isinstance(component, type) and issubclass(component, SharedRobotsTxtMiddleware):
+            return True
+    return False
+
+
+class FrontierDownloader(Downloader):
+    """Scrapy's downloader with no delay of its own.
+
+    The frontier hands a worker a request when the request's slot is due
+    for the whole cluster (``DOWNLOAD_DELAY``, ``DOWNLOAD_SLOTS``' delays,
+    a spider's ``download_delay``: :class:`SitePolicy`); a second delay in
+    each worker would only hold requests already timed and let them reach
+    the site closer together. Slots keep Scrapy's keys and concurrency.
+    Set as ``DOWNLOADER`` by :class:`crawler.addon.FrontierAddon`.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self._delay = 0.0
+        self._jitter = 0.0
+        self.per_slot_settings = {
+            key: {**(value if isinstance(value, dict) else {}), "delay": 0.0, "jitter": 0.0}
+            for key, value in self.per_slot_settings.items()
+        }
