@@ -39,6 +39,7 @@ from rich.text import Text
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.addon import COMMAND_ENVIRONMENT, settings_from_environment
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
@@ -428,6 +429,14 @@ class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        """Scrapy's options (``-s``, ``--set``), then the connection settings
+        the project leaves unset from the environment (as the add-ons do:
+        :data:`crawler.addon.COMMAND_ENVIRONMENT`)."""
+        super().process_options(args, opts)
+        assert self.settings is not None
+        settings_from_environment(self.settings, COMMAND_ENVIRONMENT)
 
     def syntax(self) -> str:
         return (
