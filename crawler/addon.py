@@ -9,8 +9,8 @@ in any Scrapy project, another one MongoDB storage.
     }
 
 Connection settings that the project does not set come from the environment
-variables of the same name (:data:`FRONTIER_ENVIRONMENT`,
-:data:`MONGO_ENVIRONMENT`), so that credentials never live in code and each
+variables of the same name (:data:`ENVIRONMENT_FOR_FRONTIER`,
+:data:`ENVIRONMENT_FOR_MONGO`), so that credentials never live in code and each
 machine names its own servers.
 """
 
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 __all__ = [
-    "COMMAND_ENVIRONMENT",
-    "FRONTIER_ENVIRONMENT",
-    "MONGO_ENVIRONMENT",
+    "ENVIRONMENT_FOR_COMMANDS",
+    "ENVIRONMENT_FOR_FRONTIER",
+    "ENVIRONMENT_FOR_MONGO",
     "FrontierAddon",
     "MongoAddon",
     "settings_from_environment",
@@ -57,7 +57,7 @@ _ADDON = SETTINGS_PRIORITIES["addon"]
 #: node of a Redis Cluster), ``LOG_LEVEL`` Scrapy's (``DEBUG``),
 #: ``LOG_JSON_ENABLED`` off, ``METRICS_HOST`` ``127.0.0.1``, ``METRICS_PORT``
 #: 9410.
-FRONTIER_ENVIRONMENT = (
+ENVIRONMENT_FOR_FRONTIER = (
     "REDIS_URL",
     "MAX_IDLE_TIME_BEFORE_CLOSE",
     "FRONTIER_WORKER_ID",
@@ -71,14 +71,14 @@ FRONTIER_ENVIRONMENT = (
 #: loadspill``) read from the environment the same way. Defaults:
 #: ``MONGO_URI`` ``mongodb://localhost:27017`` (with the add-on),
 #: ``MONGO_DATABASE`` ``crawler``.
-MONGO_ENVIRONMENT = ("MONGO_URI", "MONGO_DATABASE")
+ENVIRONMENT_FOR_MONGO = ("MONGO_URI", "MONGO_DATABASE")
 #: What the project's ``scrapy`` commands (``seed``, ``frontier``,
 #: ``deadletters``, ``loadspill``) read from the environment, the same way.
-COMMAND_ENVIRONMENT = FRONTIER_ENVIRONMENT + MONGO_ENVIRONMENT
+ENVIRONMENT_FOR_COMMANDS = ENVIRONMENT_FOR_FRONTIER + ENVIRONMENT_FOR_MONGO
 
 #: What :class:`FrontierAddon` sets, at the add-on priority: the project's
 #: settings, ``custom_settings`` and ``-s`` win over each.
-FRONTIER_SETTINGS: dict[str, object] = {
+ADDON_SETTINGS: dict[str, object] = {
     # scrapy-redis's setting names, our components.
     "SCHEDULER": "crawler.frontier.scheduler.FrontierScheduler",
     "SCHEDULER_QUEUE_CLASS": "crawler.frontier.queue.LeasedPriorityQueue",
@@ -93,7 +93,7 @@ FRONTIER_SETTINGS: dict[str, object] = {
 #: Components :class:`FrontierAddon` adds (component priority dictionaries:
 #: setting -> class path -> order), unless the project lists them already
 #: (with any order, or None to keep one off).
-FRONTIER_COMPONENTS: dict[str, dict[str, int]] = {
+ADDON_COMPONENTS: dict[str, dict[str, int]] = {
     "SPIDER_MIDDLEWARES": {
         # Links followed only on the seeds' hosts (FRONTIER_STAY_ON_SEED_HOSTS).
         "crawler.middlewares.SeedHostsMiddleware": 550,
@@ -126,12 +126,12 @@ FRONTIER_COMPONENTS: dict[str, dict[str, int]] = {
 
 #: Scrapy's components that ours replace: switched off unless the project
 #: lists them itself (a project that does keeps them, next to ours).
-FRONTIER_REPLACED: dict[str, tuple[type, ...]] = {
+ADDON_REPLACES: dict[str, tuple[type, ...]] = {
     "DOWNLOADER_MIDDLEWARES": (RobotsTxtMiddleware, RetryMiddleware),
 }
 
-#: Components :class:`MongoAddon` adds, as :data:`FRONTIER_COMPONENTS`.
-MONGO_COMPONENTS: dict[str, dict[str, int]] = {
+#: Components :class:`MongoAddon` adds, as :data:`ADDON_COMPONENTS`.
+MONGO_ADDON_COMPONENTS: dict[str, dict[str, int]] = {
     "ITEM_PIPELINES": {"crawler.pipelines.MongoPipeline": 300},
     # Stable _ids for items without a natural key (MONGO_ITEM_IDS_ENABLED).
     "SPIDER_MIDDLEWARES": {"crawler.middlewares.ItemIdMiddleware": 40},
@@ -184,15 +184,15 @@ class FrontierAddon:
     ``"addon"`` priority, so the project, ``custom_settings`` and ``-s``
     win):
 
-    * the scheduler, its queue and dupefilter (:data:`FRONTIER_SETTINGS`,
+    * the scheduler, its queue and dupefilter (:data:`ADDON_SETTINGS`,
       scrapy-redis's setting names);
-    * the frontier's middlewares and extensions (:data:`FRONTIER_COMPONENTS`):
+    * the frontier's middlewares and extensions (:data:`ADDON_COMPONENTS`):
       seed hosts, robots.txt shared by the cluster (in place of Scrapy's
       ``RobotsTxtMiddleware``), retries with backoff and dead letters (in
       place of Scrapy's ``RetryMiddleware``), adaptive slow-down, revisits,
       WARC files, cluster stats, crawl control, housekeeping;
     * the connection settings the project leaves unset, from the environment
-      (:data:`FRONTIER_ENVIRONMENT`: ``REDIS_URL`` first of all).
+      (:data:`ENVIRONMENT_FOR_FRONTIER`: ``REDIS_URL`` first of all).
 
     Items are not stored by the frontier: feed exports (``-O items.jsonl``,
     ``FEEDS``) and the project's pipelines work as in any Scrapy project;
@@ -216,14 +216,14 @@ class FrontierAddon:
         :raises crawler.config.SettingsError: a setting has a value that is
             not allowed (the message names each one and what is allowed).
         """
-        for name, value in FRONTIER_SETTINGS.items():
+        for name, value in ADDON_SETTINGS.items():
             settings.set(name, value, _ADDON)
-        for setting, replaced in FRONTIER_REPLACED.items():
+        for setting, replaced in ADDON_REPLACES.items():
             for cls in replaced:
                 if not _listed(settings, setting, cls):
                     settings.set_in_component_priority_dict(setting, cls, None)
-        _add_components(settings, FRONTIER_COMPONENTS)
-        settings_from_environment(settings, FRONTIER_ENVIRONMENT)
+        _add_components(settings, ADDON_COMPONENTS)
+        settings_from_environment(settings, ENVIRONMENT_FOR_FRONTIER)
         validate_settings(settings)
         if is_unset(settings, "FRONTIER_DELAY"):
             settings.set(
@@ -247,14 +247,14 @@ class MongoAddon:
     without a natural key a stable ``_id``
     (:class:`crawler.middlewares.ItemIdMiddleware`, order 40), and reads
     ``MONGO_URI`` and ``MONGO_DATABASE`` from the environment when the
-    project does not set them (:data:`MONGO_ENVIRONMENT`); ``MONGO_URI``
+    project does not set them (:data:`ENVIRONMENT_FOR_MONGO`); ``MONGO_URI``
     defaults to ``mongodb://localhost:27017``. Independent of
     :class:`FrontierAddon`: list both to crawl with the frontier into MongoDB.
     """
 
     def update_settings(self, settings: BaseSettings) -> None:
         """Add the pipeline and its middleware; read the environment."""
-        _add_components(settings, MONGO_COMPONENTS)
-        settings_from_environment(settings, MONGO_ENVIRONMENT)
+        _add_components(settings, MONGO_ADDON_COMPONENTS)
+        settings_from_environment(settings, ENVIRONMENT_FOR_MONGO)
         if not settings.get("MONGO_URI"):
             settings.set("MONGO_URI", "mongodb://localhost:27017", _ADDON)

@@ -39,7 +39,7 @@ from rich.text import Text
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.addon import COMMAND_ENVIRONMENT, settings_from_environment
+from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
@@ -433,10 +433,10 @@ class Command(ScrapyCommand):
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         """Scrapy's options (``-s``, ``--set``), then the connection settings
         the project leaves unset from the environment (as the add-ons do:
-        :data:`crawler.addon.COMMAND_ENVIRONMENT`)."""
+        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
         super().process_options(args, opts)
         assert self.settings is not None
-        settings_from_environment(self.settings, COMMAND_ENVIRONMENT)
+        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return (
