@@ -324,7 +324,9 @@ def _spider_table(spider: SpiderStatus) -> Table:
     else:
         table.add_row("URLs seen", str(spider.seen), spider.keys["dupefilter"])
     for collection, count in sorted(spider.items.items()):
-        table.add_row(f"items in {collection}", str(count), "")
+        table.add_row(f"items in {collection}", str(count), "MongoDB collection")
+    for feed, count in spider.feeds.items():
+        table.add_row("items in feed", str(count), feed)
     for stat in ("response_received_count", "item_scraped_count"):
         if stat in spider.stats:
             table.add_row(stat, str(spider.stats[stat]), "cluster-wide")
