@@ -17,6 +17,7 @@ Metrics (all gauges unless said; ``spider``, ``worker``, ``collection``,
 metric                                                what
 ====================================================  ==========================================
 ``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
+                                                      (no ``mongodb`` sample without ``MONGO_URI``)
 ``crawler_state{spider,state}``                       1 for the crawl's state (``running``,
                                                       ``paused``, ``stopped``; the key
                                                       ``{<spider>}:control``), 0 for the others
@@ -112,10 +113,7 @@ class StatusCollector(Collector):
         took = time.monotonic() - began
         self._log_errors(status.errors)
 
-        up = GaugeMetricFamily("crawler_up", "Whether the server could be read", labels=["server"])
-        for server in ("redis", "mongodb"):
-            up.add_metric([server], 0.0 if server in status.errors else 1.0)
-        yield up
+        yield _up(status)
 
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
@@ -224,6 +222,16 @@ def _kind(error: str) -> list[str]:
     """The server and error type of a ``status.errors`` value (``<address>:
     <Type>: <message>``), without the message, which may vary per attempt."""
     return error.split(": ", 2)[:2]
+
+
+def _up(status: ClusterStatus) -> Metric:
+    """``crawler_up{server}``: 1 per server read, 0 per server that failed
+    (MongoDB only when ``MONGO_URI`` is set)."""
+    up = GaugeMetricFamily("crawler_up", "Whether the server could be read", labels=["server"])
+    for server in ("redis", "mongodb"):
+        if server in status.servers or server in status.errors:
+            up.add_metric([server], 0.0 if server in status.errors else 1.0)
+    return up
 
 
 def _feeds(status: ClusterStatus) -> Metric:

@@ -256,7 +256,9 @@ class ClusterStatus:
         empty when MongoDB cannot be read).
     :ivar errors: ``"redis"``/``"mongodb"`` -> ``"<address>: <Type>:
         <message>"`` (address as in ``servers``), for the servers that could
-        not be read; ``"MONGO_URI is not set"`` for MongoDB without a URI.
+        not be read. Without ``MONGO_URI`` MongoDB is not read (a crawl
+        storing its items in feeds only): no error, no ``"mongodb"`` server,
+        ``items`` empty.
     :ivar servers: ``"redis"``/``"mongodb"`` -> the address read, with
         credentials masked (:func:`masked_url`).
     """
@@ -444,9 +446,7 @@ class StatusReader:
                 for s in spider.stats
                 if s.startswith(ITEMS_STAT_PREFIX)
             )
-        if self.mongo is None:
-            status.errors["mongodb"] = "MONGO_URI is not set"
-        else:
+        if self.mongo is not None:  # no MONGO_URI: items go to feeds only, no error
             try:
                 status.items = self._count_items(sorted(collections))
             except PyMongoError as exc:

@@ -380,7 +380,7 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
         workers = _workers_table(spider)
         if workers is not None:
             parts.append(workers)
-    if "mongodb" not in status.errors:
+    if "mongodb" in status.servers and "mongodb" not in status.errors:
         items = Table(title="items stored", title_justify="left")
         items.add_column("collection")
         items.add_column("documents", justify="right")
