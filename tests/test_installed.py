@@ -198,3 +198,10 @@ def test_two_installed_workers_with_one_addons_line_store_what_stock_scrapy_stor
     assert len(stored) == len(set(stored)), "an item was stored twice"
     assert set(stored) == set(expected)
     assert sum(w.stats.get("item_scraped_count", 0) for w in workers) == 100
+
+    # The status counts the feeds the workers wrote, dict items and all.
+    shown = _run([scrapy, "frontier", "status", "toscrape-css", "--json"], cwd=project, env=env)
+    status = json.loads(shown.stdout)
+    feeds = status["spiders"]["toscrape-css"]["feeds"]
+    assert sum(feeds.values()) == 100, feeds
+    assert set(feeds) <= {"items-1.jsonl", "items-2.jsonl"}, feeds
