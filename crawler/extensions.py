@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Any, Self
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
+from scrapy.utils.conf import build_component_list
 from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.misc import load_object
 from twisted.internet.threads import deferToThread
 
+from crawler.config import masked_url
 from crawler.frontier.connection import get_redis, report_redis_failure
 from crawler.keys import CrawlKeys
-from crawler.status import ITEMS_STAT_PREFIX
+from crawler.pipelines import MongoPipeline, collection_of
+from crawler.status import FEED_STAT_PREFIX, ITEMS_STAT_PREFIX
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ClusterStats", "job_id", "worker_id"]
+__all__ = ["ClusterStats", "job_id", "stores_in_mongodb", "worker_id"]
 
 
 def worker_id(settings: BaseSettings) -> str:
@@ -46,6 +50,16 @@ def job_id(crawler: Crawler) -> str | None:
     spider = crawler.spider
     job = getattr(spider, "_job", None) if spider is not None else None
     return str(job) if job else os.environ.get("SCRAPY_JOB") or None
+
+
+def stores_in_mongodb(settings: BaseSettings) -> bool:
+    """Whether ``ITEM_PIPELINES`` (with Scrapy's base) enables
+    :class:`~crawler.pipelines.MongoPipeline` or a subclass of it."""
+    for path in build_component_list(settings.getwithbase("ITEM_PIPELINES")):
+        cls = load_object(path)
+        if isinstance(cls, type) and issubclass(cls, MongoPipeline):
+            return True
+    return False
 
 
 def _mirrored(name: str, value: Any) -> bool:
@@ -70,9 +84,16 @@ class ClusterStats:
       ``{<spider>}:stats`` with ``HINCRBY``, by the amount it grew since the
       last heartbeat, so the hash holds the sum over every worker that ever
       ran and survives them. Maxima and non-integer stats are left out.
-    * Each item scraped also counts in ``item_scraped_count/<collection>``
-      (the item class's ``collection``), so the status knows which MongoDB
-      collections a spider fills.
+    * With MongoDB storage on (:class:`~crawler.pipelines.MongoPipeline` or
+      a subclass in ``ITEM_PIPELINES``), each item scraped also counts in
+      ``item_scraped_count/<collection>``, the collection the pipeline
+      stores it in (:func:`~crawler.pipelines.collection_of`: the item
+      class's ``collection``, else the spider's name, as for dicts), so the
+      status knows which MongoDB collections a spider fills.
+    * Each feed a worker writes (``-O``, ``FEEDS``) counts its items in
+      ``feed_items/<feed URI>`` (password masked) when the feed is closed
+      (Scrapy's ``feed_slot_closed``), so the status lists every feed of the
+      crawl; workers writing feeds of the same URI add up.
     * The worker's heartbeat record is ``HSET`` in ``{<spider>}:workers``
       under its id (:func:`worker_id`): JSON ``{"pid", "host", "spider",
       "job", "started", "last_heartbeat", "pages", "items",
@@ -113,6 +134,10 @@ class ClusterStats:
         self._inflight: Deferred[None] | None = None
         self._task: AsyncioLoopingCall | LoopingCall | None = None
         self._last_beat = (time.monotonic(), 0)
+        #: Whether items go to MongoDB (:func:`stores_in_mongodb`).
+        self.stores_items = False
+        #: The spider closed: later increments (feeds) are sent at once.
+        self._closed = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -137,6 +162,8 @@ class ClusterStats:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        crawler.signals.connect(ext.feed_slot_closed, signal=signals.feed_slot_closed)
+        ext.stores_items = stores_in_mongodb(settings)
         return ext
 
     def spider_opened(self) -> None:
@@ -148,11 +175,22 @@ class ClusterStats:
         self._task.start(self.interval, now=True)
 
     def item_scraped(self, item: Any) -> None:
-        """Count the item in ``item_scraped_count/<collection>``."""
-        collection = getattr(item, "collection", None)
-        if isinstance(collection, str):
+        """Count the item in ``item_scraped_count/<collection>`` (MongoDB
+        storage on)."""
+        if self.stores_items:
             assert self.crawler.stats is not None
+            collection = collection_of(item, self.keys.spider)
             self.crawler.stats.inc_value(f"{ITEMS_STAT_PREFIX}{collection}")
+
+    async def feed_slot_closed(self, slot: Any) -> None:
+        """Count the items of a closed feed in ``feed_items/<URI>``; once the
+        worker's last increments were sent (the feeds close after the
+        spider), send this one too."""
+        assert self.crawler.stats is not None
+        uri = masked_url(str(slot.uri))
+        self.crawler.stats.inc_value(f"{FEED_STAT_PREFIX}{uri}", int(slot.itemcount))
+        if self._closed:
+            await self._send_now(final=True)
 
     def beat(self) -> None:
         """Send the stats grown since the last beat and the heartbeat record.
@@ -169,9 +207,15 @@ class ClusterStats:
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value("workers/finished")
         self.crawler.stats.inc_value(f"finish_reason/{reason}")
-        if self._inflight is not None:  # let it land first: no double count
+        self._closed = True
+        await self._send_now(final=True)
+
+    async def _send_now(self, *, final: bool) -> None:
+        """Send what grew since the last send, once no write is in flight:
+        two sends at once would both count what the first one carries."""
+        while self._inflight is not None:
             await maybe_deferred_to_future(self._inflight)
-        await maybe_deferred_to_future(self._send(final=True))
+        await maybe_deferred_to_future(self._send(final=final))
 
     def _send(self, *, final: bool) -> Deferred[None]:
         deltas = self._deltas()

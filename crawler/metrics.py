@@ -11,12 +11,13 @@ reads counters and known keys only (no ``SCAN``), so other applications'
 keys in the same Redis do not slow it down. The figures of a sharded
 frontier (``FRONTIER_SHARDS``) are sums over its shards.
 Metrics (all gauges unless said; ``spider``, ``worker``, ``collection``,
-``priority``, ``key``, ``stat`` are labels):
+``feed``, ``priority``, ``key``, ``stat`` are labels):
 
 ====================================================  ==========================================
 metric                                                what
 ====================================================  ==========================================
 ``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
+                                                      (no ``mongodb`` sample without ``MONGO_URI``)
 ``crawler_state{spider,state}``                       1 for the crawl's state (``running``,
                                                       ``paused``, ``stopped``; the key
                                                       ``{<spider>}:control``), 0 for the others
@@ -41,6 +42,9 @@ metric                                                what
 ``crawler_urls_seen{spider}``                         fingerprints in the dupefilter sets; no
                                                       sample with the Bloom dupefilter
 ``crawler_items_stored{collection}``                  documents per MongoDB collection
+``crawler_feed_items{spider,feed}``                   items the crawl's workers wrote to feeds
+                                                      of that URI (``-O``, ``FEEDS``), summed
+                                                      over the workers, as each feed closed
 ``crawler_workers_live{spider}``                      workers with a recent heartbeat
 ``crawler_worker_pages_per_minute{spider,worker}``    per live worker
 ``crawler_worker_pages{spider,worker}``               responses received, per live worker
@@ -109,10 +113,7 @@ class StatusCollector(Collector):
         took = time.monotonic() - began
         self._log_errors(status.errors)
 
-        up = GaugeMetricFamily("crawler_up", "Whether the server could be read", labels=["server"])
-        for server in ("redis", "mongodb"):
-            up.add_metric([server], 0.0 if server in status.errors else 1.0)
-        yield up
+        yield _up(status)
 
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
@@ -197,7 +198,8 @@ class StatusCollector(Collector):
             stored.add_metric([collection], count)
         yield from (state, seeds, queued, by_priority, leased, leased_by, retries, dead, seen)
         yield from _bounds(status)
-        yield from (stored, live, rate, pages, items, beat, crawled, scraped, stats)
+        yield from (stored, _feeds(status), live, rate, pages, items, beat, crawled, scraped,
+                    stats)
         yield GaugeMetricFamily(
             "crawler_status_read_seconds", "Seconds the last status reading took", value=took
         )
@@ -220,6 +222,27 @@ def _kind(error: str) -> list[str]:
     """The server and error type of a ``status.errors`` value (``<address>:
     <Type>: <message>``), without the message, which may vary per attempt."""
     return error.split(": ", 2)[:2]
+
+
+def _up(status: ClusterStatus) -> Metric:
+    """``crawler_up{server}``: 1 per server read, 0 per server that failed
+    (MongoDB only when ``MONGO_URI`` is set)."""
+    up = GaugeMetricFamily("crawler_up", "Whether the server could be read", labels=["server"])
+    for server in ("redis", "mongodb"):
+        if server in status.servers or server in status.errors:
+            up.add_metric([server], 0.0 if server in status.errors else 1.0)
+    return up
+
+
+def _feeds(status: ClusterStatus) -> Metric:
+    """``crawler_feed_items{spider,feed}``: items written to each feed."""
+    family = GaugeMetricFamily(
+        "crawler_feed_items", "Items the workers wrote to feeds of a URI", labels=["spider", "feed"]
+    )
+    for name, spider in status.spiders.items():
+        for feed, count in spider.feeds.items():
+            family.add_metric([name, feed], count)
+    return family
 
 
 def _bounds(status: ClusterStatus) -> Iterator[Metric]:

@@ -73,6 +73,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "FEED_STAT_PREFIX",
+    "ITEMS_STAT_PREFIX",
     "ClusterStatus",
     "SpiderStatus",
     "StatusReader",
@@ -84,6 +86,9 @@ __all__ = [
 
 #: Prefix of the per-collection item counters in ``{<spider>}:stats``.
 ITEMS_STAT_PREFIX = "item_scraped_count/"
+#: Prefix of the per-feed item counters in ``{<spider>}:stats``
+#: (``feed_items/<feed URI>``, see :class:`crawler.extensions.ClusterStats`).
+FEED_STAT_PREFIX = "feed_items/"
 #: Stat in ``{<spider>}:stats`` where versions before shards counted the dead
 #: letters trimmed off ``{<spider>}:dead``; now each shard counts its own in
 #: ``<shard prefix>dead:trimmed`` (:mod:`crawler.frontier.housekeeping`), and
@@ -195,7 +200,12 @@ class SpiderStatus:
         would take ``BITCOUNT`` of the whole bitmap, megabytes, holding
         Redis up at every reading).
     :ivar items: collection -> documents stored, for the collections this
-        spider's items went to (known from its cluster stats).
+        spider's items went to (known from its cluster stats), dict items
+        included (in the collection named after the spider).
+    :ivar feeds: feed URI (password masked) -> items written to feeds of
+        that URI by the crawl's workers (``-O``, ``FEEDS``), summed over the
+        workers, counted as each feed closes (cluster stats
+        ``feed_items/<URI>``).
     :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
     :ivar workers: every worker in the registry, live ones first.
     :ivar state: the crawl's state from ``{<spider>}:control``
@@ -222,6 +232,7 @@ class SpiderStatus:
     dead_trimmed: int = 0
     seen: int | None = 0
     items: dict[str, int] = field(default_factory=dict)
+    feeds: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     workers: list[WorkerStatus] = field(default_factory=list)
     state: str = "running"
@@ -245,7 +256,9 @@ class ClusterStatus:
         empty when MongoDB cannot be read).
     :ivar errors: ``"redis"``/``"mongodb"`` -> ``"<address>: <Type>:
         <message>"`` (address as in ``servers``), for the servers that could
-        not be read; ``"MONGO_URI is not set"`` for MongoDB without a URI.
+        not be read. Without ``MONGO_URI`` MongoDB is not read (a crawl
+        storing its items in feeds only): no error, no ``"mongodb"`` server,
+        ``items`` empty.
     :ivar servers: ``"redis"``/``"mongodb"`` -> the address read, with
         credentials masked (:func:`masked_url`).
     """
@@ -433,14 +446,17 @@ class StatusReader:
                 for s in spider.stats
                 if s.startswith(ITEMS_STAT_PREFIX)
             )
-        if self.mongo is None:
-            status.errors["mongodb"] = "MONGO_URI is not set"
-        else:
+        if self.mongo is not None:  # no MONGO_URI: items go to feeds only, no error
             try:
                 status.items = self._count_items(sorted(collections))
             except PyMongoError as exc:
                 status.errors["mongodb"] = f"{self.mongo_at}: {_short(exc)}"
         for spider in status.spiders.values():
+            spider.feeds = {
+                stat.removeprefix(FEED_STAT_PREFIX): count
+                for stat, count in sorted(spider.stats.items())
+                if stat.startswith(FEED_STAT_PREFIX)
+            }
             for stat in spider.stats:
                 if stat.startswith(ITEMS_STAT_PREFIX):
                     collection = stat.removeprefix(ITEMS_STAT_PREFIX)

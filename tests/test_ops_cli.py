@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import pytest
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.utils.test import get_crawler
 
@@ -332,7 +332,8 @@ def test_the_seed_log_line_states_what_the_intake_does(
          "FRONTIER_IDLE_WAIT": 2.5},
     )
     caplog.set_level(logging.INFO)
-    QuotesSpider.from_crawler(crawler)
+    spider = QuotesSpider.from_crawler(crawler)
+    crawler.signals.send_catch_log(signals.spider_opened, spider=spider)
     messages = [r.getMessage() for r in caplog.records]
     assert not any("batch size" in m for m in messages), messages
     [line] = [m for m in messages if m.startswith("Reading seeds from")]

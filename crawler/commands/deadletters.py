@@ -24,6 +24,7 @@ from scrapy import Request
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
 from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis, redis_location
@@ -325,6 +326,14 @@ class Command(ScrapyCommand):
 
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        """Scrapy's options (``-s``, ``--set``), then the connection settings
+        the project leaves unset from the environment (as the add-ons do:
+        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
+        super().process_options(args, opts)
+        assert self.settings is not None
+        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return "list|requeue|purge SPIDER [--limit N] [--json]"

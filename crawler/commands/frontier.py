@@ -39,6 +39,7 @@ from rich.text import Text
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
@@ -323,7 +324,9 @@ def _spider_table(spider: SpiderStatus) -> Table:
     else:
         table.add_row("URLs seen", str(spider.seen), spider.keys["dupefilter"])
     for collection, count in sorted(spider.items.items()):
-        table.add_row(f"items in {collection}", str(count), "")
+        table.add_row(f"items in {collection}", str(count), "MongoDB collection")
+    for feed, count in spider.feeds.items():
+        table.add_row("items in feed", str(count), feed)
     for stat in ("response_received_count", "item_scraped_count"):
         if stat in spider.stats:
             table.add_row(stat, str(spider.stats[stat]), "cluster-wide")
@@ -377,7 +380,7 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
         workers = _workers_table(spider)
         if workers is not None:
             parts.append(workers)
-    if "mongodb" not in status.errors:
+    if "mongodb" in status.servers and "mongodb" not in status.errors:
         items = Table(title="items stored", title_justify="left")
         items.add_column("collection")
         items.add_column("documents", justify="right")
@@ -428,6 +431,14 @@ class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        """Scrapy's options (``-s``, ``--set``), then the connection settings
+        the project leaves unset from the environment (as the add-ons do:
+        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
+        super().process_options(args, opts)
+        assert self.settings is not None
+        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return (

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
 from crawler.pipelines import load_spill
 
 if TYPE_CHECKING:
@@ -31,6 +32,14 @@ class Command(ScrapyCommand):
 
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        """Scrapy's options (``-s``, ``--set``), then the connection settings
+        the project leaves unset from the environment (as the add-ons do:
+        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
+        super().process_options(args, opts)
+        assert self.settings is not None
+        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return "FILE [FILE ...]"

@@ -26,6 +26,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
+from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
 from crawler.commands.frontier import check_spider
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.seeds import BadSeed, parse_seed
@@ -145,6 +146,14 @@ class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        """Scrapy's options (``-s``, ``--set``), then the connection settings
+        the project leaves unset from the environment (as the add-ons do:
+        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
+        super().process_options(args, opts)
+        assert self.settings is not None
+        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return "SPIDER [URL ...] [--file FILE] [--priority N] [--meta JSON]"

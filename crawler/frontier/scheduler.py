@@ -456,6 +456,20 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
         if self.flush_on_start:
             self.flush()
+        self._log_resuming()
+
+    def _log_resuming(self) -> None:
+        """Log scrapy-redis's ``Resuming crawl (N requests scheduled)`` (at
+        INFO) when the frontier already holds requests: queued, waiting for
+        a retry or leased, in every shard. Nothing when Redis cannot be read
+        now (the outage is met, and waited out, by the next call)."""
+        try:
+            scheduled = len(self.queue)
+        except UNREACHABLE:
+            return
+        if scheduled:
+            logger.info("Resuming crawl (%d requests scheduled)", scheduled,
+                        extra={"spider": self.spider})
 
     def _shard_count_message(self, exc: ShardCountError, count: int) -> str:
         """The error's message, saying where this worker's count came from

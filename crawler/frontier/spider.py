@@ -136,23 +136,44 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             crawler.signals.connect(spider._touch, signal=signal)
         crawler.signals.connect(spider._room_freed, signal=signals.request_left_downloader)
         crawler.signals.connect(spider._close_intake, signal=signals.spider_closed)
-        settings = crawler.settings
-        spider.idle_wait = settings.getfloat("FRONTIER_IDLE_WAIT", 1.0)
-        spider.seed_batch = max(1, settings.getint("FRONTIER_SEED_BATCH", 1000))
-        spider.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
+        crawler.signals.connect(spider._opened, signal=signals.spider_opened)
+        spider._read_settings()
+        IntakeKeys.for_seed_list(spider.redis_key)  # a seed list it cannot serve fails now
+        return spider
+
+    def _read_settings(self) -> None:
+        """Read the spider's settings from ``self.crawler.settings``.
+
+        Called when the spider is built, and again when it opens: Scrapy
+        builds the spider before it runs the add-ons (``ADDONS``), and
+        :class:`crawler.addon.FrontierAddon` may set
+        ``MAX_IDLE_TIME_BEFORE_CLOSE`` and ``FRONTIER_WORKER_ID`` from the
+        environment.
+        """
+        settings = self.crawler.settings
+        self.idle_wait = settings.getfloat("FRONTIER_IDLE_WAIT", 1.0)
+        self.seed_batch = max(1, settings.getint("FRONTIER_SEED_BATCH", 1000))
+        self.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
+        # scrapy-redis's setting, read by its setup_redis when the spider is built.
+        self.max_idle_time = settings.getint("MAX_IDLE_TIME_BEFORE_CLOSE")
         # One holder per process: batch keys are never reused.
-        spider.holder = f"{worker_id(settings)}#{os.urandom(4).hex()}"
-        intake_keys = IntakeKeys.for_seed_list(spider.redis_key)  # one it cannot serve fails now
+        self.holder = f"{worker_id(settings)}#{os.urandom(4).hex()}"
+
+    def _opened(self, spider: FrontierSpider) -> None:
+        """Read the settings the add-ons set, and say where seeds come from."""
+        if spider is not self:
+            return
+        self._read_settings()
+        settings = self.crawler.settings
         logger.info(
             "Reading seeds from Redis list %s, oldest first: up to FRONTIER_SEED_BATCH=%d "
             "at a time while downloads have room (CONCURRENT_REQUESTS=%d), each batch kept "
             "in %s until its requests are in the frontier; when idle, waiting up to "
             "FRONTIER_IDLE_WAIT=%gs for new seeds; encoding %s",
-            spider.redis_key, spider.seed_batch, settings.getint("CONCURRENT_REQUESTS"),
-            intake_keys.registry, spider.idle_wait, spider.redis_encoding,
-            extra={"spider": spider},
+            self.redis_key, self.seed_batch, settings.getint("CONCURRENT_REQUESTS"),
+            IntakeKeys.for_seed_list(self.redis_key).registry, self.idle_wait,
+            self.redis_encoding, extra={"spider": self},
         )
-        return spider
 
     def setup_redis(self, crawler: Crawler | None = None) -> None:
         """scrapy-redis's setup (seed key, encoding, Redis client, idle

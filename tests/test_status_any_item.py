@@ -1,0 +1,128 @@
+"""``scrapy frontier status`` and the metrics count every collection and
+feed a crawl wrote to, dict items included; a worker opening on a frontier
+that holds requests says ``Resuming crawl (N requests scheduled)``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from crawler.extensions import ClusterStats
+from crawler.metrics import StatusCollector
+from crawler.status import StatusReader
+from tests.scheduler_harness import open_scheduler, reactor_loop
+
+if TYPE_CHECKING:
+    import redis
+
+
+class DictSpider(Spider):
+    """Yields plain dicts (no ``collection`` attribute)."""
+
+    name = "dicts"
+
+
+def _crawl_stats(redis_url: str, mongo_uri: str, mongo_db: str, **settings: Any) -> ClusterStats:
+    crawler = get_crawler(DictSpider, {
+        "REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db, **settings,
+    })
+    crawler.spider = crawler._create_spider()
+    crawler.stats.open_spider()
+    return ClusterStats.from_crawler(crawler)
+
+
+def _sent(ext: ClusterStats) -> None:
+    """Send the worker's stats to Redis as its last heartbeat does."""
+    ext._write(ext._deltas(), ext._record(), True)
+
+
+def _status(redis_url: str, mongo_uri: str, mongo_db: str) -> Any:
+    crawler = get_crawler(DictSpider, {
+        "REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db,
+    })
+    reader = StatusReader.from_settings(crawler.settings, ["dicts"])
+    try:
+        return reader, reader.read()
+    finally:
+        reader.close()
+
+
+def test_status_counts_dict_items_in_the_collection_named_after_the_spider(
+    redis_url: str, mongo_uri: str, mongo_db: str, db: Any
+) -> None:
+    ext = _crawl_stats(redis_url, mongo_uri, mongo_db,
+                       ITEM_PIPELINES={"crawler.pipelines.MongoPipeline": 300})
+    for n in range(100):
+        ext.item_scraped({"n": n})
+    _sent(ext)
+    # What MongoPipeline stores for them: the spider's name is their collection.
+    db.dicts.insert_many([{"n": n} for n in range(100)])
+
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+
+    assert status.spiders["dicts"].items == {"dicts": 100}
+    assert status.items["dicts"] == 100
+
+
+def test_without_mongodb_storage_no_collection_is_counted(
+    redis_url: str, mongo_uri: str, mongo_db: str
+) -> None:
+    ext = _crawl_stats(redis_url, mongo_uri, mongo_db, ITEM_PIPELINES={})
+    ext.item_scraped({"n": 1})
+    _sent(ext)
+
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+
+    assert status.spiders["dicts"].items == {}
+    assert "item_scraped_count/dicts" not in status.spiders["dicts"].stats
+
+
+def test_status_and_metrics_count_the_items_of_every_feed_the_workers_wrote(
+    redis_url: str, mongo_uri: str, mongo_db: str
+) -> None:
+    loop = reactor_loop()
+    for feed, count in (("items-1.jsonl", 60), ("items-2.jsonl", 40),
+                        ("ftp://user:secret@ftp.example/items.csv", 7)):
+        ext = _crawl_stats(redis_url, mongo_uri, mongo_db, ITEM_PIPELINES={})
+        slot = SimpleNamespace(uri=feed, itemcount=count)
+        loop.run_until_complete(asyncio.ensure_future(ext.feed_slot_closed(slot)))
+        _sent(ext)
+
+    reader, status = _status(redis_url, mongo_uri, mongo_db)
+
+    assert status.spiders["dicts"].feeds == {
+        "items-1.jsonl": 60, "items-2.jsonl": 40, "ftp://user:****@ftp.example/items.csv": 7,
+    }
+    assert "secret" not in str(status.as_dict())
+    assert status.as_dict()["spiders"]["dicts"]["feeds"]["items-2.jsonl"] == 40
+    reader = StatusReader.from_settings(reader.settings, ["dicts"])
+    try:
+        families = {f.name: f for f in StatusCollector(reader).collect()}
+    finally:
+        reader.close()
+    samples = {s.labels["feed"]: s.value for s in families["crawler_feed_items"].samples}
+    assert samples == {"items-1.jsonl": 60, "items-2.jsonl": 40,
+                       "ftp://user:****@ftp.example/items.csv": 7}
+
+
+@pytest.mark.usefixtures("stop_heartbeats")
+def test_a_worker_opening_on_a_frontier_with_requests_logs_resuming_crawl(
+    redis_url: str, rds: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    first, _ = open_scheduler(redis_url, DictSpider)
+    assert not [r for r in caplog.records if "Resuming crawl" in r.getMessage()]
+    for n in range(3):
+        assert first.enqueue_request(Request(f"http://127.0.0.1:9/{n}"))
+    assert first.flush_outbox()
+
+    open_scheduler(redis_url, DictSpider)
+
+    lines = [r.getMessage() for r in caplog.records if "Resuming crawl" in r.getMessage()]
+    assert lines == ["Resuming crawl (3 requests scheduled)"]
