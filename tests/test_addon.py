@@ -14,6 +14,7 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.test import get_crawler, get_reactor_settings
 
 from crawler.addon import FrontierAddon, MongoAddon
+from crawler.commands.crawl import frontier_enabled
 from crawler.commands.seed import Command as SeedCommand
 from crawler.frontier.spider import FrontierSpider
 
@@ -162,3 +163,18 @@ def test_scrapy_commands_read_redis_url_from_the_environment_when_the_project_le
     opts = parser.parse_args([])
     command.process_options([], opts)
     assert command.settings["REDIS_URL"] == "redis://redis.example:6390/2"
+
+
+@pytest.mark.parametrize(("settings", "enabled"), [
+    ({}, False),
+    ({"ADDONS": {"crawler.addon.FrontierAddon": 0}}, True),
+    ({"ADDONS": {"crawler.addon.MongoAddon": 0}}, False),
+    ({"SCHEDULER": "crawler.frontier.scheduler.FrontierScheduler"}, True),
+    ({"SCHEDULER": "scrapy_redis.scheduler.Scheduler"}, False),
+])
+def test_the_installed_crawl_command_checks_only_projects_that_switch_the_frontier_on(
+    settings: dict[str, Any], enabled: bool
+) -> None:
+    """The package gives every project of its environment its ``scrapy
+    crawl``; a project without the frontier is not held to its settings."""
+    assert frontier_enabled(Settings(settings)) is enabled

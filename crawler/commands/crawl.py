@@ -5,7 +5,8 @@ The project's commands module (``COMMANDS_MODULE``) overrides Scrapy's
 ``crawl`` with this subclass (scrapyd's jobs run it too). It runs the crawl
 as Scrapy's does, and adds:
 
-* **Settings are checked first** (:func:`crawler.config.validate_settings`),
+* **Settings are checked first** (:func:`crawler.config.validate_settings`)
+  in a project that switches the frontier on (:func:`frontier_enabled`),
   once the spider's ``custom_settings`` and the ``-s`` options are merged and
   before anything is built: a bad value is reported in one line per setting,
   ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds > 0``, and the
@@ -42,7 +43,9 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisClusterException, RedisError
 from scrapy.commands import crawl
 from scrapy.exceptions import UsageError
+from scrapy.utils.misc import load_object
 
+from crawler.addon import FrontierAddon
 from crawler.config import (
     ConfigurationError,
     SettingsError,
@@ -52,6 +55,7 @@ from crawler.config import (
     validate_settings,
 )
 from crawler.frontier.connection import cluster_enabled, get_redis, redis_location
+from crawler.frontier.scheduler import FrontierScheduler
 
 if TYPE_CHECKING:
     import argparse
@@ -85,6 +89,21 @@ def _configuration_error(exc: BaseException | None) -> ConfigurationError | None
     return None
 
 
+
+def frontier_enabled(settings: BaseSettings) -> bool:
+    """Whether the project switches the frontier on: ``ADDONS`` lists
+    :class:`crawler.addon.FrontierAddon` (or a subclass), or ``SCHEDULER``
+    is ours. An installed package gives every project of the environment this
+    command; a project without the frontier is left to run as Scrapy's."""
+    for key in settings.getdict("ADDONS"):
+        cls = load_object(key) if isinstance(key, str) else key
+        if isinstance(cls, type) and issubclass(cls, FrontierAddon):
+            return True
+    scheduler = settings.get("SCHEDULER")
+    cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
+    return isinstance(cls, type) and issubclass(cls, FrontierScheduler)
+
+
 class Command(crawl.Command):
     """Scrapy's ``crawl``, which exits non-zero on configuration errors."""
 
@@ -112,7 +131,8 @@ class Command(crawl.Command):
         crawler = self._create_crawler(args[0])
         try:
             # Unknown names are warned about once, by the add-on's check.
-            validate_settings(crawler.settings, warn_unknown=False)
+            if frontier_enabled(crawler.settings):
+                validate_settings(crawler.settings, warn_unknown=False)
         except SettingsError as exc:
             self._log_error(exc)
             self.exitcode = EXIT_BAD_SETTING
