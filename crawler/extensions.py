@@ -16,7 +16,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.threads import deferToThread
 
 from crawler.frontier.connection import get_redis, report_redis_failure
-from crawler.keys import CrawlKeys
+from crawler.keys import CrawlKeys, spider_name_of
 from crawler.status import ITEMS_STAT_PREFIX
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class ClusterStats:
         ext = cls(
             crawler,
             get_redis(settings),
-            CrawlKeys.for_spider(crawler.spidercls.name, settings),
+            CrawlKeys.for_spider(spider_name_of(crawler), settings),  # again at open
             worker_id(settings),
             interval,
         )
@@ -140,7 +140,10 @@ class ClusterStats:
         return ext
 
     def spider_opened(self) -> None:
-        """Register the worker and start the heartbeat."""
+        """Choose the keys from the spider instance's name (set in its
+        ``__init__`` or by ``-a name=...`` too), register the worker and
+        start the heartbeat."""
+        self.keys = CrawlKeys.for_spider(spider_name_of(self.crawler), self.crawler.settings)
         assert self.crawler.stats is not None
         self.started = time.time()
         self.crawler.stats.inc_value("workers/started")

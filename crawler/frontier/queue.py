@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy_redis.queue import Base
 
+from crawler.config import is_unset
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import site_of
@@ -76,8 +77,14 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             server,
             spider.name,
             shard_count(settings),
-            default_delay=settings.getfloat("FRONTIER_DELAY"),
-            default_concurrency=settings.getint("FRONTIER_CONCURRENCY"),
+            # Without the add-on (scrapy-redis's switch: SCHEDULER and
+            # DUPEFILTER_CLASS only), Scrapy's own settings are the defaults.
+            default_delay=settings.getfloat("FRONTIER_DELAY")
+            if not is_unset(settings, "FRONTIER_DELAY")
+            else settings.getfloat("DOWNLOAD_DELAY"),
+            default_concurrency=settings.getint("FRONTIER_CONCURRENCY")
+            if not is_unset(settings, "FRONTIER_CONCURRENCY")
+            else settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
             lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
             max_deliveries=settings.getint("FRONTIER_MAX_DELIVERIES", 5),
             delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
