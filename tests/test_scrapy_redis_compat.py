@@ -13,17 +13,26 @@ import logging
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import json
+
 import pytest
-from scrapy import Request, Spider
+from scrapy import FormRequest, Request, Spider
 from scrapy.exceptions import CloseSpider
+from scrapy.http import HtmlResponse
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+from scrapy_redis.spiders import RedisSpider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
+from crawler.config import validate_settings
 from crawler.control import CrawlControl
 from crawler.extensions import ClusterStats
 from crawler.frontier.bloom import BloomDupeFilter
 from crawler.frontier.housekeeping import FrontierHousekeeping
+from crawler.frontier.intake import SeedIntake
 from crawler.frontier.scheduler import FrontierScheduler
+from crawler.frontier.spider import FrontierCrawlSpider, FrontierSpider
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import StubSlot, lease_all
 
@@ -208,3 +217,165 @@ def test_a_spider_named_in_init_or_by_argument_keeps_one_set_of_keys(
     assert isinstance(scheduler.df, BloomDupeFilter) == ("Bloom" in dupefilter)
     tags = {key.split(b"}")[0] + b"}" for key in rds.keys("*")}
     assert tags == {f"{{{name}}}".encode()}, tags
+
+
+# -- kinds 2-6 (issue 28): seeds as scrapy-redis spiders read them ---------------
+
+
+class Seeded(FrontierSpider):
+    name = "seeded"
+
+
+def seeded_spider(
+    redis_url: str, spidercls: type[Spider] = Seeded, **settings: Any
+) -> tuple[Any, list[Request]]:
+    """A frontier spider opened on its scheduler; the engine's ``crawl``
+    collects the requests it is handed."""
+    scheduler, crawler = build(redis_url, spidercls, {**harness.SETTINGS, **settings})
+    crawled: list[Request] = []
+    crawler.engine.crawl = crawled.append
+    crawler.engine._slot = SimpleNamespace(scheduler=None, remove_request=lambda r: None)
+    scheduler.open(crawler.spider)
+    harness._opened.append(scheduler)
+    return crawler.spider, crawled
+
+
+def test_seeds_in_a_set_are_held_in_an_intake_batch_until_done_or_returned(
+    rds: redis.Redis,
+) -> None:
+    intake = SeedIntake(rds, "s:start_urls", "w#1", as_set=True)
+    rds.sadd("s:start_urls", "http://a.example/1", "http://a.example/2", "http://a.example/3")
+    assert intake.wait_for_seeds(0.1)
+    taken = intake.take(intake.new_batch(), 2)
+    assert len(taken.seeds) == 2
+    assert rds.scard("s:start_urls") == 1
+    assert sorted(rds.lrange(taken.batch, 0, -1)) == sorted(taken.seeds)  # durable in Redis
+    assert intake.take(taken.batch, 2).reused  # a lost reply: the same seeds again
+    assert intake.return_batch(taken.batch) == 2
+    assert rds.scard("s:start_urls") == 3
+    assert not rds.exists(taken.batch)
+    intake.take(intake.new_batch(), 10)  # its worker dies
+    assert [r.seeds for r in intake.reclaim_stale(0)] == [3]
+    assert rds.scard("s:start_urls") == 3
+
+
+def test_a_frontier_spider_reads_seeds_from_a_set_with_redis_start_urls_as_set(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    spider, crawled = seeded_spider(redis_url, REDIS_START_URLS_AS_SET=True)
+    rds.sadd("seeded:start_urls", "http://a.example/1", "http://a.example/2")
+    assert spider._take_batch(spider._seed_intake())
+    assert sorted(r.url for r in crawled) == ["http://a.example/1", "http://a.example/2"]
+    assert rds.scard("seeded:start_urls") == 0
+
+
+class ScrapyRedisSetSpider(RedisSpider):
+    name = "srset"
+
+
+def test_scrapy_redis_own_spider_reads_a_seed_set_on_the_frontier(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    settings = get_crawler(
+        ScrapyRedisSetSpider, {**SWITCH, "REDIS_START_URLS_AS_SET": True}
+    ).settings
+    validate_settings(settings)  # the add-on's check: no refusal, no traceback
+    scheduler, crawler = build(
+        redis_url, ScrapyRedisSetSpider, {**SWITCH, "REDIS_START_URLS_AS_SET": True}
+    )
+    open_(scheduler, crawler)
+    rds.sadd("srset:start_urls", "http://a.example/1")
+    assert [r.url for r in crawler.spider.next_requests()] == ["http://a.example/1"]
+
+
+class ManyPerSeed(FrontierSpider):
+    name = "many"
+
+    def make_request_from_data(self, data: bytes) -> Any:
+        url = data.decode()
+        if url.endswith("/list"):
+            return [Request(url + "/a"), Request(url + "/b")]
+        if url.endswith("/gen"):
+            return (Request(f"{url}/{i}") for i in range(2))
+        if url.endswith("/item"):
+            return [{"an": "item"}, Request(url + "/ok")]
+        if url.endswith("/none"):
+            return None
+        raise ValueError("boom")
+
+
+def test_make_request_from_data_may_return_a_request_or_any_iterable_of_them(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    spider, crawled = seeded_spider(redis_url, ManyPerSeed)
+    for path in ("list", "gen", "item", "none", "raises"):
+        rds.lpush("many:start_urls", f"http://a.example/{path}")
+    assert spider._take_batch(spider._seed_intake())
+    assert [r.url for r in crawled] == [
+        "http://a.example/list/a", "http://a.example/list/b",
+        "http://a.example/gen/0", "http://a.example/gen/1", "http://a.example/item/ok",
+    ]
+    assert spider.crawler.stats.get_value("frontier/seeds/bad") == 2  # the item, the error
+
+
+def test_a_scrapy_redis_json_seed_with_post_and_form_data_is_sent_as_a_form(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    spider, crawled = seeded_spider(redis_url)
+    rds.lpush("seeded:start_urls", json.dumps({
+        "url": "http://a.example/search", "method": "post", "meta": {"job-id": "123xsd"},
+        "q": "books", "page": 2,
+    }), json.dumps({"url": "http://a.example/get", "url_cookie_key": "fertxsas"}))
+    assert spider._take_batch(spider._seed_intake())
+    post, get = crawled
+    assert isinstance(post, FormRequest)
+    assert post.method == "POST"
+    assert post.body == b"q=books&page=2"
+    assert post.headers[b"Content-Type"] == b"application/x-www-form-urlencoded"
+    assert post.meta["job-id"] == "123xsd"
+    assert get.method == "GET"
+    assert get.url == "http://a.example/get?url_cookie_key=fertxsas"  # as scrapy-redis
+
+
+class WithStartUrls(FrontierSpider):
+    name = "starts"
+    start_urls = ["http://a.example/1", "http://a.example/2", "not a url"]
+
+
+def test_start_urls_are_seeded_once_per_crawl_through_the_seed_checks(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    first, crawled = seeded_spider(redis_url, WithStartUrls)
+    second, _ = seeded_spider(redis_url, WithStartUrls)
+    for spider in (first, second):  # two workers of one crawl
+        spider._push_start_urls(spider._seed_intake())
+    assert rds.llen("starts:start_urls") == 3
+    assert first._take_batch(first._seed_intake())
+    assert [r.url for r in crawled] == ["http://a.example/1", "http://a.example/2"]
+    assert first.crawler.stats.get_value("frontier/seeds/bad") == 1  # "not a url"
+
+
+class Rules(FrontierCrawlSpider):
+    name = "rules"
+    rules = (Rule(LinkExtractor(allow=r"/page/"), callback="parse_page", follow=True),)
+
+    def parse_page(self, response: Any) -> Any:
+        yield {"url": response.url}
+
+
+def test_a_frontier_crawl_spider_follows_its_rules_from_seeds(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    spider, crawled = seeded_spider(redis_url, Rules)
+    assert isinstance(spider, CrawlSpider)
+    rds.lpush("rules:start_urls", "http://a.example/")
+    assert spider._take_batch(spider._seed_intake())
+    [seed] = crawled
+    response = HtmlResponse(
+        seed.url, body=b'<a href="/page/1">1</a><a href="/other">x</a>', request=seed
+    )
+    async def parse() -> list[Any]:
+        return [r async for r in spider._parse(response)]
+
+    followed = harness.reactor_loop().run_until_complete(parse())
+    assert [r.url for r in followed] == ["http://a.example/page/1"]
