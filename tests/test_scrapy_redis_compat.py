@@ -9,21 +9,21 @@ ours), not the project's crawler/settings.py.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import json
-
 import pytest
+import redis as redis_lib
 from scrapy import FormRequest, Request, Spider
 from scrapy.exceptions import CloseSpider
 from scrapy.http import HtmlResponse
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
-from scrapy_redis.spiders import RedisSpider
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
+from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import validate_settings
 from crawler.control import CrawlControl
@@ -33,10 +33,14 @@ from crawler.frontier.housekeeping import FrontierHousekeeping
 from crawler.frontier.intake import SeedIntake
 from crawler.frontier.scheduler import FrontierScheduler
 from crawler.frontier.spider import FrontierCrawlSpider, FrontierSpider
+from devtools.replay import generated_site
 from tests import scheduler_harness as harness
+from tests.workers import crawl
 from tests.scheduler_harness import StubSlot, lease_all
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import redis
 
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
@@ -339,7 +343,8 @@ def test_a_scrapy_redis_json_seed_with_post_and_form_data_is_sent_as_a_form(
 
 class WithStartUrls(FrontierSpider):
     name = "starts"
-    start_urls = ["http://a.example/1", "http://a.example/2", "not a url"]
+    start_urls = [  # noqa: RUF012 - as Scrapy spiders write it
+        "http://a.example/1", "http://a.example/2", "not a url"]
 
 
 def test_start_urls_are_seeded_once_per_crawl_through_the_seed_checks(
@@ -379,3 +384,32 @@ def test_a_frontier_crawl_spider_follows_its_rules_from_seeds(
 
     followed = harness.reactor_loop().run_until_complete(parse())
     assert [r.url for r in followed] == ["http://a.example/page/1"]
+
+
+# -- real workers: scrapy-redis's own spiders on scrapy-redis's switch ----------
+
+
+@pytest.mark.workers
+@pytest.mark.parametrize(
+    ("spider", "seed_key", "as_set"),
+    [("switched", "switched:seeds", False), ("switchedcrawl", "switchedcrawl:start_urls", True)],
+)
+def test_scrapy_redis_spiders_crawl_unchanged_on_scrapy_redis_switch(
+    env: dict[str, str], site_factory: Any, tmp_path: Path,
+    spider: str, seed_key: str, as_set: bool,
+) -> None:
+    site = site_factory(generated_site(12))
+    rds = redis_lib.Redis.from_url(env["REDIS_URL"])
+    if as_set:
+        rds.sadd(seed_key, site.url_for("/"))
+    else:
+        rds.lpush(seed_key, site.url_for("/"))
+    switched_env = {**env, "SCRAPY_SETTINGS_MODULE": "tests.srswitch.settings"}
+    settings: dict[str, object] = {"REDIS_START_URLS_AS_SET": as_set}
+    [worker] = crawl(spider, switched_env, tmp_path, settings=settings)
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    fetched = {h.path for h in site.hits() if h.path != "/robots.txt"}
+    assert len(fetched) == 13, sorted(fetched)  # every page, each once
+    assert len([h for h in site.hits() if h.path != "/robots.txt"]) == 13
+    assert rds.scard(f"{{{spider}}}:dupefilter") >= 13  # the shared set, under the spider's tag
