@@ -35,8 +35,8 @@ from crawler.frontier.scheduler import FrontierScheduler
 from crawler.frontier.spider import FrontierCrawlSpider, FrontierSpider
 from devtools.replay import generated_site
 from tests import scheduler_harness as harness
-from tests.workers import crawl
 from tests.scheduler_harness import StubSlot, lease_all
+from tests.workers import crawl
 
 if TYPE_CHECKING:
     from pathlib import Path
