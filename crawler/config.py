@@ -596,10 +596,10 @@ SETTINGS: dict[str, Setting] = {
                                  "decode Redis replies (scrapy-redis); must stay off"),
     "REDIS_START_URLS_KEY": _s(text(check=_check_seed_key), "the seed list, %(name)s is the "
                                "spider's name (scrapy-redis)"),
-    "REDIS_START_URLS_AS_SET": _s(false_only("seeds are read from a list"),
-                                  "read seeds from a set (scrapy-redis); not supported"),
-    "REDIS_START_URLS_AS_ZSET": _s(false_only("seeds are read from a list"),
-                                   "read seeds from a sorted set (scrapy-redis); not supported"),
+    "REDIS_START_URLS_AS_SET": _s(FLAG, "read seeds from a set instead of a list "
+                                  "(scrapy-redis)"),
+    "REDIS_START_URLS_AS_ZSET": _s(FLAG, "read seeds from a sorted set (scrapy-redis); "
+                                   "refused when on (crawler.frontier.compat)"),
     "FRONTIER_REDIS_CLUSTER": _s(FLAG, "REDIS_URL names a node of a Redis Cluster"),
     "MONGO_URI": _s(text(check=_check_mongo_uri, allowed="a mongodb:// or mongodb+srv:// URI"),
                     "the MongoDB server that stores the items", secret=True),
@@ -822,7 +822,9 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
     Every setting of the table that is set is checked (None, unset, always
     passes: Scrapy's getters read it as the component's default); a Redis
     client is then built as the crawl will build it (no I/O on one server),
-    so that options redis-py refuses are found now. A setting with a
+    so that options redis-py refuses are found now; then the scrapy-redis
+    settings the frontier cannot honour are refused
+    (:func:`crawler.frontier.compat.refusals`). A setting with a
     project prefix (:data:`OWN_PREFIXES`) that is not in the table is
     logged as a warning (a typo, most likely) unless ``warn_unknown`` is
     off.
@@ -847,6 +849,11 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
             problems.append(client_problem)
     if not problems:
         problems = _order_problems(settings)
+    if not problems:
+        # Imported here: it loads the frontier's classes, which import this module.
+        from crawler.frontier.compat import refusals  # noqa: PLC0415
+
+        problems = refusals(settings)
     if problems:
         raise SettingsError(problems)
     if not warn_unknown:

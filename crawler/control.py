@@ -46,7 +46,7 @@ from twisted.internet.threads import deferToThread
 
 from crawler.config import close_at_open, stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
-from crawler.keys import control_key
+from crawler.keys import control_key, spider_name_of
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -169,7 +169,8 @@ class CrawlControl:
         interval = crawler.settings.getfloat("FRONTIER_CONTROL_INTERVAL", 1.0)
         if interval <= 0:
             raise NotConfigured("FRONTIER_CONTROL_INTERVAL must be positive")
-        ext = cls(crawler, get_redis(crawler.settings), crawler.spidercls.name, interval)
+        # The spider instance's name is taken again at open (spider_opened).
+        ext = cls(crawler, get_redis(crawler.settings), spider_name_of(crawler), interval)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext
@@ -180,6 +181,8 @@ class CrawlControl:
         :raises CloseSpider: the crawl is stopped (reason ``stopped``), or
             Redis refuses this worker's configuration (``config_error``).
         """
+        self.spider = spider_name_of(self.crawler)  # set in __init__ or by -a name= too
+        self.key = control_key(self.spider)
         try:
             state, raw = await maybe_deferred_to_future(
                 deferToThread(read_state, self.server, self.spider)

@@ -19,7 +19,7 @@ from twisted.internet.threads import deferToThread
 
 from crawler.config import masked_url
 from crawler.frontier.connection import get_redis, report_redis_failure
-from crawler.keys import CrawlKeys
+from crawler.keys import CrawlKeys, spider_name_of
 from crawler.pipelines import MongoPipeline, collection_of
 from crawler.status import FEED_STAT_PREFIX, ITEMS_STAT_PREFIX
 
@@ -155,7 +155,7 @@ class ClusterStats:
         ext = cls(
             crawler,
             get_redis(settings),
-            CrawlKeys.for_spider(crawler.spidercls.name, settings),
+            CrawlKeys.for_spider(spider_name_of(crawler), settings),  # again at open
             worker_id(settings),
             interval,
         )
@@ -167,7 +167,10 @@ class ClusterStats:
         return ext
 
     def spider_opened(self) -> None:
-        """Register the worker and start the heartbeat."""
+        """Choose the keys from the spider instance's name (set in its
+        ``__init__`` or by ``-a name=...`` too), register the worker and
+        start the heartbeat."""
+        self.keys = CrawlKeys.for_spider(spider_name_of(self.crawler), self.crawler.settings)
         assert self.crawler.stats is not None
         self.started = time.time()
         self.crawler.stats.inc_value("workers/started")

@@ -24,6 +24,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.log import get_scrapy_root_handler
 
 from crawler.extensions import job_id, worker_id
+from crawler.keys import spider_name_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -141,7 +142,7 @@ class JsonLogging:
         """The crawl's constant fields: worker, spider, job."""
         return {
             "worker": worker_id(self.crawler.settings),
-            "spider": self.crawler.spidercls.name,
+            "spider": spider_name_of(self.crawler),
             "job": job_id(self.crawler),
         }
 

@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 from crawler.config import is_unset
 
 if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
 __all__ = [
@@ -97,6 +98,7 @@ __all__ = [
     "shards_key",
     "site_prefix",
     "slot_warning",
+    "spider_name_of",
     "stats_key",
     "workers_key",
 ]
@@ -107,6 +109,24 @@ SLOTS = 16384
 #: Default patterns (``%(spider)s``/``%(name)s`` is the spider's name).
 SEEDS = "%(name)s:start_urls"
 DUPEFILTER = "{%(spider)s}:dupefilter"
+
+
+#: The name keys are derived from before the spider exists and its class
+#: names none (its ``__init__`` will): replaced at open.
+UNNAMED = "unnamed-spider"
+
+
+def spider_name_of(crawler: Crawler) -> str:
+    """The crawl's name: the spider instance's (``crawler.spider.name``)
+    once it exists, else its class's, else :data:`UNNAMED`.
+
+    Components that derive Redis keys from it choose them when the spider
+    opens, when the instance (and so ``-a name=...`` or a name set in
+    ``__init__``) is known.
+    """
+    spider = getattr(crawler, "spider", None)
+    name = getattr(spider, "name", None) or getattr(crawler.spidercls, "name", None)
+    return str(name) if name else UNNAMED
 
 
 def seeds_key(spider: str) -> str:

@@ -76,6 +76,7 @@ from warcio.warcwriter import WARCWriter
 
 from crawler.config import SettingsError
 from crawler.extensions import job_id, worker_id
+from crawler.keys import spider_name_of
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -403,7 +404,7 @@ class WarcWriterMiddleware:
         if not str(directory).strip():
             raise NotConfigured("WARC_DIR is not set")
         max_size = settings.getint("WARC_MAX_SIZE", DEFAULT_MAX_SIZE)
-        spider = crawler.spidercls.name
+        spider = spider_name_of(crawler)  # the instance's, at open (spider_opened)
         worker = worker_id(settings)
         info = {
             "software": _versions(),
@@ -432,6 +433,11 @@ class WarcWriterMiddleware:
 
     def spider_opened(self) -> None:
         """Start the writer thread; name the scrapyd job in the warcinfo."""
+        name = spider_name_of(self.crawler)
+        if name != self.series.info["spider"]:
+            worker = self.series.info["worker"]
+            self.series.prefix = _UNSAFE.sub("_", f"{name}-{worker}")
+            self.series.info["spider"] = self.series.info["isPartOf"] = name
         job = job_id(self.crawler)
         if job:
             self.series.info["job"] = job

@@ -262,7 +262,9 @@ BAD_SETTINGS = [
     ("MONGO_URI", "mongodb://h/?authMechanism=BOGUS", "MONGO_URI=mongodb://h/?authMechanism="),
     ("SCHEDULER_QUEUE_KEY", "%(nope)s", "SCHEDULER_QUEUE_KEY=%(nope)s: must be a key template"),
     ("DUPEFILTER_CLASS", "no.such.Filter", "DUPEFILTER_CLASS=no.such.Filter: must be an import"),
-    ("REDIS_START_URLS_AS_SET", "True", "REDIS_START_URLS_AS_SET=True: must be False"),
+    ("REDIS_START_URLS_AS_ZSET", "True", "REDIS_START_URLS_AS_ZSET=True: not supported"),
+    ("SCHEDULER_QUEUE_CLASS", "scrapy_redis.queue.LifoQueue",
+     "SCHEDULER_QUEUE_CLASS=scrapy_redis.queue.LifoQueue: not supported"),
     ("RETRY_HTTP_CODES", "500,abc", "RETRY_HTTP_CODES=500,abc: must be a list of HTTP status"),
     ("REDIS_URL", "redis://127.0.0.1:6379/abc", "REDIS_URL=redis://127.0.0.1:6379/abc: "),
     ("DOWNLOAD_TIMEOUT", "abc", "DOWNLOAD_TIMEOUT=abc: must be a number of seconds > 0"),
@@ -289,7 +291,10 @@ def test_a_bad_value_is_refused_in_one_line_naming_setting_value_and_what_is_all
      ("FRONTIER_STATS_ENABLED", "false"), ("FRONTIER_REDIS_CLUSTER", "0"),
      ("REDIS_PARAMS", '{"db": 1, "socket_timeout": 3}'), ("FRONTIER_SITE_DELAYS", {"a.example": 2}),
      ("DUPEFILTER_CLASS", "crawler.frontier.bloom.BloomDupeFilter"), ("FRONTIER_DELAY", None),
-     ("SCHEDULER_SERIALIZER", "json"), ("MONGO_URI", "mongodb+srv://u:p@cluster.example/")],
+     ("SCHEDULER_SERIALIZER", "json"), ("MONGO_URI", "mongodb+srv://u:p@cluster.example/"),
+     ("REDIS_START_URLS_AS_SET", "True"),
+     ("SCHEDULER_QUEUE_CLASS", "scrapy_redis.queue.PriorityQueue"),
+     ("DUPEFILTER_CLASS", "scrapy_redis.dupefilter.RFPDupeFilter")],
 )
 def test_good_values_pass(name: str, value: Any) -> None:
     settings = get_project_settings()

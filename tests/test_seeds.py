@@ -17,8 +17,13 @@ from crawler.frontier.seeds import BadSeed, Seed, parse_seed
             Seed(url="https://a.example/", meta={"k": [1]}, priority=9),
         ),
         (
-            '{"url": "https://a.example/", "method": "post", "body": "x=1", "extra": 1}',
-            Seed(url="https://a.example/", method="POST", body="x=1", unknown_keys=("extra",)),
+            '{"url": "https://a.example/", "method": "post", "body": "x=1"}',
+            Seed(url="https://a.example/", method="POST", body="x=1"),
+        ),
+        (  # scrapy-redis 0.9.1's form data: every other key
+            '{"url": "https://a.example/", "method": "POST", "q": "x", "n": 1, "m": ["a", 2]}',
+            Seed(url="https://a.example/", method="POST",
+                 formdata={"q": "x", "n": "1", "m": ["a", "2"]}),
         ),
     ],
 )
@@ -41,6 +46,8 @@ def test_good_seeds_parse(data: bytes | str, expected: Seed) -> None:
         ('{"url": "https://a.example/", "priority": true}', "'priority' must be int"),
         ('{"url": "https://a.example/", "meta": []}', "'meta' must be dict"),
         ('{"url": "https://a.example/", "headers": {"a": 1}}', "'headers' values"),
+        ('{"url": "https://a.example/", "body": "x", "q": "y"}', "both a 'body' and form data"),
+        ('{"url": "https://a.example/", "q": {"a": 1}}', "form field 'q' must be a string"),
         ("", "empty seed"),
         (b"   ", "empty seed"),
         (b"\xff\xfe", "not utf-8 text"),

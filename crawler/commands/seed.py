@@ -56,9 +56,9 @@ def seed_json(
     :param meta: ``--meta``, merged under the seed's own meta keys.
     :param spider_cls: when given, a seed's ``callback`` must be one of its
         methods.
-    :returns: ``(json_text, unknown_keys)``: compact JSON with ``url`` first
+    :returns: ``(json_text, form_keys)``: compact JSON with ``url`` first
         and defaults (priority 0, empty meta) left out; the JSON keys the
-        workers will ignore.
+        workers send as form data (scrapy-redis's reading), sorted.
     :raises BadSeed: the seed cannot become a request; the message says why.
     """
     seed = parse_seed(line)
@@ -79,7 +79,8 @@ def seed_json(
     if seed.callback is not None and spider_cls is not None:
         if not callable(getattr(spider_cls, seed.callback, None)):
             raise BadSeed(f"spider has no callback {seed.callback!r}")
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False), seed.unknown_keys
+    form_keys = tuple(sorted(seed.formdata))
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False), form_keys
 
 
 class SeedPusher:
@@ -239,7 +240,7 @@ class Command(ScrapyCommand):
                     continue
                 if unknown and not opts.quiet:
                     keys = ", ".join(unknown)
-                    print(f"{source}:{number}: ignored unknown keys {keys}", file=sys.stderr)
+                    print(f"{source}:{number}: form data keys {keys}", file=sys.stderr)
                 pusher.add(seed)
 
         try:

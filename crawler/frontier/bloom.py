@@ -227,14 +227,16 @@ class BloomDupeFilter(FrontierDupeFilter):
         self._script = server.register_script(source)
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        """Build the filter from ``FRONTIER_BLOOM_*``, without Redis I/O.
+    def _for_name(cls, crawler: Crawler, name: str) -> Self:
+        """Build the filter of the spider ``name`` from ``FRONTIER_BLOOM_*``,
+        without Redis I/O (:meth:`FrontierDupeFilter.from_crawler` and
+        :meth:`~FrontierDupeFilter.open` call it).
 
         :raises ValueError: a ``FRONTIER_BLOOM_*`` setting is out of range.
         """
         settings = crawler.settings
         bloom = BloomFilter.for_capacity(
-            frontier_prefix(crawler.spidercls.name) + "bloom",
+            frontier_prefix(name) + "bloom",
             settings.getint("FRONTIER_BLOOM_CAPACITY", 10_000_000),
             settings.getfloat("FRONTIER_BLOOM_ERROR_RATE", 0.001),
         )
@@ -249,7 +251,7 @@ class BloomDupeFilter(FrontierDupeFilter):
             bloom,
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
-            spider=crawler.spidercls.name,
+            spider=name,
             shards=shard_count(settings),
         )
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 from scrapy.utils.request import referer_str
 from scrapy_redis.dupefilter import RFPDupeFilter
 
+from crawler.frontier.compat import dupefilter_key
 from crawler.frontier.connection import get_redis
 from crawler.frontier.sites import slot_of
-from crawler.keys import shard_count, shard_of, shard_prefix
+from crawler.keys import shard_count, shard_of, shard_prefix, spider_name_of
 
 if TYPE_CHECKING:
     from typing import Self
@@ -24,7 +25,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["FrontierDupeFilter"]
 
-
 class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
     """A Redis set of the fingerprints of every request scheduled.
 
@@ -36,8 +36,10 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
       custom fingerprinter; scrapy-redis computes a SHA1 of its own.
     * The set holds the 20 raw fingerprint bytes, not 40 hex characters.
     * Built with ``from_crawler`` (Scrapy no longer calls ``from_settings``);
-      the key is ``SCHEDULER_DUPEFILTER_KEY`` with the spider's name, which is
-      known only at ``open``, so the key is set by the scheduler then.
+      the key is ``{<spider>}:dupefilter`` (``SCHEDULER_DUPEFILTER_KEY``
+      unset, or at ours or scrapy-redis's default; any other value is refused,
+      :mod:`crawler.frontier.compat`) with the spider instance's name, chosen
+      by :meth:`open` (the scheduler calls it when it opens).
     * :meth:`close` keeps the set: it is shared with other workers. Clearing
       it is :meth:`clear`'s job, called by the scheduler only when
       ``SCHEDULER_PERSIST`` is off.
@@ -66,6 +68,9 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
     #: (the first one only; set by scrapy-redis's constructor).
     logdupes: bool
     debug: bool
+    #: The crawler it was built for (:meth:`from_crawler`), whose spider
+    #: names the keys at :meth:`open`.
+    crawler: Crawler | None = None
 
     def __init__(
         self,
@@ -88,23 +93,41 @@ class FrontierDupeFilter(RFPDupeFilter):  # type: ignore[misc]
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the filter for ``crawler`` without any Redis I/O.
 
-        The key starts as ``SCHEDULER_DUPEFILTER_KEY`` with ``%(spider)s``
-        filled from ``crawler.spidercls.name``; ``FRONTIER_SHARDS`` gives the
-        shards.
+        Its keys are chosen by :meth:`open`, from the spider instance's name
+        (``crawler.spider.name``: a class attribute, set in ``__init__``, or
+        ``-a name=...``); until then they use the name known now, if any.
+        The set is ``{<spider>}:dupefilter``
+        (:func:`crawler.frontier.compat.dupefilter_key`), ``FRONTIER_SHARDS``
+        gives the shards.
         """
+        df = cls._for_name(crawler, spider_name_of(crawler))
+        df.crawler = crawler
+        return df
+
+    @classmethod
+    def _for_name(cls, crawler: Crawler, name: str) -> Self:
         settings = crawler.settings
-        key = settings.get("SCHEDULER_DUPEFILTER_KEY") % {
-            "spider": crawler.spidercls.name
-        }
+        template = dupefilter_key(settings)
         assert crawler.request_fingerprinter is not None
         return cls(
             get_redis(settings),
-            key,
+            template % {"spider": name},
             debug=settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
-            spider=crawler.spidercls.name,
+            spider=name,
             shards=shard_count(settings),
         )
+
+    def open(self) -> None:
+        """Choose the keys from the spider's name, now that the spider
+        exists (called by the scheduler when it opens). No Redis I/O."""
+        crawler = getattr(self, "crawler", None)
+        spider = getattr(crawler, "spider", None)
+        if crawler is None or spider is None or spider.name == self.spider_name:
+            return
+        fresh = self._for_name(crawler, spider.name)
+        fresh.crawler = crawler
+        self.__dict__.update(fresh.__dict__)  # a fresh client too: none is connected yet
 
     def shard_prefix(self, index: int) -> str:
         """The key prefix of frontier shard ``index`` (``{<spider>:<i>}:``)."""

@@ -83,7 +83,7 @@ from twisted.internet.threads import deferToThread
 from crawler.frontier.connection import NOT_RUN, config_error, get_redis, report_redis_failure
 from crawler.frontier.shards import node_pipelines
 from crawler.frontier.store import _Lua
-from crawler.keys import ShardKeys, shard_count, shard_prefixes, workers_key
+from crawler.keys import ShardKeys, shard_count, shard_prefixes, spider_name_of, workers_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -508,7 +508,7 @@ class FrontierHousekeeping:
             raise NotConfigured("FRONTIER_HOUSEKEEPING_INTERVAL is 0")
         housekeeper = Housekeeper(
             get_redis(settings),
-            crawler.spidercls.name,
+            spider_name_of(crawler),  # the instance's, at open (spider_opened)
             shards=shard_count(settings),
             worker_forget_after=settings.getfloat("FRONTIER_WORKER_FORGET_AFTER", 86400.0),
             dead_max=settings.getint("FRONTIER_DEAD_LETTERS_MAX", 100_000),
@@ -521,7 +521,16 @@ class FrontierHousekeeping:
         return ext
 
     def spider_opened(self) -> None:
-        """Start the periodic runs (the first one interval seconds from now)."""
+        """Start the periodic runs (the first one interval seconds from now),
+        on the keys of the spider instance's name."""
+        old = self.housekeeper
+        name = spider_name_of(self.crawler)
+        if name != old.spider:
+            self.housekeeper = Housekeeper(
+                old.redis, name, shards=len(old.prefixes),
+                worker_forget_after=old.worker_forget_after, dead_max=old.dead_max,
+                site_forget_after=old.site_forget_after_ms / 1000, batch=old.batch,
+            )
         self._task = create_looping_call(self.tick)
         self._task.start(self.interval, now=False)
 

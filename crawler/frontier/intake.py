@@ -16,7 +16,13 @@ Keys, for the seed list ``quotes:start_urls`` (no hash tag):
 key                                                     type    holds
 ======================================================  ======  ===============================
 ``quotes:start_urls``                                   list    seeds, ``LPUSH``-ed, taken from
-                                                                the right (oldest first)
+                                                                the right (oldest first); a set
+                                                                with ``REDIS_START_URLS_AS_SET``
+                                                                (``SADD``-ed, no order)
+``{quotes:start_urls}:start_urls_seeded``               string  set once the spider's
+                                                                ``start_urls`` were pushed for
+                                                                this crawl (delete it to push
+                                                                them again)
 ``{quotes:start_urls}:intake``                          zset    intake batch key -> ms (Redis
                                                                 clock) of its registration or
                                                                 its owner's last refresh
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -61,6 +68,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["IntakeKeys", "Reclaimed", "SeedIntake", "Taken"]
+
+#: Seconds between two looks at a seed set (``REDIS_START_URLS_AS_SET``)
+#: by an idle worker: a set cannot be blocked on as a list can.
+SET_POLL = 0.2
 
 #: Most stale batches one :meth:`SeedIntake.reclaim_stale` round looks at.
 RECLAIM_LIMIT = 100
@@ -90,11 +101,14 @@ class IntakeKeys:
         ``{quotes:start_urls}:intake``.
     :ivar batch_prefix: what every batch key starts with,
         ``{quotes:start_urls}:intake:``.
+    :ivar seeded: the marker set when the spider's ``start_urls`` were
+        pushed for this crawl, ``{quotes:start_urls}:start_urls_seeded``.
     """
 
     seeds: str
     registry: str
     batch_prefix: str
+    seeded: str
 
     @classmethod
     def for_seed_list(cls, seeds: str) -> IntakeKeys:
@@ -114,7 +128,7 @@ class IntakeKeys:
             )
         if key_slot(base.encode()) != key_slot(seeds.encode()):  # pragma: no cover
             raise ValueError(f"intake key {base!r} is not in the slot of {seeds!r}")
-        return cls(seeds, base, f"{base}:")
+        return cls(seeds, base, f"{base}:", base.removesuffix(":intake") + ":start_urls_seeded")
 
 
 @dataclass(frozen=True)
@@ -156,12 +170,20 @@ class SeedIntake:
     :param seed_key: the seed list, e.g. ``quotes:start_urls``.
     :param holder: this process's name in batch keys: unique per process
         (a worker id and a nonce), never reused.
+    :param as_set: the seeds are in a Redis set, not a list
+        (``REDIS_START_URLS_AS_SET``): taken in no particular order, as
+        durably (each moved into its batch in the same script), and a
+        returned batch's seeds are added back to the set.
 
     :raises ValueError: see :meth:`IntakeKeys.for_seed_list`.
     """
 
-    def __init__(self, redis: Redis, seed_key: str, holder: str) -> None:
+    def __init__(
+        self, redis: Redis, seed_key: str, holder: str, *, as_set: bool = False
+    ) -> None:
         self.redis = redis
+        self.as_set = as_set
+        self._kind = "set" if as_set else "list"
         self.keys = IntakeKeys.for_seed_list(seed_key)
         self.holder = holder
         self._counter = itertools.count(1)
@@ -170,6 +192,7 @@ class SeedIntake:
         self._refresh = self._script("seeds_refresh.lua")
         self._stale = self._script("seeds_stale.lua")
         self._reclaim = self._script("seeds_reclaim.lua")
+        self._once = self._script("seeds_once.lua")
 
     def _script(self, name: str) -> Script:
         source = resources.files("crawler.frontier").joinpath("lua", name).read_text()
@@ -190,7 +213,8 @@ class SeedIntake:
             (nothing was written).
         """
         reply: list[Any] = self._take(
-            keys=[self.keys.seeds, self.keys.registry, batch], args=[max(1, int(most))]
+            keys=[self.keys.seeds, self.keys.registry, batch],
+            args=[max(1, int(most)), self._kind],
         )
         return Taken(batch, list(reply[1:]), bool(int(reply[0])))
 
@@ -263,9 +287,22 @@ class SeedIntake:
         return int(
             self._reclaim(
                 keys=[self.keys.registry, batch, self.keys.seeds],
-                args=["any" if age_ms is None else age_ms, self.keys.batch_prefix],
+                args=["any" if age_ms is None else age_ms, self.keys.batch_prefix, self._kind],
             )
         )
+
+    def seed_once(self, urls: Iterable[str]) -> int:
+        """Push ``urls`` (a spider's ``start_urls``) into the seed list, in
+        their order, unless this crawl pushed them already: the marker
+        :attr:`IntakeKeys.seeded` is set in the same call
+        (``seeds_once.lua``), so one worker of a crawl pushes them.
+
+        :returns: URLs pushed; -1 when the marker was set already.
+        :raises redis.exceptions.ResponseError: the seed key holds another
+            type (nothing was written).
+        """
+        args = [self._kind, *urls]
+        return int(self._once(keys=[self.keys.seeds, self.keys.seeded], args=args))
 
     def pending(self) -> int:
         """Intake batches registered now, by any worker (``ZCARD``)."""
@@ -279,8 +316,19 @@ class SeedIntake:
         never leaves the list (nor Redis); the caller then takes it with
         :meth:`take`. Every worker waiting wakes. Call it from a thread.
 
+        A set cannot be blocked on: it is looked at (``SCARD``) every
+        :data:`SET_POLL` seconds instead.
+
         :returns: whether a seed was there.
         """
         seeds = self.keys.seeds
+        if self.as_set:
+            deadline = time.monotonic() + timeout
+            while not int(self.redis.scard(seeds)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                time.sleep(min(SET_POLL, left))  # in a thread: a set cannot be blocked on
+            return True
         blmove: Any = self.redis.blmove  # typed with an int timeout; Redis takes seconds
         return blmove(seeds, seeds, timeout, "RIGHT", "RIGHT") is not None

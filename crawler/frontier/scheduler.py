@@ -24,6 +24,13 @@ from scrapy_redis.scheduler import Scheduler
 from crawler.config import close_at_open, is_unset, stop_on_config_error
 from crawler.extensions import worker_id
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.compat import (
+    DEFAULT_DUPEFILTER_CLASS,
+    DEFAULT_QUEUE_CLASS,
+    dupefilter_class,
+    queue_class,
+    refusals,
+)
 from crawler.frontier.connection import (
     CLUSTER_BUSY,
     NOT_RUN,
@@ -267,6 +274,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     """
 
     queue: LeasedPriorityQueue
+    #: The scrapy-redis settings refused (:func:`crawler.frontier.compat.
+    #: refusals`), one line; empty: none.
+    refused: str = ""
     lease_batch: int
     fifo_slack_us: int
     seen_max: int
@@ -280,20 +290,31 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             "persist": settings.getbool("SCHEDULER_PERSIST"),
             "flush_on_start": settings.getbool("SCHEDULER_FLUSH_ON_START"),
         }
-        for name, setting in (
-            ("queue_key", "SCHEDULER_QUEUE_KEY"),
-            ("queue_cls", "SCHEDULER_QUEUE_CLASS"),
-        ):
-            if value := settings.get(setting):
-                kwargs[name] = value
+        if value := settings.get("SCHEDULER_QUEUE_KEY"):
+            kwargs["queue_key"] = value
+        refused = refusals(settings)
+        if refused:
+            # Reported in one line when the scheduler opens (no Redis I/O
+            # then); the frontier's own classes keep this object whole.
+            kwargs["queue_cls"] = DEFAULT_QUEUE_CLASS
+            dupefilter_path = DEFAULT_DUPEFILTER_CLASS
+        else:
+            kwargs["queue_cls"] = queue_class(settings)
+            dupefilter_path = dupefilter_class(settings)
+            for setting, path in (
+                ("SCHEDULER_QUEUE_CLASS", kwargs["queue_cls"]),
+                ("DUPEFILTER_CLASS", dupefilter_path),
+            ):
+                given = settings.get(setting)
+                if given and given != path:
+                    logger.info("%s=%s: taken as %s", setting, given, path)
         serializer = settings.get("SCHEDULER_SERIALIZER")
         if isinstance(serializer, str):
             serializer = importlib.import_module(serializer)
         kwargs["serializer"] = serializer or json_serializer
-        kwargs["dupefilter"] = build_from_crawler(
-            load_object(settings["DUPEFILTER_CLASS"]), crawler
-        )
+        kwargs["dupefilter"] = build_from_crawler(load_object(dupefilter_path), crawler)
         scheduler = cls(server=get_redis(settings), **kwargs)
+        scheduler.refused = "; ".join(refused)
         scheduler.stats = crawler.stats
         scheduler.crawler = crawler
         scheduler.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
@@ -386,6 +407,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             tells when a request is finished.
         """
         self.spider = spider
+        self.df.open()  # its keys come from the spider's name
         self.queue = load_object(self.queue_cls)(
             server=self.server,
             spider=spider,
@@ -420,6 +442,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._shard_head = [math.inf] * len(shards)
         overrides = self._site_settings()
         self._hook_engine()
+        if self.refused:
+            self._stop_at_open(self.refused)
+            return
         try:
             shards.check_count()
             for key, mapping in overrides.items():
@@ -437,14 +462,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 else config_error_message(exc, self.crawler.settings)
             )
             if message is not None:
-                # Raised now, CloseSpider would skip the rest of Scrapy's
-                # start-up (the item pipelines), whose close then fails:
-                # it is raised once the spider is open instead.
-                self._close_spider = close_at_open(self.crawler, message)
-                self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
-                self._config_stopped = True
-                self._unreachable = True
-                self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
+                self._stop_at_open(message)
                 return
             self._outage(exc)
         signals_ = self.crawler.signals
@@ -1651,6 +1669,19 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             "Redis unreachable (%s); %d writes waiting; trying again in %.1fs",
             exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
         )
+
+    def _stop_at_open(self, message: str) -> None:
+        """Report the configuration error ``message`` (one log line) and
+        close the spider once it is open, with no Redis call meanwhile.
+
+        Raised now, CloseSpider would skip the rest of Scrapy's start-up
+        (the item pipelines), whose close then fails: it is raised once the
+        spider is open instead."""
+        self._close_spider = close_at_open(self.crawler, message)
+        self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
+        self._config_stopped = True
+        self._unreachable = True
+        self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
 
     def _close_at_open(self) -> None:
         """``spider_opened`` handler after a configuration error at open."""

@@ -5,12 +5,16 @@ Two forms are accepted, as scrapy-redis accepts them:
 * a bare URL: ``redis-cli lpush quotes:start_urls https://quotes.toscrape.com/``
 * a JSON object: ``{"url": "...", "meta": {...}, "priority": 9}``, with the
   optional keys ``callback`` (a spider method name), ``cb_kwargs`` (object),
-  ``method``, ``headers`` (object of strings) and ``body`` (string).
+  ``method``, ``headers`` (object of strings) and ``body`` (string). Every
+  other key is form data, as scrapy-redis 0.9.1 reads it: the request is a
+  ``FormRequest`` with those keys as its ``formdata`` (the body of a POST,
+  the query of a GET); a value is a string, a number (sent as its JSON
+  text) or a list of them.
 
 A seed that is empty, is not valid JSON (when it starts with ``{``), is not a
-JSON object, lacks a string ``url``, has an optional key of the wrong type, or
-whose URL is not an absolute http(s) URL raises :class:`BadSeed` with the
-reason. Unknown JSON keys are reported back so the caller can warn about them.
+JSON object, lacks a string ``url``, has an optional key of the wrong type,
+has form data of another type or both form data and a ``body``, or whose URL
+is not an absolute http(s) URL raises :class:`BadSeed` with the reason.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class Seed:
     """A parsed seed, ready to become a :class:`scrapy.Request`.
 
     :ivar url: absolute http(s) URL.
-    :ivar unknown_keys: JSON keys this parser ignored, sorted.
+    :ivar formdata: form data (scrapy-redis's extra JSON keys), key ->
+        value or values; empty: a plain request.
     """
 
     url: str
@@ -43,7 +48,7 @@ class Seed:
     method: str = "GET"
     headers: dict[str, str] = field(default_factory=dict)
     body: str = ""
-    unknown_keys: tuple[str, ...] = ()
+    formdata: dict[str, str | list[str]] = field(default_factory=dict)
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -75,6 +80,27 @@ def check_url(url: str) -> str:
     if not parts.hostname:
         raise BadSeed(f"URL has no host: {url!r}")
     return url
+
+
+def _form_value(key: str, value: Any) -> str | list[str]:
+    """A form field's value as text (numbers as their JSON text).
+
+    :raises BadSeed: not a string, a number or a list of them.
+    """
+    if isinstance(value, list):
+        return [_form_scalar(key, v) for v in value]
+    return _form_scalar(key, value)
+
+
+def _form_scalar(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return json.dumps(value)
+    raise BadSeed(
+        f"JSON seed form field {key!r} must be a string, a number or a list of them, "
+        f"got {type(value).__name__}"
+    )
 
 
 def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
@@ -113,6 +139,12 @@ def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
                 f"JSON seed key {key!r} must be {types[0].__name__}, "
                 f"got {type(obj[key]).__name__}"
             )
+    formdata = {key: _form_value(key, obj[key]) for key in obj
+                if key not in _TYPES and key != "url"}
+    if formdata and "body" in obj:
+        raise BadSeed(
+            f"JSON seed has both a 'body' and form data ({', '.join(sorted(formdata))})"
+        )
     headers = obj.get("headers", {})
     if not all(isinstance(v, str) for v in headers.values()):
         raise BadSeed("JSON seed 'headers' values must be strings")
@@ -125,5 +157,5 @@ def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
         method=obj.get("method", "GET").upper(),
         headers=headers,
         body=obj.get("body", ""),
-        unknown_keys=tuple(sorted(set(obj) - set(_TYPES) - {"url"})),
+        formdata=formdata,
     )

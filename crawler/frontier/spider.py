@@ -7,10 +7,12 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
-from scrapy import Request, signals
+from scrapy import FormRequest, Request, signals
+from scrapy.spiders import CrawlSpider
 from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import stop_on_config_error
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrontierSpider"]
+__all__ = ["FrontierCrawlSpider", "FrontierSpider"]
 
 #: Longest pause, in seconds, between attempts while Redis is unreachable.
 REDIS_BACKOFF_CAP = 30.0
@@ -115,6 +117,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         # The batch key of a take whose reply was lost (sent again as is).
         self._taking: str | None = None
         self._closed = False
+        #: The spider's start_urls were pushed (or found pushed) for this crawl.
+        self._start_urls_done = False
         self._room_event: asyncio.Event | None = None
         self._blocking: asyncio.Future[bool] | None = None
         self._next_upkeep = 0.0
@@ -166,11 +170,14 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._read_settings()
         settings = self.crawler.settings
         logger.info(
-            "Reading seeds from Redis list %s, oldest first: up to FRONTIER_SEED_BATCH=%d "
+            "Reading seeds from Redis %s %s: up to FRONTIER_SEED_BATCH=%d "
             "at a time while downloads have room (CONCURRENT_REQUESTS=%d), each batch kept "
             "in %s until its requests are in the frontier; when idle, waiting up to "
             "FRONTIER_IDLE_WAIT=%gs for new seeds; encoding %s",
-            self.redis_key, self.seed_batch, settings.getint("CONCURRENT_REQUESTS"),
+            "set" if settings.getbool("REDIS_START_URLS_AS_SET") else "list",
+            self.redis_key + ("" if settings.getbool("REDIS_START_URLS_AS_SET")
+                              else ", oldest first"),
+            self.seed_batch, settings.getint("CONCURRENT_REQUESTS"),
             IntakeKeys.for_seed_list(self.redis_key).registry, self.idle_wait,
             self.redis_encoding, extra={"spider": self},
         )
@@ -272,7 +279,10 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         """The intake, built at first use: the scheduler gives the spider its
         Redis client when it opens (a cluster client in cluster mode)."""
         if self._intake is None:
-            self._intake = SeedIntake(self.server, self.redis_key, self.holder)
+            self._intake = SeedIntake(
+                self.server, self.redis_key, self.holder,
+                as_set=self.crawler.settings.getbool("REDIS_START_URLS_AS_SET"),
+            )
         return self._intake
 
     async def start(self) -> AsyncIterator[Any]:
@@ -292,6 +302,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         while not self._closed and not self._closing():
             try:
                 intake = self._seed_intake()
+                if not self._start_urls_done:
+                    self._push_start_urls(intake)
                 if time.monotonic() >= self._next_upkeep:
                     self._upkeep(intake)  # until it succeeds, at every turn
                     self._next_upkeep = time.monotonic() + self._upkeep_interval
@@ -334,6 +346,29 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         return
         yield  # an async generator that yields nothing
 
+    def _push_start_urls(self, intake: SeedIntake) -> None:
+        """Push the spider's ``start_urls`` into the seed list, once per
+        crawl (:meth:`SeedIntake.seed_once`): from there they are taken,
+        checked and crawled as any seed.
+
+        :raises redis.exceptions.RedisError: the call failed (tried again).
+        """
+        urls = [str(url) for url in getattr(self, "start_urls", None) or ()]
+        if urls:
+            pushed = intake.seed_once(urls)
+            if pushed >= 0:
+                logger.info(
+                    "Pushed the spider's %d start_urls into %s (once for this crawl: %s)",
+                    pushed, self.redis_key, intake.keys.seeded, extra={"spider": self},
+                )
+            else:
+                logger.info(
+                    "start_urls were pushed into %s for this crawl already (%s; delete "
+                    "it to push them again)", self.redis_key, intake.keys.seeded,
+                    extra={"spider": self},
+                )
+        self._start_urls_done = True
+
     def _take_batch(self, intake: SeedIntake) -> bool:
         """Take a batch of seeds into the intake and hand it to the engine.
 
@@ -367,8 +402,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._open[batch] = len(taken.seeds)
         engine = self.crawler.engine
         for data in taken.seeds:
-            request = self.make_request_from_data(data)
-            if request is not None:
+            for request in self._requests_from(data):
                 engine.crawl(tag_seed(request))
         scheduler = self._scheduler()
         after_commit = getattr(scheduler, "after_commit", None)
@@ -543,28 +577,70 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 self.redis_key, self.lease_timeout, extra={"spider": self},
             )
 
+    def _requests_from(self, data: bytes) -> list[Request]:
+        """The requests :meth:`make_request_from_data` makes of one seed.
+
+        As scrapy-redis reads its return value: a request, or any iterable
+        of them (a list, a generator); None or an empty iterable make none.
+        Anything else it returns (an item, a dict), or an exception it
+        raises, is logged as an error naming the seed, counted in
+        ``frontier/seeds/bad``, and the seed's other requests are crawled.
+        """
+        try:
+            made: Any = self.make_request_from_data(data)
+            if made is None:
+                return []
+            if isinstance(made, Request):
+                return [made]
+            if isinstance(made, Iterable) and not isinstance(made, str | bytes | dict):
+                made = list(made)
+            else:
+                made = [made]
+        except Exception:
+            self.crawler.stats.inc_value("frontier/seeds/bad")
+            logger.exception(
+                "make_request_from_data failed on seed %r from %s: skipped",
+                data[:200], self.redis_key, extra={"spider": self},
+            )
+            return []
+        requests = [r for r in made if isinstance(r, Request)]
+        if len(requests) < len(made):
+            self.crawler.stats.inc_value("frontier/seeds/bad")
+            logger.error(
+                "make_request_from_data gave %s for seed %r from %s: only requests "
+                "can be crawled, the rest is skipped",
+                ", ".join(sorted({type(r).__name__ for r in made if not isinstance(r, Request)})),
+                data[:200], self.redis_key, extra={"spider": self},
+            )
+        return requests
+
     def make_request_from_data(self, data: bytes) -> Request | None:
         """Turn one seed into a request, or log why it is bad and return None.
 
-        Overrides scrapy-redis's method, which builds a ``FormRequest`` and
-        logs with colour codes; see :mod:`crawler.frontier.seeds` for the
-        accepted forms.
+        Overrides scrapy-redis's method, which logs with colour codes; JSON
+        seeds are read as scrapy-redis 0.9.1 reads them (keys other than the
+        frontier's are form data: a ``FormRequest``), see
+        :mod:`crawler.frontier.seeds` for the accepted forms. A subclass may
+        return a request, any iterable of requests, or None.
         """
         try:
             seed = parse_seed(data, self.redis_encoding)
             callback = None
             if seed.callback is not None:
                 callback = self._seed_callback(seed.callback)
-            request = Request(
-                seed.url,
-                callback=callback,
-                method=seed.method,
-                headers=seed.headers or None,
-                body=seed.body,
-                meta=seed.meta,
-                priority=seed.priority,
-                cb_kwargs=seed.cb_kwargs,
-                dont_filter=True,
+            common: dict[str, Any] = {
+                "callback": callback,
+                "method": seed.method,
+                "headers": seed.headers or None,
+                "meta": seed.meta,
+                "priority": seed.priority,
+                "cb_kwargs": seed.cb_kwargs,
+                "dont_filter": True,
+            }
+            request = (
+                FormRequest(seed.url, formdata=seed.formdata, **common)
+                if seed.formdata
+                else Request(seed.url, body=seed.body, **common)
             )
         except (BadSeed, ValueError, TypeError, RecursionError) as exc:
             self.crawler.stats.inc_value("frontier/seeds/bad")
@@ -576,11 +652,6 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 extra={"spider": self},
             )
             return None
-        if seed.unknown_keys:
-            logger.warning(
-                "Seed %s: ignored unknown keys %s", seed.url, ", ".join(seed.unknown_keys),
-                extra={"spider": self},
-            )
         return request
 
     def _seed_callback(self, name: str) -> Any:
@@ -607,3 +678,15 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         The engine sends this signal only after :meth:`start` has returned.
         """
         return None
+
+
+class FrontierCrawlSpider(FrontierSpider, CrawlSpider):
+    """:class:`FrontierSpider` with Scrapy's ``CrawlSpider`` rules: seeds are
+    read as :class:`FrontierSpider` reads them (durably, from
+    ``<name>:start_urls``, ``start_urls`` pushed once per crawl) and their
+    responses go through ``rules`` as in a ``CrawlSpider``; scrapy-redis's
+    ``RedisCrawlSpider`` in the frontier's image.
+
+    A JSON seed without a ``callback`` is parsed by the rules (and
+    ``parse_start_url``); name none of the rules' callbacks there.
+    """

@@ -16,6 +16,8 @@
 -- ARGV[1]  least age of the registration, ms (integer >= 0), or "any" (the
 --          owner returns its own batch)
 -- ARGV[2]  the prefix every batch key has ("{<seed list>}:intake:")
+-- ARGV[3]  "set" when KEYS[3] is a set (REDIS_START_URLS_AS_SET: the seeds
+--          are added back to it); else a list
 -- Returns the number of seeds returned (>= 0; the batch is then gone), or
 -- -1 when the batch is not registered, -2 when it was refreshed less than
 -- ARGV[1] ms ago (nothing done), -3 when KEYS[2] holds something other than
@@ -27,7 +29,8 @@ if prefix == '' or string.sub(KEYS[2], 1, #prefix) ~= prefix or KEYS[2] == KEYS[
   return redis.error_reply('ERR ' .. KEYS[2] .. ' is not an intake batch key (prefix ' ..
     prefix .. '): nothing was written')
 end
-for _, kt in ipairs({{KEYS[1], 'zset'}, {KEYS[3], 'list'}}) do
+local as_set = ARGV[3] == 'set'
+for _, kt in ipairs({{KEYS[1], 'zset'}, {KEYS[3], as_set and 'set' or 'list'}}) do
   local t = redis.call('TYPE', kt[1])['ok']
   if t ~= 'none' and t ~= kt[2] then
     return redis.error_reply('ERR seed intake key ' .. kt[1] .. ' holds a ' .. t ..
@@ -49,6 +52,14 @@ end
 -- Newest first onto the right end: the oldest ends rightmost, taken first.
 -- Unregistered last: had a move failed, the rest would stay findable.
 local n = 0
-while redis.call('LMOVE', KEYS[2], KEYS[3], 'RIGHT', 'RIGHT') do n = n + 1 end
+if as_set then
+  for _, seed in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    redis.call('SADD', KEYS[3], seed)
+    n = n + 1
+  end
+  redis.call('DEL', KEYS[2])
+else
+  while redis.call('LMOVE', KEYS[2], KEYS[3], 'RIGHT', 'RIGHT') do n = n + 1 end
+end
 redis.call('ZREM', KEYS[1], KEYS[2])
 return n

@@ -18,12 +18,16 @@
 --                                        list: the new batch, oldest seed at
 --                                        the left
 -- ARGV[1]  most seeds to take (integer >= 1)
+-- ARGV[2]  "set" when KEYS[1] is a set (REDIS_START_URLS_AS_SET: members
+--          move, in no set order, with SRANDMEMBER and SREM); else a list
 -- Returns {reused, seed1, ..., seedN}: reused is 1 when the seeds are those
 -- an earlier call with this batch key took, 0 when they were taken now; no
 -- seed: nothing was taken (and KEYS[3] is not registered).
 -- Refused (an error reply, nothing written) when a key holds another type or
 -- ARGV[1] is not a positive integer.
-for _, kt in ipairs({{KEYS[1], 'list'}, {KEYS[2], 'zset'}, {KEYS[3], 'list'}}) do
+local as_set = ARGV[2] == 'set'
+for _, kt in ipairs({{KEYS[1], as_set and 'set' or 'list'}, {KEYS[2], 'zset'},
+                     {KEYS[3], 'list'}}) do
   local t = redis.call('TYPE', kt[1])['ok']
   if t ~= 'none' and t ~= kt[2] then
     return redis.error_reply('ERR seed intake key ' .. kt[1] .. ' holds a ' .. t ..
@@ -46,10 +50,18 @@ if #held > 0 then
   for _, seed in ipairs(held) do out[#out + 1] = seed end
   return out
 end
-for _ = 1, most do
-  local seed = redis.call('LMOVE', KEYS[1], KEYS[3], 'RIGHT', 'RIGHT')
-  if not seed then break end
-  out[#out + 1] = seed
+if as_set then
+  for _, seed in ipairs(redis.call('SRANDMEMBER', KEYS[1], most)) do
+    redis.call('SREM', KEYS[1], seed)
+    redis.call('RPUSH', KEYS[3], seed)
+    out[#out + 1] = seed
+  end
+else
+  for _ = 1, most do
+    local seed = redis.call('LMOVE', KEYS[1], KEYS[3], 'RIGHT', 'RIGHT')
+    if not seed then break end
+    out[#out + 1] = seed
+  end
 end
 if #out == 1 then redis.call('ZREM', KEYS[2], KEYS[3]) end
 return out
