@@ -635,6 +635,13 @@ SETTINGS: dict[str, Setting] = {
                                  "(which robots.txt middleware is enabled)"),
     "DOWNLOADER": _s(Kind("an importable class path", _check_object_path),
                      "each worker's downloader (the add-on sets the frontier's)"),
+    "SCHEDULER": _s(Kind("an importable class path", _check_object_path),
+                    "the scheduler (ours switches the frontier on: scrapy crawl checks "
+                    "these settings then)"),
+    "ADDONS": _s(dictionary(), "add-ons, by class path (crawler.addon.FrontierAddon "
+                 "switches the frontier on)"),
+    "ITEM_PIPELINES": _s(dictionary(), "item pipelines, by class path (which collections "
+                         "scrapy frontier status counts)"),
     "ROBOTSTXT_OBEY": _s(FLAG, "obey robots.txt"),
     "RETRY_ENABLED": _s(FLAG, "retry failed downloads"),
     "RETRY_TIMES": _s(_COUNT, "retries of a failed download"),

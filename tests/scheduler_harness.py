@@ -39,6 +39,11 @@ SETTINGS = {
     "SCHEDULER_DUPEFILTER_KEY": "{%(spider)s}:dupefilter",
     "DUPEFILTER_CLASS": "crawler.frontier.dupefilter.FrontierDupeFilter",
     "SCHEDULER_PERSIST": True,
+    # (with ROBOTSTXT_OBEY, the frontier's robots.txt gate is ours to open)
+    "DOWNLOADER_MIDDLEWARES": {
+        "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+        "crawler.politeness.SharedRobotsTxtMiddleware": 100,
+    },
 }
 
 _workers = itertools.count()

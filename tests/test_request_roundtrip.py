@@ -93,7 +93,8 @@ def test_meta_and_cb_kwargs_keep_their_types_through_the_scheduler(redis_url: st
     assert scheduler.enqueue_request(request)
     assert scheduler.flush_outbox()
     [back] = harness.lease_all(scheduler)
-    _assert_same(back.meta, {**META, "depth": 2})
+    # (its site as its download slot, which Scrapy's downloader would set)
+    _assert_same(back.meta, {**META, "depth": 2, "download_slot": "a.example"})
     _assert_same(back.cb_kwargs, {"since": META["day"], "ids": {3: (4,)}})
     assert back.callback == spider.parse_page
     assert crawler.stats.get_value("scheduler/unencodable") is None
@@ -110,7 +111,7 @@ def test_a_dead_letter_requeued_keeps_the_types_of_its_meta(
     assert requeue(frontier) == (1, 0)
     scheduler, _ = harness.open_scheduler(redis_url, _Spider)
     [back] = harness.lease_all(scheduler)
-    _assert_same(back.meta, META)  # without retry_times
+    _assert_same(back.meta, {**META, "download_slot": "a.example"})  # without retry_times
     assert back.priority == 3
 
 
