@@ -263,6 +263,8 @@ BAD_SETTINGS = [
     ("SCHEDULER_QUEUE_KEY", "%(nope)s", "SCHEDULER_QUEUE_KEY=%(nope)s: must be a key template"),
     ("DUPEFILTER_CLASS", "no.such.Filter", "DUPEFILTER_CLASS=no.such.Filter: must be an import"),
     ("REDIS_START_URLS_AS_ZSET", "True", "REDIS_START_URLS_AS_ZSET=True: not supported"),
+    ("SCHEDULER_SERIALIZER", "scrapy_redis.picklecompat",
+     "SCHEDULER_SERIALIZER=scrapy_redis.picklecompat: not supported (it unpickles"),
     ("SCHEDULER_QUEUE_CLASS", "scrapy_redis.queue.LifoQueue",
      "SCHEDULER_QUEUE_CLASS=scrapy_redis.queue.LifoQueue: not supported"),
     ("RETRY_HTTP_CODES", "500,abc", "RETRY_HTTP_CODES=500,abc: must be a list of HTTP status"),

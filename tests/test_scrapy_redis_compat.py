@@ -139,6 +139,8 @@ def test_scrapy_redis_default_dupefilter_key_is_the_set_the_frontier_records_in(
         ("SCHEDULER_DUPEFILTER_KEY", "%(spider)s:seen",
          "SCHEDULER_DUPEFILTER_KEY=%(spider)s:seen: not supported"),
         ("REDIS_START_URLS_AS_ZSET", True, "REDIS_START_URLS_AS_ZSET=True: not supported"),
+        ("SCHEDULER_SERIALIZER", "scrapy_redis.picklecompat",
+         "SCHEDULER_SERIALIZER=scrapy_redis.picklecompat: not supported (it unpickles"),
         ("DUPEFILTER_CLASS", "scrapy.dupefilters.RFPDupeFilter",
          "DUPEFILTER_CLASS=scrapy.dupefilters.RFPDupeFilter: must be "
          "crawler.frontier.dupefilter.FrontierDupeFilter or a subclass"),

@@ -20,6 +20,8 @@ No I/O here.
 
 from __future__ import annotations
 
+import importlib
+import pickle  # only to recognise pickle.loads in a serializer; never called
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
@@ -113,6 +115,28 @@ def _subclass_problem(name: str, path: str, base: str, what: str) -> str | None:
     return f"{name}={path}: must be {base} or a subclass ({what})"
 
 
+#: Serializer modules known to unpickle (scrapy-redis's default among them).
+_PICKLE_MODULES = frozenset({"pickle", "_pickle", "cPickle", "dill", "cloudpickle",
+                             "scrapy_redis.picklecompat"})
+
+
+def unpickles(serializer: Any) -> bool:
+    """Whether ``serializer`` (a module path, or a module or object with
+    ``loads``) is pickle or a module known to unpickle. A path that cannot
+    be imported is left to the setting's own check."""
+    if isinstance(serializer, str):
+        if serializer in _PICKLE_MODULES:
+            return True
+        try:
+            serializer = importlib.import_module(serializer)
+        except ImportError:
+            return False
+    loads = getattr(serializer, "loads", None)
+    return getattr(serializer, "__name__", "") in _PICKLE_MODULES or loads is pickle.loads or (
+        getattr(loads, "__module__", "") in _PICKLE_MODULES
+    )
+
+
 def refusals(settings: BaseSettings) -> list[str]:
     """One line per scrapy-redis setting the frontier cannot honour.
 
@@ -157,6 +181,14 @@ def refusals(settings: BaseSettings) -> list[str]:
             "REDIS_START_URLS_AS_ZSET=True: not supported (seeds are read from a list "
             "or, with REDIS_START_URLS_AS_SET, a set; give a seed's priority in its "
             'JSON: {"url": ..., "priority": 9})'
+        )
+    serializer = settings.get("SCHEDULER_SERIALIZER")
+    if serializer and unpickles(serializer):
+        out.append(
+            f"SCHEDULER_SERIALIZER={_path(serializer)}: not supported (it unpickles what it "
+            "reads from Redis, so anyone who can write to that Redis could run code on every "
+            "worker; remove the setting: the frontier's tagged JSON keeps datetimes, bytes, "
+            "sets and items, docs/requests.md)"
         )
     if settings.getbool("REDIS_DECODE_RESPONSES"):
         out.append("REDIS_DECODE_RESPONSES=True: not supported (the frontier reads bytes)")
