@@ -80,9 +80,11 @@ def scrapy_sdist() -> Path:
         out = done.stdout + done.stderr
         got = list(Path(tmp).glob("scrapy-*.tar.gz")) + list(Path(tmp).glob("Scrapy-*.tar.gz"))
         if done.returncode != 0 or not got:
-            if any(sign in out for sign in UNREACHABLE):
+            why = [line.strip() for line in out.splitlines()
+                   if any(sign in line for sign in UNREACHABLE)]
+            if why:
                 pytest.skip(f"pip cannot reach the package index for scrapy=={SCRAPY_VERSION}'s "
-                            f"sdist: {out.strip().splitlines()[-1]}")
+                            f"sdist: {why[-1]}")
             pytest.fail(f"pip download scrapy=={SCRAPY_VERSION} failed:\n{out}")
         os.replace(got[0], target)  # atomic: another session may race
     return target
