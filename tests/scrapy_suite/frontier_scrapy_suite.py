@@ -153,29 +153,6 @@ def _prepare_mock_crawler(crawler: Crawler) -> None:
         crawler.request_fingerprinter = build_from_crawler(
             load_object(settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
-    crawler.spidercls = _name_spider_class(crawler.spidercls)
-
-
-#: The names Scrapy's tests give their spiders when they make them, by the
-#: spider class (which has no ``name``).
-_NAMES_AT_INIT = {"Spider": "spider", "StartUrlsSpider": "StartUrlsSpider"}
-
-
-def _name_spider_class(spidercls: Any) -> Any:
-    """Until the frontier chooses its keys at open from the spider instance
-    (``crawler.keys.spider_name_of``, issue 28 item 6), its dupefilter and
-    stats extension read the name from the spider class, and Scrapy's tests
-    name their spider only when they make it (``Spider.from_crawler(crawler,
-    name="spider")``, ``StartUrlsSpider.__init__``): a subclass carrying
-    that name. The class itself once the frontier reads the instance's name.
-    """
-    from crawler import keys
-
-    if hasattr(keys, "spider_name_of") or getattr(spidercls, "name", None):
-        return spidercls
-    name = _NAMES_AT_INIT[spidercls.__name__]
-    namespace = {"name": name, "__module__": spidercls.__module__}
-    return type(spidercls.__name__, (spidercls,), namespace)
 
 
 def _scheduler_class() -> type:
@@ -237,7 +214,7 @@ def _get_crawler(original: Any) -> Any:
         settings.update(frontier_settings(settings.get("JOBDIR")))
         settings["ADDONS"] = {"crawler.addon.FrontierAddon": 0, **settings.get("ADDONS", {})}
         settings["SCHEDULER"] = f"{__name__}.SuiteScheduler"
-        return original(_name_spider_class(spidercls), settings, **kwargs)
+        return original(spidercls, settings, **kwargs)
 
     return get_crawler
 
