@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from scrapy.commands import ScrapyCommand
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.settings import SETTINGS_PRIORITIES
@@ -28,6 +29,7 @@ from crawler.config import SettingsError, validate_settings
 from crawler.frontier.slots import FrontierDownloader
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Iterable
 
     from scrapy.settings import BaseSettings
@@ -36,6 +38,7 @@ __all__ = [
     "ENVIRONMENT_FOR_COMMANDS",
     "ENVIRONMENT_FOR_FRONTIER",
     "ENVIRONMENT_FOR_MONGO",
+    "EnvironmentCommand",
     "FrontierAddon",
     "MongoAddon",
     "settings_from_environment",
@@ -267,3 +270,18 @@ class MongoAddon:
         settings_from_environment(settings, ENVIRONMENT_FOR_MONGO)
         if not settings.get("MONGO_URI"):
             settings.set("MONGO_URI", "mongodb://localhost:27017", _ADDON)
+
+
+class EnvironmentCommand(ScrapyCommand):
+    """Base of the project's ``scrapy`` commands (``seed``, ``frontier``,
+    ``deadletters``, ``loadspill``): after Scrapy's options (``-s``,
+    ``--set``), the connection settings the project leaves unset come from
+    the environment, as with the add-ons (:data:`ENVIRONMENT_FOR_COMMANDS`).
+
+    Defined here, not in :mod:`crawler.commands`: Scrapy takes every
+    command class of that package for a command of its own."""
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        assert self.settings is not None
+        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)

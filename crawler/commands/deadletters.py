@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from redis import StrictRedis
 from redis.exceptions import RedisClusterException, RedisError
 from scrapy import Request
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
+from crawler.addon import EnvironmentCommand
 from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis, redis_location
@@ -313,7 +312,7 @@ def purge(frontier: Frontier | FrontierShards) -> int:
     return total
 
 
-class Command(ScrapyCommand):
+class Command(EnvironmentCommand):
     """List, requeue or purge a spider's dead letters (``{<spider>}:dead``;
     with ``FRONTIER_SHARDS`` > 1 every shard's ``{<spider>:<i>}:dead``).
 
@@ -326,14 +325,6 @@ class Command(ScrapyCommand):
 
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
-
-    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        """Scrapy's options (``-s``, ``--set``), then the connection settings
-        the project leaves unset from the environment (as the add-ons do:
-        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
-        super().process_options(args, opts)
-        assert self.settings is not None
-        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return "list|requeue|purge SPIDER [--limit N] [--json]"

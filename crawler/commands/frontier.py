@@ -36,10 +36,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
+from crawler.addon import EnvironmentCommand
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
@@ -390,7 +389,7 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
     return Group(*parts)
 
 
-class Command(ScrapyCommand):
+class Command(EnvironmentCommand):
     """Show what the shared frontier holds; set, remove and list per-site overrides.
 
     ``status [SPIDER ...]``: ``--json`` prints one JSON object (see
@@ -431,14 +430,6 @@ class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
-
-    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        """Scrapy's options (``-s``, ``--set``), then the connection settings
-        the project leaves unset from the environment (as the add-ons do:
-        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
-        super().process_options(args, opts)
-        assert self.settings is not None
-        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return (

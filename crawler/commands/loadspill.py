@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
+from crawler.addon import EnvironmentCommand
 from crawler.pipelines import load_spill
 
 if TYPE_CHECKING:
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["Command"]
 
 
-class Command(ScrapyCommand):
+class Command(EnvironmentCommand):
     """Load spill files of :class:`~crawler.pipelines.MongoPipeline` into MongoDB.
 
     Items are stored by their key (items without one by the ``_id`` the
@@ -32,14 +31,6 @@ class Command(ScrapyCommand):
 
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
-
-    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        """Scrapy's options (``-s``, ``--set``), then the connection settings
-        the project leaves unset from the environment (as the add-ons do:
-        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
-        super().process_options(args, opts)
-        assert self.settings is not None
-        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return "FILE [FILE ...]"

@@ -22,11 +22,10 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.spiderloader import get_spider_loader
 
-from crawler.addon import ENVIRONMENT_FOR_COMMANDS, settings_from_environment
+from crawler.addon import EnvironmentCommand
 from crawler.commands.frontier import check_spider
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.seeds import BadSeed, parse_seed
@@ -136,7 +135,7 @@ class SeedPusher:
         self._batches = []
 
 
-class Command(ScrapyCommand):
+class Command(EnvironmentCommand):
     """Validate seeds and push them into ``<spider>:start_urls``.
 
     Exit status: 0 when every seed was queued, 1 when some were invalid (the
@@ -147,14 +146,6 @@ class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
-
-    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        """Scrapy's options (``-s``, ``--set``), then the connection settings
-        the project leaves unset from the environment (as the add-ons do:
-        :data:`crawler.addon.ENVIRONMENT_FOR_COMMANDS`)."""
-        super().process_options(args, opts)
-        assert self.settings is not None
-        settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
 
     def syntax(self) -> str:
         return "SPIDER [URL ...] [--file FILE] [--priority N] [--meta JSON]"
