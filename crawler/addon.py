@@ -23,6 +23,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
 from crawler.config import SettingsError, validate_settings
@@ -42,6 +43,7 @@ __all__ = [
     "FrontierAddon",
     "MongoAddon",
     "settings_from_environment",
+    "with_project_addons",
 ]
 
 #: Scrapy's own downloader, which the add-on replaces.
@@ -168,6 +170,28 @@ def settings_from_environment(settings: BaseSettings, names: Iterable[str]) -> l
             settings.set(name, value, _ADDON)
             found.append(name)
     return found
+
+
+def with_project_addons(settings: BaseSettings) -> BaseSettings:
+    """A copy of ``settings`` as a crawl of the project sees them: with the
+    ``update_settings`` of each of this package's add-ons that ``ADDONS``
+    lists (:class:`FrontierAddon`, :class:`MongoAddon` or a subclass)
+    applied, in ``ADDONS`` order. The ``scrapy`` commands check and use
+    these, not the project's settings alone. Other add-ons are left out:
+    they may need a crawler.
+
+    :raises crawler.config.SettingsError: as :meth:`FrontierAddon.update_settings`.
+    """
+    out = settings.copy()
+    out.frozen = False  # a copy of frozen settings is frozen too
+    for key in build_component_list(settings.getdict("ADDONS")):
+        try:
+            cls = load_object(key) if isinstance(key, str) else key
+        except (ImportError, NameError, ValueError, AttributeError):
+            continue  # the ADDONS setting's own check names it
+        if isinstance(cls, type) and issubclass(cls, FrontierAddon | MongoAddon):
+            cls().update_settings(out)
+    return out
 
 
 def _add_components(settings: BaseSettings, components: dict[str, dict[str, int]]) -> None:

@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from scrapy import Spider, signals
 from scrapy.crawler import AsyncCrawlerRunner
+from scrapy.exceptions import UsageError
 from scrapy.settings import Settings
 from scrapy.utils.misc import load_object
 from scrapy.utils.test import get_crawler, get_reactor_settings
 
-from crawler.addon import FrontierAddon, MongoAddon
+from crawler.addon import FrontierAddon, MongoAddon, with_project_addons
 from crawler.commands.crawl import frontier_enabled
+from crawler.commands.frontier import check_spider
 from crawler.commands.seed import Command as SeedCommand
+from crawler.frontier.compat import refusals
 from crawler.frontier.spider import FrontierSpider
 
 if TYPE_CHECKING:
@@ -178,3 +181,23 @@ def test_the_installed_crawl_command_checks_only_projects_that_switch_the_fronti
     """The package gives every project of its environment its ``scrapy
     crawl``; a project without the frontier is not held to its settings."""
     assert frontier_enabled(Settings(settings)) is enabled
+
+
+def test_scrapy_commands_check_an_addon_projects_settings_as_its_crawl_sees_them(
+    no_crawl_env: pytest.MonkeyPatch,
+) -> None:
+    """A ``scrapy startproject`` project with the one ``ADDONS`` line leaves
+    ``DUPEFILTER_CLASS`` at Scrapy's default, which the add-on replaces: the
+    commands (``scrapy seed``, ``frontier``, ``deadletters``) accept it, and
+    still refuse what the crawl would refuse."""
+    modules = {"SPIDER_MODULES": ["crawler.spiders"]}
+    settings = Settings({"ADDONS": FRONTIER, **modules})
+    assert check_spider(settings, "quotes") == "quotes"
+    assert settings["DUPEFILTER_CLASS"] == "scrapy.dupefilters.RFPDupeFilter"  # not changed
+    seen = with_project_addons(settings)
+    assert seen["SCHEDULER"] == "crawler.frontier.scheduler.FrontierScheduler"
+    bad = Settings({"ADDONS": FRONTIER, "SCHEDULER_QUEUE_KEY": "mine", **modules})
+    with pytest.raises(UsageError, match=r"^Bad setting: SCHEDULER_QUEUE_KEY=mine: not supp"):
+        check_spider(bad, "quotes")
+    # Without the frontier's scheduler, the scrapy-redis settings are not its.
+    assert refusals(Settings({"SCHEDULER_QUEUE_KEY": "mine"})) == []

@@ -8,6 +8,14 @@ startproject``, its template settings kept (``ROBOTSTXT_OBEY = True``,
 ``DOWNLOAD_DELAY = 1``, ``CONCURRENT_REQUESTS_PER_DOMAIN = 1``). Workers get
 ``REDIS_URL`` from the environment only (the test's Redis), no MongoDB, and
 write feeds (``-O``).
+
+Four spiders, each against one stock Scrapy process running the same logic
+on ``scrapy.Spider``/``CrawlSpider`` with ``start_urls``: scrapy/quotesbot's
+(a ``FrontierSpider`` seeded with ``scrapy seed``), and three in the image of
+scrapy-redis 0.9.1's example project (a plain ``CrawlSpider`` with
+``start_urls``, a ``RedisSpider``, a ``RedisCrawlSpider``, seeded with
+``LPUSH``). The two workers' feeds together hold the stock items, none
+twice, and the replay server saw no path fetched twice.
 """
 
 from __future__ import annotations
@@ -17,11 +25,12 @@ import os
 import subprocess
 import sys
 import venv
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.workers import PROJECT_DIR, wait_workers
+from tests.workers import PROJECT_DIR, Worker, wait_workers
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -79,6 +88,127 @@ class ToScrapeCSSSpider(scrapy.Spider):
         if next_page_url is not None:
             yield response.follow(next_page_url)
 '''
+
+#: In the image of scrapy-redis 0.9.1's example ``dmoz.py``: a plain
+#: CrawlSpider with ``start_urls`` and a rule that follows a listing's pages
+#: and turns each into items; nothing of the frontier's. The same file runs
+#: in both projects. ``START_URL`` is replaced with the replay server's root.
+DIRECTORY_SPIDER = '''
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+
+
+class QuotesDirectorySpider(CrawlSpider):
+    """Follow the pages of the listing and extract its entries."""
+
+    name = "quotes-directory"
+    start_urls = ["START_URL"]
+
+    rules = [
+        Rule(LinkExtractor(restrict_css="li.next"), callback="parse_directory", follow=True),
+    ]
+
+    def parse_directory(self, response):
+        for entry in response.css("div.quote"):
+            yield {
+                "text": entry.css("span.text::text").get(),
+                "author": entry.css("small.author::text").get(),
+                "page": response.url,
+            }
+'''
+
+#: How the pages spider reads a page, on scrapy-redis's RedisSpider (seeds
+#: from ``quotes-pages:start_urls``) and on scrapy.Spider (``-a start=``).
+PAGES_PARSE = '''
+    def parse(self, response):
+        for quote in response.css("div.quote"):
+            yield {
+                "title": response.css("title::text").get(),
+                "text": quote.css("span.text::text").get(),
+                "url": response.url,
+            }
+'''
+
+#: In the image of scrapy-redis's ``myspider_redis.py``: a RedisSpider whose
+#: allowed domains come from ``-a domain=``, one item per entry of a page.
+PAGES_REDIS_SPIDER = '''
+from scrapy_redis.spiders import RedisSpider
+
+
+class QuotesPagesSpider(RedisSpider):
+    """Read URLs from the Redis list quotes-pages:start_urls."""
+
+    name = "quotes-pages"
+
+    def __init__(self, *args, **kwargs):
+        domain = kwargs.pop("domain", "")
+        self.allowed_domains = [d for d in domain.split(",") if d]
+        super().__init__(*args, **kwargs)
+''' + PAGES_PARSE
+
+PAGES_STOCK_SPIDER = '''
+import scrapy
+
+
+class QuotesPagesSpider(scrapy.Spider):
+    name = "quotes-pages"
+
+    def __init__(self, *args, start="", **kwargs):
+        domain = kwargs.pop("domain", "")
+        self.allowed_domains = [d for d in domain.split(",") if d]
+        super().__init__(*args, **kwargs)
+        self.start_urls = start.split(",")
+''' + PAGES_PARSE
+
+#: How the authors spider follows and reads pages, on scrapy-redis's
+#: RedisCrawlSpider and on Scrapy's CrawlSpider: the seed's author links
+#: (each a 308 redirect to the author's page) become items.
+AUTHORS_RULES = '''
+    rules = (
+        Rule(LinkExtractor(restrict_css="div.quote", allow=r"/author/"), callback="parse_page"),
+    )
+
+    def parse_page(self, response):
+        return {
+            "name": response.css("h3.author-title::text").get(default="").strip(),
+            "born": response.css("span.author-born-date::text").get(),
+            "url": response.url,
+        }
+'''
+
+#: In the image of scrapy-redis's ``mycrawler_redis.py``: a RedisCrawlSpider
+#: with rules, seeds from ``quotes-authors:start_urls``.
+AUTHORS_REDIS_SPIDER = '''
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import Rule
+from scrapy_redis.spiders import RedisCrawlSpider
+
+
+class QuotesAuthorsSpider(RedisCrawlSpider):
+    """Read URLs from the Redis list quotes-authors:start_urls."""
+
+    name = "quotes-authors"
+
+    def __init__(self, *args, **kwargs):
+        domain = kwargs.pop("domain", "")
+        self.allowed_domains = [d for d in domain.split(",") if d]
+        super().__init__(*args, **kwargs)
+''' + AUTHORS_RULES
+
+AUTHORS_STOCK_SPIDER = '''
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+
+
+class QuotesAuthorsSpider(CrawlSpider):
+    name = "quotes-authors"
+
+    def __init__(self, *args, start="", **kwargs):
+        domain = kwargs.pop("domain", "")
+        self.allowed_domains = [d for d in domain.split(",") if d]
+        super().__init__(*args, **kwargs)
+        self.start_urls = start.split(",")
+''' + AUTHORS_RULES
 
 #: Seconds the venv may take to build and fill (pip downloads from PyPI).
 INSTALL_TIMEOUT = 900
@@ -153,55 +283,181 @@ def test_the_wheel_carries_the_package_its_lua_scripts_and_the_scrapy_commands(
         assert f"\n  {command} " in listing, listing
 
 
-def test_two_installed_workers_with_one_addons_line_store_what_stock_scrapy_stores(
-    installed: Path, redis_url: str, rds: redis.Redis, replay_server: ReplayServer,
-    tmp_path: Path,
-) -> None:
-    scrapy = str(installed / "scrapy")
-    start = replay_server.url_for("/")
+@pytest.fixture(scope="module")
+def stock_project(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``scrapy startproject`` project as the template makes it: the tests
+    add their spiders (one module each) and run them with stock Scrapy."""
+    return _startproject(installed, tmp_path_factory.mktemp("stock"), "stockbot")
 
-    stock = _startproject(installed, tmp_path, "stockbot")
-    (stock / "stockbot" / "spiders" / "toscrape.py").write_text(STOCK_SPIDER)
-    _run([scrapy, "crawl", "toscrape-css", "-a", f"start={start}", "-O", "items.jsonl",
-          "-s", "TELNETCONSOLE_ENABLED=False"], cwd=stock, env=_clean_env(), timeout=300)
-    expected = _feed(stock / "items.jsonl")
-    assert len(expected) == 100
 
-    project = _startproject(installed, tmp_path, "qbot")
+@pytest.fixture(scope="module")
+def frontier_project(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``scrapy startproject`` project with the one ``ADDONS`` line added,
+    every other template setting kept: the tests add their spiders."""
+    project = _startproject(installed, tmp_path_factory.mktemp("frontier"), "qbot")
     settings = project / "qbot" / "settings.py"
     template = settings.read_text()
     assert "\nADDONS = {}\n" in template
     assert "\nROBOTSTXT_OBEY = True\n" in template
+    assert "\nDOWNLOAD_DELAY = 1\n" in template
     settings.write_text(template.replace("\nADDONS = {}\n", f"\n{ADDONS_LINE}\n"))
-    (project / "qbot" / "spiders" / "toscrape.py").write_text(FRONTIER_SPIDER)
-    env = _clean_env(REDIS_URL=redis_url, MAX_IDLE_TIME_BEFORE_CLOSE="3")
+    return project
 
+
+def _add_spider(project: Path, module: str, source: str) -> None:
+    (project / project.name / "spiders" / f"{module}.py").write_text(source)
+
+
+def _frontier_env(redis_url: str) -> dict[str, str]:
+    """The workers' environment: the test's Redis in ``REDIS_URL`` only."""
+    return _clean_env(REDIS_URL=redis_url, MAX_IDLE_TIME_BEFORE_CLOSE="3")
+
+
+def _stock_items(installed: Path, project: Path, spider: str, feed: Path, *args: str) -> list[str]:
+    """Crawl ``spider`` with one stock Scrapy process: its feed's items."""
+    _run([str(installed / "scrapy"), "crawl", spider, *args, "-O", str(feed),
+          "-s", "TELNETCONSOLE_ENABLED=False"], cwd=project, env=_clean_env(), timeout=300)
+    return _feed(feed)
+
+
+def _two_workers(
+    installed: Path, project: Path, spider: str, env: dict[str, str], feeds: list[Path],
+    logs: list[Path], *args: str,
+) -> list[Worker]:
+    """Run two workers of ``spider`` at once, each with its own ``-O`` feed,
+    to their end; both finished cleanly."""
+    procs = [
+        subprocess.Popen(
+            [str(installed / "scrapy"), "crawl", spider, *args, "-O", str(feed),
+             "-s", f"LOG_FILE={log}", "-s", "TELNETCONSOLE_ENABLED=False"],
+            cwd=project, env=env,
+        )
+        for feed, log in zip(feeds, logs, strict=True)
+    ]
+    workers = wait_workers(procs, logs, timeout=300)
+    assert [w.returncode for w in workers] == [0, 0], [w.log[-3000:] for w in workers]
+    assert all("'finish_reason': 'finished'" in w.log for w in workers), [
+        w.log[-3000:] for w in workers]
+    assert not any("Traceback" in w.log for w in workers), [w.log[-3000:] for w in workers]
+    return workers
+
+
+def _assert_stored_as_stock(feeds: list[Path], expected: list[str]) -> None:
+    """The workers' feeds together hold the stock crawl's items, each once."""
+    stored = [item for feed in feeds for item in _feed(feed)]
+    assert len(stored) == len(set(stored)), "an item was stored twice"
+    assert set(stored) == set(expected)
+
+
+def _assert_fetched_once(site: ReplayServer) -> None:
+    """No path of the site was fetched twice (robots.txt and seeds included)."""
+    counts = Counter(h.path for h in site.hits())
+    assert counts, "nothing was fetched"
+    assert [p for p, n in counts.items() if n > 1] == [], counts
+
+
+def test_two_installed_workers_with_one_addons_line_store_what_stock_scrapy_stores(
+    installed: Path, stock_project: Path, frontier_project: Path, redis_url: str,
+    rds: redis.Redis, replay_server: ReplayServer, tmp_path: Path,
+) -> None:
+    scrapy = str(installed / "scrapy")
+    start = replay_server.url_for("/")
+
+    _add_spider(stock_project, "toscrape", STOCK_SPIDER)
+    expected = _stock_items(installed, stock_project, "toscrape-css", tmp_path / "stock.jsonl",
+                            "-a", f"start={start}")
+    assert len(expected) == 100
+
+    project = frontier_project
+    _add_spider(project, "toscrape", FRONTIER_SPIDER)
+    env = _frontier_env(redis_url)
     seeded = _run([scrapy, "seed", "toscrape-css", start], cwd=project, env=env)
     assert "queued 1 seeds" in seeded.stdout, seeded.stdout
     assert rds.llen("toscrape-css:start_urls") == 1  # the test's Redis, from the environment
 
+    replay_server.clear_hits()
+    feeds = [project / f"items-{i}.jsonl" for i in (1, 2)]
     logs = [tmp_path / f"worker-{i}.log" for i in (1, 2)]
-    procs = [
-        subprocess.Popen(
-            [scrapy, "crawl", "toscrape-css", "-O", f"items-{i}.jsonl",
-             "-s", f"LOG_FILE={log}", "-s", "TELNETCONSOLE_ENABLED=False"],
-            cwd=project, env=env,
-        )
-        for i, log in zip((1, 2), logs, strict=True)
-    ]
-    workers = wait_workers(procs, logs, timeout=300)
-
-    assert [w.returncode for w in workers] == [0, 0], [w.log[-3000:] for w in workers]
-    assert all("'finish_reason': 'finished'" in w.log for w in workers)
-    assert not any("Traceback" in w.log for w in workers)
-    stored = _feed(project / "items-1.jsonl") + _feed(project / "items-2.jsonl")
-    assert len(stored) == len(set(stored)), "an item was stored twice"
-    assert set(stored) == set(expected)
+    workers = _two_workers(installed, project, "toscrape-css", env, feeds, logs)
+    _assert_stored_as_stock(feeds, expected)
     assert sum(w.stats.get("item_scraped_count", 0) for w in workers) == 100
+    _assert_fetched_once(replay_server)
 
     # The status counts the feeds the workers wrote, dict items and all.
     shown = _run([scrapy, "frontier", "status", "toscrape-css", "--json"], cwd=project, env=env)
     status = json.loads(shown.stdout)
-    feeds = status["spiders"]["toscrape-css"]["feeds"]
-    assert sum(feeds.values()) == 100, feeds
-    assert set(feeds) <= {"items-1.jsonl", "items-2.jsonl"}, feeds
+    feed_counts = status["spiders"]["toscrape-css"]["feeds"]
+    assert sum(feed_counts.values()) == 100, feed_counts
+    assert set(feed_counts) <= {str(feed) for feed in feeds}, feed_counts
+
+
+def test_a_plain_crawl_spider_with_start_urls_on_two_workers_stores_what_stock_scrapy_stores(
+    installed: Path, stock_project: Path, frontier_project: Path, redis_url: str,
+    replay_server: ReplayServer, tmp_path: Path,
+) -> None:
+    """scrapy-redis's ``dmoz.py`` kind: ``start_urls`` and rules, no seeds
+    in Redis. The frontier queues the start URLs once per crawl, not once
+    per worker: the root is fetched once."""
+    source = DIRECTORY_SPIDER.replace("START_URL", replay_server.url_for("/"))
+    _add_spider(stock_project, "directory", source)
+    expected = _stock_items(installed, stock_project, "quotes-directory",
+                            tmp_path / "stock.jsonl")
+    assert len(expected) == 90  # pages 2 to 10: the start page goes to parse_start_url
+
+    _add_spider(frontier_project, "directory", source)
+    replay_server.clear_hits()
+    feeds = [tmp_path / f"items-{i}.jsonl" for i in (1, 2)]
+    logs = [tmp_path / f"worker-{i}.log" for i in (1, 2)]
+    _two_workers(installed, frontier_project, "quotes-directory", _frontier_env(redis_url),
+                 feeds, logs)
+    _assert_stored_as_stock(feeds, expected)
+    _assert_fetched_once(replay_server)
+
+
+def test_a_scrapy_redis_spider_on_two_installed_workers_stores_what_stock_scrapy_stores(
+    installed: Path, stock_project: Path, frontier_project: Path, redis_url: str,
+    rds: redis.Redis, replay_server: ReplayServer, tmp_path: Path,
+) -> None:
+    """scrapy-redis's ``myspider_redis.py`` kind: a ``RedisSpider`` reading
+    ``quotes-pages:start_urls``, seeded as with ``redis-cli lpush``."""
+    pages = [replay_server.url_for(f"/page/{n}/") for n in range(1, 11)]
+    domain = "-a", "domain=127.0.0.1"
+    _add_spider(stock_project, "pages", PAGES_STOCK_SPIDER)
+    expected = _stock_items(installed, stock_project, "quotes-pages", tmp_path / "stock.jsonl",
+                            *domain, "-a", f"start={','.join(pages)}")
+    assert len(expected) == 100
+
+    _add_spider(frontier_project, "pages", PAGES_REDIS_SPIDER)
+    rds.lpush("quotes-pages:start_urls", *pages)
+    replay_server.clear_hits()
+    feeds = [tmp_path / f"items-{i}.jsonl" for i in (1, 2)]
+    logs = [tmp_path / f"worker-{i}.log" for i in (1, 2)]
+    _two_workers(installed, frontier_project, "quotes-pages", _frontier_env(redis_url),
+                 feeds, logs, *domain)
+    _assert_stored_as_stock(feeds, expected)
+    _assert_fetched_once(replay_server)
+    assert rds.llen("quotes-pages:start_urls") == 0
+
+
+def test_a_scrapy_redis_crawl_spider_on_two_installed_workers_stores_what_stock_scrapy_stores(
+    installed: Path, stock_project: Path, frontier_project: Path, redis_url: str,
+    rds: redis.Redis, replay_server: ReplayServer, tmp_path: Path,
+) -> None:
+    """scrapy-redis's ``mycrawler_redis.py`` kind: a ``RedisCrawlSpider``
+    with rules, seeded with the site's root; its author links redirect."""
+    start = replay_server.url_for("/")
+    domain = "-a", "domain=127.0.0.1"
+    _add_spider(stock_project, "authors", AUTHORS_STOCK_SPIDER)
+    expected = _stock_items(installed, stock_project, "quotes-authors",
+                            tmp_path / "stock.jsonl", *domain, "-a", f"start={start}")
+    assert len(expected) == 8  # the root's authors
+
+    _add_spider(frontier_project, "authors", AUTHORS_REDIS_SPIDER)
+    rds.lpush("quotes-authors:start_urls", start)
+    replay_server.clear_hits()
+    feeds = [tmp_path / f"items-{i}.jsonl" for i in (1, 2)]
+    logs = [tmp_path / f"worker-{i}.log" for i in (1, 2)]
+    _two_workers(installed, frontier_project, "quotes-authors", _frontier_env(redis_url),
+                 feeds, logs, *domain)
+    _assert_stored_as_stock(feeds, expected)
+    _assert_fetched_once(replay_server)

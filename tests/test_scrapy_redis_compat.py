@@ -415,3 +415,52 @@ def test_scrapy_redis_spiders_crawl_unchanged_on_scrapy_redis_switch(
     assert len(fetched) == 13, sorted(fetched)  # every page, each once
     assert len([h for h in site.hits() if h.path != "/robots.txt"]) == 13
     assert rds.scard(f"{{{spider}}}:dupefilter") >= 13  # the shared set, under the spider's tag
+
+
+class PlainStartUrls(CrawlSpider):
+    """A spider of Scrapy's own, its ``start()`` Scrapy's: ``start_urls``."""
+
+    name = "plainstarts"
+    start_urls = ("http://a.example/", "http://a.example/2")
+
+
+def test_a_plain_spiders_start_urls_are_queued_once_per_crawl_not_once_per_worker(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    workers = [harness.open_scheduler(redis_url, PlainStartUrls) for _ in range(2)]
+    for scheduler, crawler in workers:
+        for url in crawler.spider.start_urls:  # as Scrapy's start() and its middleware give them
+            request = Request(url, dont_filter=True, meta={"is_start_request": True})
+            scheduler.enqueue_request(request)
+        assert scheduler.flush_outbox()
+    first, second = workers
+    leased = lease_all(first[0]) + lease_all(second[0])
+    assert sorted(r.url for r in leased) == list(PlainStartUrls.start_urls)
+    assert not any("is_start_request" in r.meta for r in leased)  # nor in their redirects
+    assert second[1].stats.get_value("frontier/start_urls/dropped") == 2
+    assert rds.exists("{plainstarts:start_urls}:start_urls_seeded")
+
+
+class IdleClosingRedisSpider(RedisSpider):
+    name = "idleclosing"
+
+
+def test_a_scrapy_redis_spider_reads_redis_and_its_idle_time_as_the_add_on_set_them(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Scrapy builds the spider before the add-ons run: scrapy-redis's
+    ``setup_redis`` bound its seed calls to a client of the settings as they
+    were (no ``REDIS_URL`` from the environment yet) and read
+    ``MAX_IDLE_TIME_BEFORE_CLOSE`` as 0 (never close). Opened, the spider
+    counts and pops seeds on the crawl's Redis and closes when idle."""
+    scheduler, crawler = harness.open_scheduler(
+        redis_url, IdleClosingRedisSpider, MAX_IDLE_TIME_BEFORE_CLOSE=7
+    )
+    spider = crawler.spider
+    early = redis_lib.Redis(host="127.0.0.1", port=1)  # what setup_redis made too early
+    spider.server, spider.count_size, spider.max_idle_time = early, early.llen, 0
+    scheduler._adopt_redis_spider(spider)
+    rds.lpush("idleclosing:start_urls", "http://a.example/")
+    assert spider.count_size("idleclosing:start_urls") == 1
+    assert spider.server is not early
+    assert spider.max_idle_time == 7

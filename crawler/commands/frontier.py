@@ -38,7 +38,7 @@ from rich.table import Table
 from rich.text import Text
 from scrapy.exceptions import UsageError
 
-from crawler.addon import EnvironmentCommand
+from crawler.addon import EnvironmentCommand, with_project_addons
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
@@ -262,9 +262,12 @@ def check_spider(settings: BaseSettings, name: str) -> str:
         spiders the project has. Also when a setting is bad
         (:func:`crawler.config.validate_settings`), as ``scrapy crawl``
         refuses it: a command would act on keys the crawl does not use.
+        The settings are checked as a crawl sees them, with the project's
+        add-ons of this package applied
+        (:func:`crawler.addon.with_project_addons`).
     """
     try:
-        validate_settings(settings, warn_unknown=False)
+        validate_settings(with_project_addons(settings), warn_unknown=False)
     except SettingsError as exc:  # a command acts on keys the settings name
         raise UsageError("Bad setting: " + "; ".join(exc.problems), print_help=False) from None
     known = project_spiders(settings)

@@ -32,14 +32,18 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DUPEFILTER_KEY",
     "DEFAULT_QUEUE_CLASS",
+    "OUR_SCHEDULER",
     "dupefilter_class",
     "dupefilter_key",
     "queue_class",
     "refusals",
+    "uses_frontier_scheduler",
 ]
 
 #: The frontier's queue, and what ``SCHEDULER_QUEUE_CLASS`` unset means here.
 DEFAULT_QUEUE_CLASS = "crawler.frontier.queue.LeasedPriorityQueue"
+#: The frontier's scheduler: the scrapy-redis settings matter only with it.
+OUR_SCHEDULER = "crawler.frontier.scheduler.FrontierScheduler"
 #: The frontier's dupefilter class.
 DEFAULT_DUPEFILTER_CLASS = "crawler.frontier.dupefilter.FrontierDupeFilter"
 #: ``SCHEDULER_DUPEFILTER_KEY`` unset (its hash tag keeps the set in the
@@ -137,13 +141,30 @@ def unpickles(serializer: Any) -> bool:
     )
 
 
+def uses_frontier_scheduler(settings: BaseSettings) -> bool:
+    """Whether ``SCHEDULER`` is :data:`OUR_SCHEDULER` or a subclass (a
+    path that cannot be imported is left to the setting's own check)."""
+    value = settings.get("SCHEDULER")
+    if not value:
+        return False
+    try:
+        cls = load_object(value) if isinstance(value, str) else value
+    except (ImportError, NameError, ValueError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, load_object(OUR_SCHEDULER))
+
+
 def refusals(settings: BaseSettings) -> list[str]:
     """One line per scrapy-redis setting the frontier cannot honour.
 
-    Only meaningful with the frontier's scheduler (``SCHEDULER``): the
-    scheduler reports these at start, as does
-    :func:`crawler.config.validate_settings`.
+    Only with the frontier's scheduler (``SCHEDULER`` names
+    :data:`OUR_SCHEDULER` or a subclass): settings that schedule with
+    Scrapy's own scheduler (no add-on applied yet, say) get none, since
+    Scrapy's ``DUPEFILTER_CLASS`` default is right for it. The scheduler
+    reports these at start, as does :func:`crawler.config.validate_settings`.
     """
+    if not uses_frontier_scheduler(settings):
+        return []
     out = []
     raw_queue = settings.get("SCHEDULER_QUEUE_CLASS")
     if raw_queue and _path(raw_queue) in _SR_ORDER_QUEUES:

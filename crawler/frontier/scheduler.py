@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
-from scrapy import Request, signals
+from scrapy import Request, Spider, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.python import to_bytes
@@ -38,6 +38,7 @@ from crawler.frontier.connection import (
     config_error_message,
     get_redis,
 )
+from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Self
 
-    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.http.headers import Headers
@@ -341,6 +341,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._lease_ids = itertools.count()
         self._outbox: list[_Op] = []
         self._flush_call: Any = None
+        #: The engine's wake-up for the next due request (_wake_when_due).
+        self._wake_call: Any = None
+        self._wake_at: float | None = None
         self._down_until = 0.0
         self._backoff = 0.0
         self._heartbeat: Any = None
@@ -371,6 +374,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: ARGV[17]), so better work queued elsewhere does not make the
         #: worker meet the last chance beside it, and drain, again and again.
         self._drained_for: tuple[int, str] | None = None
+        #: Whether this worker queues the start requests of the spider's
+        #: ``start_urls`` (:meth:`_claim_start_urls`); True until it knows.
+        self._start_urls_mine = True
         #: The shard the next lease call goes to first among equals (round
         #: robin: shards of equal best priority and head join time).
         self._turn = 0
@@ -424,12 +430,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 "Crawl-delay)", extra={"spider": spider},
             )
         if hasattr(spider, "server"):
-            # scrapy-redis's setup_redis gave the spider a client of its own
-            # (unused yet, no I/O), with scrapy-redis's options only: it reads
-            # the seed list through one of ours instead (REDIS_PARAMS merged
-            # over our timeouts, no retries; on a cluster, one that follows
-            # its slots).
-            spider.server = get_redis(self.crawler.settings)
+            self._adopt_redis_spider(spider)
         shards = self.queue.shards
         if cluster_enabled(self.crawler.settings) and (
             warning := slot_warning(spider.name, len(shards))
@@ -455,6 +456,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                     self.server.hset(shards[i].key(key), mapping=part)
             shards.load_scripts()
             shards.alive(self.holder)
+            self._start_urls_mine = self._claim_start_urls(spider)
         except (RedisError, ShardCountError) as exc:
             message = (
                 self._shard_count_message(exc, len(shards.frontiers))
@@ -475,6 +477,70 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self.flush_on_start:
             self.flush()
         self._log_resuming()
+
+    def _adopt_redis_spider(self, spider: Spider) -> None:
+        """Give a scrapy-redis spider the settings it read too early.
+
+        Scrapy builds the spider before it runs the add-ons, so
+        scrapy-redis's ``setup_redis`` read ``REDIS_URL`` and
+        ``MAX_IDLE_TIME_BEFORE_CLOSE`` before
+        :class:`crawler.addon.FrontierAddon` took them from the
+        environment, and made a client of its own (no I/O yet) with
+        scrapy-redis's options only. The spider now reads its seeds through
+        one of ours (the settings as the crawl has them, ``REDIS_PARAMS``
+        merged over our timeouts, no retries; on a cluster, one that follows
+        its slots): ``server`` and the client's methods it bound
+        (``fetch_data``, ``count_size``: ``SPOP``/``SCARD``/``LLEN``) are
+        replaced, so that no call goes to the first client's server. A
+        ``max_idle_time`` the spider's class leaves unset is read again
+        from the settings.
+        """
+        old, new = getattr(spider, "server", None), get_redis(self.crawler.settings)
+        setattr(spider, "server", new)  # noqa: B010 (not every spider has it)
+        for name in ("fetch_data", "count_size"):
+            bound: Any = getattr(spider, name, None)
+            if old is not None and getattr(bound, "__self__", None) is old:
+                setattr(spider, name, getattr(new, bound.__name__))
+        if hasattr(spider, "max_idle_time") and getattr(type(spider), "max_idle_time", 0) is None:
+            spider.max_idle_time = self.crawler.settings.getint("MAX_IDLE_TIME_BEFORE_CLOSE")
+
+    def _claim_start_urls(self, spider: Spider) -> bool:
+        """Whether this worker queues the requests of the spider's
+        ``start_urls``: the first worker of the crawl does, the others drop
+        theirs (:meth:`enqueue_request`), so that a spider whose ``start()``
+        is Scrapy's own (a plain ``Spider`` or ``CrawlSpider`` with
+        ``start_urls``) has them crawled once per crawl, not once per
+        worker. The first is the one that sets the marker of its seed list,
+        ``{<name>:start_urls}:start_urls_seeded`` (``SET NX``), the marker
+        :class:`~crawler.frontier.spider.FrontierSpider` sets when it pushes
+        its ``start_urls``; delete it to have them queued again.
+
+        A spider with a ``start()`` of its own (``FrontierSpider``, or one
+        that yields requests other than ``start_urls``) or without
+        ``start_urls`` is left alone: True.
+
+        :raises redis.exceptions.RedisError: Redis failed (the worker then
+            queues them: crawled twice rather than not at all).
+        """
+        urls = getattr(spider, "start_urls", None)
+        if type(spider).start is not Spider.start or not urls:
+            return True
+        seed_list = getattr(spider, "redis_key", None) or (
+            self.crawler.settings.get("REDIS_START_URLS_KEY") or "%(name)s:start_urls"
+        ) % {"name": spider.name}
+        marker = IntakeKeys.for_seed_list(seed_list).seeded
+        mine = bool(self.server.set(marker, str(int(time.time() * 1000)), nx=True))
+        if mine:
+            logger.info(
+                "Queueing the spider's %d start_urls for the whole crawl (marker %s; "
+                "the other workers drop theirs)", len(urls), marker, extra={"spider": spider},
+            )
+        else:
+            logger.info(
+                "start_urls were queued for this crawl already (%s; delete it to queue them "
+                "again): this worker drops its own", marker, extra={"spider": spider},
+            )
+        return mine
 
     def _log_resuming(self) -> None:
         """Log scrapy-redis's ``Resuming crawl (N requests scheduled)`` (at
@@ -546,6 +612,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Give back unfinished leases, send the outbox, stop heartbeats."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        if self._wake_call is not None:
+            self._wake_call.cancel()
+            self._wake_at = self._wake_call = None
         deadline = time.monotonic() + self.lease_timeout
         # A call in doubt first: the leases it took are given back too.
         while self._in_doubt is not None and time.monotonic() < deadline:
@@ -593,6 +662,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         ``scheduler/priority_out_of_range``. The engine then sends
         ``request_dropped`` for it, as for any request a scheduler refuses.
 
+        A request of the spider's ``start_urls`` (Scrapy's ``start()`` marks
+        it ``is_start_request``) is dropped (False, counted in
+        ``frontier/start_urls/dropped``) when another worker queues them for
+        the crawl (:meth:`_claim_start_urls`); the mark is not stored.
+
         Every duplicate is handed to the dupefilter's ``log(request,
         spider)``, which logs it as Scrapy does (the first one, or all of
         them with ``DUPEFILTER_DEBUG``) and counts it in
@@ -602,10 +676,20 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         sent too, as the engine sends it when this method returns False).
 
         :returns: False for a request that could not be encoded or whose
-            priority is out of range, or a duplicate of one this worker
+            priority is out of range, a start request another worker
+            queues, or a duplicate of one this worker
             recorded (``FRONTIER_LOCAL_SEEN``); other duplicates are
             filtered when the outbox is sent.
         """
+        # Scrapy marks what start() yields; only this worker's own requests
+        # carry the mark (it is not stored), never a leased one's redirect.
+        if request.meta.pop("is_start_request", False) and not self._start_urls_mine:
+            self.stats.inc_value("frontier/start_urls/dropped")
+            return False
+        return self._enqueue(request)
+
+    def _enqueue(self, request: Request) -> bool:
+        """:meth:`enqueue_request` past the start requests' check."""
         delay = request.meta.pop(RETRY_DELAY_META, None)
         try:
             # Its site in the frontier, and its slot in Scrapy's downloader.
@@ -684,8 +768,37 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         Served from the local buffer while it holds any; otherwise the
         outbox and one ``lease.lua`` call, in one round trip, refill it (see
-        *Batches* and *Outbox*).
+        *Batches* and *Outbox*). With None, the engine is woken when the
+        first site or retry becomes due (:meth:`next_due`), whatever the
+        spider: Scrapy's engine otherwise asks again only when a download
+        ends, or every 5 seconds.
         """
+        request = self._next_request()
+        if request is None:
+            self._wake_when_due()
+        return request
+
+    def _wake_when_due(self) -> None:
+        """Wake the engine in :meth:`next_due` seconds, unless a wake-up is
+        already set for then or sooner."""
+        if self._due_at is None:
+            return
+        at = self._due_at
+        due = max(0.0, at - time.monotonic())
+        if self._wake_at is not None and self._wake_at <= at:
+            return
+        if self._wake_call is not None:
+            self._wake_call.cancel()
+        self._wake_at = at
+        self._wake_call = call_later(due, self._wake_engine)
+
+    def _wake_engine(self) -> None:
+        self._wake_at = self._wake_call = None
+        slot = getattr(getattr(self.crawler, "engine", None), "_slot", None)
+        if slot is not None:
+            slot.nextcall.schedule()
+
+    def _next_request(self) -> Request | None:
         if self._ready or not self._before_lease() or self._holding_back():
             return self._hand_out() if self._ready else None
         asked: set[int] = set()
