@@ -126,3 +126,16 @@ def test_a_worker_opening_on_a_frontier_with_requests_logs_resuming_crawl(
 
     lines = [r.getMessage() for r in caplog.records if "Resuming crawl" in r.getMessage()]
     assert lines == ["Resuming crawl (3 requests scheduled)"]
+
+
+@pytest.mark.usefixtures("stop_heartbeats")
+def test_a_malformed_request_counter_does_not_stop_the_scheduler_opening(
+    redis_url: str, rds: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The count behind ``Resuming crawl`` meets a counter that is no number:
+    no line, and the scheduler opens (the frontier's calls report the value)."""
+    caplog.set_level(logging.INFO)
+    rds.set("{dicts}:count", "x")
+    scheduler, _ = open_scheduler(redis_url, DictSpider)
+    assert scheduler.queue is not None
+    assert not [r for r in caplog.records if "Resuming crawl" in r.getMessage()]

@@ -546,10 +546,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Log scrapy-redis's ``Resuming crawl (N requests scheduled)`` (at
         INFO) when the frontier already holds requests: queued, waiting for
         a retry or leased, in every shard. Nothing when Redis cannot be read
-        now (the outage is met, and waited out, by the next call)."""
+        now (the outage is met, and waited out, by the next call), nor when
+        a counter holds a malformed value (the frontier's calls report it)."""
         try:
             scheduled = len(self.queue)
         except UNREACHABLE:
+            return
+        except (ValueError, ResponseError) as exc:
+            logger.debug("Not counting the requests scheduled: %s", exc,
+                         extra={"spider": self.spider})
             return
         if scheduled:
             logger.info("Resuming crawl (%d requests scheduled)", scheduled,
