@@ -15,14 +15,17 @@ from scrapy import Request, Spider
 
 from crawler.config import config_error_of
 from devtools.embedded import RedisServer
+from devtools.replay import Page
 from tests import scheduler_harness as harness
-from tests.workers import crawl, worker_env
+from tests.waiting import wait_for
+from tests.workers import crawl, start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
     from crawler.frontier.scheduler import FrontierScheduler
+    from tests.conftest import SiteFactory
 
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
@@ -183,3 +186,40 @@ def test_a_user_forbidden_config_and_info_is_warned_not_refused(
     scheduler._evictions_checked(scheduler.eviction.check())
     assert config_error_of(crawler) is None
     assert len(harness.lease_all(scheduler)) == 2
+
+
+@pytest.mark.workers
+@pytest.mark.faults
+def test_scrapy_crawl_stops_when_redis_evicts_mid_crawl(
+    small_redis: RedisServer, mongo_uri: str, mongo_db: str, tmp_path: Path,
+    site_factory: SiteFactory,
+) -> None:
+    """Another client fills an evicting Redis while a worker crawls: the
+    worker's heartbeat sees the evictions, it stops leasing with one line
+    and exits 1, long before the site is crawled."""
+    pages = 300
+    site = site_factory(
+        {f"/{i}": Page(200, [("Content-Type", "text/html")], b"<title>x</title>")
+         for i in range(pages)},
+        latency=0.1,
+    )
+    admin = redis.Redis.from_url(small_redis.url)
+    admin.lpush("pages:start_urls", *[site.url_for(f"/{i}") for i in range(pages)])
+    log = tmp_path / "worker.log"
+    proc = start_worker("pages", worker_env(small_redis.url, mongo_uri, mongo_db), log, {
+        "MAX_IDLE_TIME_BEFORE_CLOSE": 2, "FRONTIER_LEASE_TIMEOUT": 3,
+        "CONCURRENT_REQUESTS": 2, "FRONTIER_CONCURRENCY": 2,
+    })
+    try:
+        wait_for(lambda: len(site.hits()) >= 5, 60, "the worker to fetch pages")
+        admin.config_set("maxmemory-policy", "allkeys-lru")
+        _fill(small_redis.url)
+    finally:
+        [worker] = wait_workers([proc], [log], timeout=60)
+    assert worker.returncode == 1, worker.log[-3000:]
+    stops = [line for line in worker.log.splitlines()
+             if "] ERROR:" in line and "during the crawl" in line]
+    assert len(stops) == 1, worker.log[-3000:]
+    assert "leasing stopped" in stops[0] and "noeviction" in stops[0], stops
+    assert len(site.hits()) < pages
+    assert "Traceback" not in worker.log
