@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from crawler.keys import created_key, shards_key
+
 if TYPE_CHECKING:
     from redis import Redis
 
@@ -44,7 +46,9 @@ __all__ = [
     "EvictionWatch",
     "evicted_keys",
     "eviction_policy",
+    "missing_message",
     "policy_refusal",
+    "vanished_keys",
 ]
 
 #: The one ``maxmemory-policy`` under which Redis never deletes a key to
@@ -108,6 +112,38 @@ def evicted_keys(client: Redis) -> int | None:
         return sum(int(node.info("stats").get("evicted_keys", 0)) for node in _nodes(client))
     except ResponseError:
         return None
+
+
+def vanished_keys(spider: str, *, created: bool, recorded: bool, in_use: bool) -> list[str]:
+    """The crawl's keys that vanished (evicted, flushed, or Redis restarted
+    without persistence), judged by its marker ``{<spider>}:created``.
+
+    A worker writes the marker and the shard count ``{<spider>}:shards``
+    in one transaction when it opens, before any other key of the
+    frontier, and ``scrapy frontier clear`` deletes them with the rest:
+    so a fresh crawl, and a cleared one, never has one without the other,
+    nor frontier keys or live workers without the marker.
+
+    :param created: whether ``{<spider>}:created`` exists.
+    :param recorded: whether ``{<spider>}:shards`` exists.
+    :param in_use: whether any key the workers write to the frontier exists
+        (queues, counters, leases, retries, dead letters, dupefilter,
+        liveness), or a worker of the crawl is live.
+    :returns: the missing keys' names, empty when nothing says keys vanished.
+    """
+    if created and not recorded:
+        return [shards_key(spider)]
+    if not created and (recorded or in_use):
+        return [created_key(spider)]
+    return []
+
+
+def missing_message(spider: str, missing: list[str]) -> str:
+    """The one line that reports ``missing`` (:func:`vanished_keys`)."""
+    return (
+        f"structures missing: {', '.join(missing)} of the crawl of {spider!r} "
+        "(evicted or flushed?): its queues, leases and dupefilter may be incomplete"
+    )
 
 
 def policy_refusal(policy: str, where: str) -> str:

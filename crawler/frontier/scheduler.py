@@ -491,6 +491,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
         if self.flush_on_start:
             self.flush()
+            try:
+                shards.check_count()  # the crawl's marker and shard count again
+            except (*UNREACHABLE, ShardCountError):
+                pass  # (an outage, met again by the next call; a race with another worker)
         self._log_resuming()
 
     def _log_resuming(self) -> None:
