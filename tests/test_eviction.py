@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 from scrapy import Request, Spider
 
 from crawler.config import config_error_of
@@ -223,3 +224,20 @@ def test_scrapy_crawl_stops_when_redis_evicts_mid_crawl(
     assert "leasing stopped" in stops[0] and "noeviction" in stops[0], stops
     assert len(site.hits()) < pages
     assert "Traceback" not in worker.log
+
+
+@pytest.mark.cluster
+def test_a_cluster_with_one_evicting_master_is_refused(redis_cluster_url: str) -> None:
+    client = RedisCluster.from_url(redis_cluster_url)
+    node = client.get_redis_connection(client.get_primaries()[-1])
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        _, crawler = harness.open_scheduler(redis_cluster_url, _Spider,
+                                            FRONTIER_REDIS_CLUSTER=True)
+        message = config_error_of(crawler)
+        assert message is not None and "maxmemory-policy allkeys-lru" in message, message
+    finally:
+        node.config_set("maxmemory-policy", "noeviction")
+        client.close()
+    _, crawler = harness.open_scheduler(redis_cluster_url, _Spider, FRONTIER_REDIS_CLUSTER=True)
+    assert config_error_of(crawler) is None

@@ -111,3 +111,14 @@ def test_a_sharded_crawl_missing_its_shard_count_is_reported(
     missing, _ = _status(rds)
     assert missing == [shards_key("gone")]
     assert scheduler.queue.shards.audit().get("missing") == [shards_key("gone")]
+
+
+def test_a_crawl_flushed_on_start_keeps_its_marker(redis_url: str, rds: redis.Redis) -> None:
+    """``SCHEDULER_FLUSH_ON_START`` deletes the frontier, marker included,
+    then the worker records the marker and the shard count again."""
+    first, _ = harness.open_scheduler(redis_url, _Spider)
+    _seed(first, 3)
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, SCHEDULER_FLUSH_ON_START=True)
+    assert rds.exists(created_key("gone"), shards_key("gone")) == 2
+    _seed(scheduler, 2)
+    assert _status(rds)[0] == []
