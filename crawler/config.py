@@ -601,6 +601,8 @@ SETTINGS: dict[str, Setting] = {
     "REDIS_START_URLS_AS_ZSET": _s(FLAG, "read seeds from a sorted set (scrapy-redis); "
                                    "refused when on (crawler.frontier.compat)"),
     "FRONTIER_REDIS_CLUSTER": _s(FLAG, "REDIS_URL names a node of a Redis Cluster"),
+    "FRONTIER_ALLOW_EVICTION": _s(FLAG, "run on a Redis that may evict keys, accepting lost "
+                                  "work (default False: refused)"),
     "MONGO_URI": _s(text(check=_check_mongo_uri, allowed="a mongodb:// or mongodb+srv:// URI"),
                     "the MongoDB server that stores the items", secret=True),
     "MONGO_DATABASE": _s(text(check=_check_mongo_name("database", '/\\. "$')),

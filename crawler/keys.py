@@ -39,6 +39,13 @@ key                                 type    what it holds
                                             pause|resume|stop``, :mod:`crawler.control`)
 ``{<spider>}:shards``               string  ``FRONTIER_SHARDS`` of the crawl, set by
                                             its first worker
+``{<spider>}:created``              string  ms (worker's clock) when the crawl's frontier
+                                            was created: set with ``shards``, in one
+                                            transaction, by its first worker; its absence
+                                            while the frontier has keys, or ``shards``'
+                                            absence while it exists, says keys vanished
+                                            (evicted or flushed:
+                                            :mod:`crawler.frontier.eviction`)
 ==================================  ======  ==========================================
 
 **Shards.** With ``FRONTIER_SHARDS`` = N > 1 the frontier is split into N
@@ -86,6 +93,7 @@ __all__ = [
     "bloom_key",
     "control_key",
     "count_key",
+    "created_key",
     "dead_key",
     "dupefilter_key",
     "leases_key",
@@ -219,6 +227,12 @@ def recorded_shards(redis: Any, spider: str, configured: int = 1) -> int:
     if text.isdigit() and 1 <= int(text) <= MAX_SHARDS:
         return int(text)
     return max(1, configured)
+
+
+def created_key(spider: str) -> str:
+    """``{<spider>}:created``: the crawl's marker, written with
+    ``{<spider>}:shards`` when its frontier is created."""
+    return f"{{{spider}}}:created"
 
 
 def shards_key(spider: str) -> str:

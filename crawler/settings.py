@@ -346,6 +346,13 @@ FRONTIER_BLOOM_ERROR_RATE = 0.001
 #: then a cluster client (crawler/frontier/connection.py). From the
 #: environment variable of the same name ("1" or "true"). Default: False.
 FRONTIER_REDIS_CLUSTER = os.environ.get("FRONTIER_REDIS_CLUSTER", "") in ("1", "true", "True")
+#: Accept a Redis whose maxmemory-policy is not noeviction (allkeys-lru, ...),
+#: which may evict the crawl's queues, leases and dupefilter: work is lost.
+#: Off, such a Redis is a configuration error at start, and a policy changed
+#: or keys evicted during the crawl stop it (crawler/frontier/eviction.py,
+#: docs/eviction.md). On, a WARNING at start and when keys are evicted.
+#: Default: False.
+FRONTIER_ALLOW_EVICTION = False
 
 # --- WARC archive (issue 14) -------------------------------------------------
 # crawler.warc.WarcWriterMiddleware writes every response a worker downloads

@@ -64,7 +64,8 @@ from crawler import items as items_module
 from crawler.config import masked_url
 from crawler.control import RUNNING, parse_state
 from crawler.frontier.connection import get_redis, redis_location
-from crawler.keys import CrawlKeys, ShardKeys
+from crawler.frontier.eviction import vanished_keys
+from crawler.keys import CrawlKeys, ShardKeys, created_key
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -95,7 +96,7 @@ FEED_STAT_PREFIX = "feed_items/"
 #: :attr:`SpiderStatus.dead_trimmed` is the sum of both.
 DEAD_TRIMMED_STAT = "dead/trimmed"
 #: Per shard: the commands of :meth:`StatusReader._queue_shard`, in order.
-_PER_SHARD = 11
+_PER_SHARD = 12
 
 
 def prio_key(spider: str) -> str:
@@ -213,6 +214,10 @@ class SpiderStatus:
         ``"stopped"``; a malformed value counts as running, as workers take it.
     :ivar state_bad_value: the malformed value (``"WRONGTYPE"`` for a key
         of another type), or None.
+    :ivar missing: the crawl's keys that vanished (evicted, flushed, or
+        Redis restarted without persistence), judged by its marker
+        ``{<spider>}:created`` (:func:`crawler.frontier.eviction.vanished_keys`):
+        its figures are then not those of a clean crawl. Empty otherwise.
     """
 
     spider: str
@@ -237,6 +242,7 @@ class SpiderStatus:
     workers: list[WorkerStatus] = field(default_factory=list)
     state: str = "running"
     state_bad_value: str | None = None
+    missing: list[str] = field(default_factory=list)
 
     @property
     def live_workers(self) -> list[WorkerStatus]:
@@ -476,13 +482,14 @@ class StatusReader:
         pipe.hgetall(keys.workers)
         pipe.get(keys.control)
         pipe.get(keys.shards_key)
+        pipe.exists(created_key(name))
         for shard in keys.shards:
             self._queue_shard(pipe, shard)
         replies = pipe.execute(raise_on_error=False)
-        seeds, stats, workers, control, recorded = replies[:5]
+        seeds, stats, workers, control, recorded, created = replies[:6]
         _raise_first(replies[:3] + replies[4:])
         count = _shard_count(recorded)
-        per_shard = replies[5:]
+        per_shard = replies[6:]
         if count != keys.shard_count:
             keys = CrawlKeys.for_spider(name, self.settings, shards=count)
             pipe = self.redis.pipeline(transaction=False)
@@ -506,11 +513,15 @@ class StatusReader:
         spider.dead_trimmed = spider.stats.get(DEAD_TRIMMED_STAT, 0)
         with_keys, leased = self._add_shards(spider, keys, per_shard)
         spider.started = bool(
-            with_keys or stats or workers or spider.seeds or recorded is not None
+            with_keys or stats or workers or spider.seeds or recorded is not None or created
             or spider.state != RUNNING or spider.state_bad_value is not None
         )
         if leased:
             spider.leases_by_worker = self._leases_by_worker(leased)
+        spider.missing = vanished_keys(
+            name, created=bool(created), recorded=recorded is not None,
+            in_use=with_keys or bool(spider.live_workers),
+        )
 
     def _add_shards(
         self, spider: SpiderStatus, keys: CrawlKeys, replies: list[Any]
@@ -529,7 +540,7 @@ class StatusReader:
         for shard in keys.shards:
             at = shard.index * _PER_SHARD
             (queued, leases, retries, dead, revisits, cardinality, bloom, bloom0, prio,
-             waiting, cut) = replies[at : at + _PER_SHARD]
+             waiting, cut, alive) = replies[at : at + _PER_SHARD]
             queued, cardinality = int(queued or 0), int(cardinality)
             spider.queued += queued
             spider.leases += int(leases)
@@ -548,7 +559,7 @@ class StatusReader:
                 by_priority[priority] = by_priority.get(priority, 0) + n
             any_key = any_key or bool(
                 queued or int(leases) or int(retries) or int(dead) or int(revisits)
-                or cardinality or prio or int(waiting) or cut is not None
+                or cardinality or prio or int(waiting) or cut is not None or int(alive)
             )
         spider.seen = None if any_bloom and not any_set else seen
         if spider.queued:
@@ -575,6 +586,7 @@ class StatusReader:
         pipe.hgetall(shard.prio)
         pipe.exists(shard.wait)
         pipe.get(shard.dead_trimmed)
+        pipe.exists(shard.alive)
 
     def _read_state(self, spider: SpiderStatus, raw: Any) -> None:
         """The crawl's state from the reply to ``GET {<spider>}:control``

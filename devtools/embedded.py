@@ -44,6 +44,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import TracebackType
 
 logger = logging.getLogger(__name__)
@@ -339,6 +340,9 @@ class RedisServer(_ServerProcess):
     :param appendonly: enable the AOF (persistence across restarts).
     :param data_dir: working dir for the AOF and ``redis.log``; a temporary
         dir, removed by :meth:`close` / ``__exit__``, when None.
+    :param args: more ``redis-server`` options, appended to the command
+        line, e.g. ``("--maxmemory", "2mb", "--maxmemory-policy",
+        "allkeys-lru")``.
     :raises RuntimeError: if no ``redis-server`` binary is found.
     """
 
@@ -352,6 +356,7 @@ class RedisServer(_ServerProcess):
         host: str = "127.0.0.1",
         appendonly: bool = False,
         data_dir: str | Path | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         binary = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server")
         if not binary:
@@ -361,6 +366,7 @@ class RedisServer(_ServerProcess):
             )
         self._binary = binary
         self._appendonly = appendonly
+        self._args = list(args)
         super().__init__(port, host, data_dir, "crawler-redis-")
 
     @property
@@ -389,6 +395,7 @@ class RedisServer(_ServerProcess):
             "--daemonize", "no",
             "--protected-mode", "no",
             "--logfile", str(self._log_path),
+            *self._args,
         ]  # fmt: skip
 
     def _probe(self, pid: int) -> bool:

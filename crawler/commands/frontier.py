@@ -42,6 +42,7 @@ from crawler.addon import EnvironmentCommand, with_project_addons
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
+from crawler.frontier.eviction import missing_message
 from crawler.frontier.overrides import (
     CONCURRENCY,
     DELAY,
@@ -59,6 +60,7 @@ from crawler.frontier.overrides import (
 from crawler.frontier.store import Frontier, frontier_prefix
 from crawler.keys import (
     CrawlKeys,
+    created_key,
     recorded_shards,
     shard_count,
     shard_prefixes,
@@ -225,6 +227,7 @@ def clear_frontier(redis: Redis, spider: str, settings: BaseSettings) -> int:
         for i in range(0, len(doomed), 500):
             deleted += int(redis.delete(*doomed[i : i + 500]))
     deleted += int(redis.delete(shards_key(spider)))
+    deleted += int(redis.delete(created_key(spider)))
     return deleted
 
 
@@ -378,6 +381,8 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
     if errors:
         parts.extend(Text(line, style="bold red") for line in error_lines(status))
     for spider in status.spiders.values():
+        if spider.missing:
+            parts.append(Text(missing_message(spider.spider, spider.missing), style="bold red"))
         parts.append(_spider_table(spider))
         workers = _workers_table(spider)
         if workers is not None:

@@ -20,6 +20,7 @@ from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
+from twisted.internet.threads import deferToThread
 
 from crawler.config import close_at_open, is_unset, stop_on_config_error
 from crawler.extensions import worker_id
@@ -37,7 +38,9 @@ from crawler.frontier.connection import (
     cluster_enabled,
     config_error_message,
     get_redis,
+    redis_location,
 )
+from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
@@ -281,6 +284,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     fifo_slack_us: int
     seen_max: int
     outbox_delay: float
+    eviction: EvictionWatch
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -328,6 +332,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         )
         scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
         scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
+        scheduler.eviction = EvictionWatch(
+            scheduler.server, redis_location(settings),
+            allowed=settings.getbool(ALLOW_EVICTION_SETTING, False),
+        )
         scheduler._setup_state()
         return scheduler
 
@@ -358,6 +366,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._busy: ResponseError | None = None
         #: A configuration error stops the crawl: no Redis call until it closes.
         self._config_stopped = False
+        #: Why leasing stopped: Redis evicted keys or may evict them (the
+        #: crawl is closing); None while it has not.
+        self.evicted: str | None = None
+        #: The eviction check running in a thread (:meth:`_watch_evictions`).
+        self._eviction_call: Any = None
         self._problems: set[str] = set()
         #: Lease id -> the shard it was taken from.
         self._lease_shards: dict[str, int] = {}
@@ -447,6 +460,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._stop_at_open(self.refused)
             return
         try:
+            refusal = self.eviction.start()
+            if refusal is not None:
+                self._stop_at_open(refusal)
+                return
             shards.check_count()
             for key, mapping in overrides.items():
                 by_shard: dict[int, dict[str, int]] = {}
@@ -476,6 +493,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
         if self.flush_on_start:
             self.flush()
+            try:
+                shards.check_count()  # the crawl's marker and shard count again
+            except (*UNREACHABLE, ShardCountError):
+                pass  # (an outage, met again by the next call; a race with another worker)
         self._log_resuming()
 
     def _adopt_redis_spider(self, spider: Spider) -> None:
@@ -776,8 +797,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         *Batches* and *Outbox*). With None, the engine is woken when the
         first site or retry becomes due (:meth:`next_due`), whatever the
         spider: Scrapy's engine otherwise asks again only when a download
-        ends, or every 5 seconds.
+        ends, or every 5 seconds. None once Redis evicted keys or may evict
+        them (:attr:`evicted`): the crawl is closing, and what this worker
+        holds is given back then.
         """
+        if self.evicted is not None:
+            return None
         request = self._next_request()
         if request is None:
             self._wake_when_due()
@@ -1232,6 +1257,41 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                         extra={"spider": self.spider})
             self._down_until = 0.0
             self.flush_outbox()
+        self._watch_evictions()
+
+    def _watch_evictions(self) -> None:
+        """Check, in a thread, whether Redis evicted keys or may evict them
+        (:meth:`crawler.frontier.eviction.EvictionWatch.check`: ``INFO``
+        and ``CONFIG GET``, on the heartbeat's schedule, one check at a
+        time); :meth:`_evictions_checked` handles the answer."""
+        if self._eviction_call is not None or self.evicted is not None:
+            return
+        self._eviction_call = deferToThread(self.eviction.check)
+        self._eviction_call.addCallbacks(self._evictions_checked, self._eviction_check_failed)
+
+    def _evictions_checked(self, message: str | None) -> None:
+        """Stop leasing when ``message`` says Redis evicted keys or may
+        evict them: one ERROR line (``Configuration error: ...``), the
+        spider closed with the reason ``config_error`` (its leases given
+        back, ``scrapy crawl`` exits with status 1)."""
+        self._eviction_call = None
+        if message is None or self.evicted is not None:
+            return
+        self.evicted = message
+        self.stats.set_value("frontier/evicted", 1)
+        stop_on_config_error(self.crawler, message)
+
+    def _eviction_check_failed(self, failure: Failure) -> None:
+        """A failed eviction check: Redis being down is the heartbeat's to
+        report (the next beat checks again); anything else is logged."""
+        self._eviction_call = None
+        if isinstance(failure.value, UNREACHABLE):
+            logger.debug("Eviction check failed: %s", failure.value, extra={"spider": self.spider})
+            return
+        logger.error(
+            "Eviction check failed: %s", failure.getErrorMessage(),
+            exc_info=failure.value, extra={"spider": self.spider},
+        )
 
     def has_pending_requests(self) -> bool:
         """Whether any request is queued, waiting for a retry or leased, anywhere.

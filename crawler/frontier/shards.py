@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from redis import StrictRedis
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from crawler.frontier.eviction import vanished_keys
 from crawler.frontier.store import Frontier, Lease, NotDue
-from crawler.keys import shard_of, shard_prefixes, shards_key
+from crawler.keys import created_key, shard_of, shard_prefixes, shards_key
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -194,13 +196,18 @@ class FrontierShards:
         """
         n = len(self.frontiers)
         key = shards_key(self.spider)
-        old = self.redis.set(key, n, nx=True, get=True)
+        # The marker and the count in one transaction (one slot): a crawl
+        # never has one without the other unless keys vanished.
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(created_key(self.spider), int(time.time() * 1000), nx=True)
+        pipe.set(key, n, nx=True, get=True)
+        _, old = pipe.execute()
         if old is None and n > 1:
             # Recorded now: a crawl of the time before shards has its frontier
             # under {<spider>}: (same slot as the count).
             plain = f"{{{self.spider}}}:"
             if self.redis.exists(plain + "count", plain + "leases", plain + "retries"):
-                self.redis.delete(key)
+                self.redis.delete(key, created_key(self.spider))
                 old = b"1"
         if old is None:
             return
@@ -296,12 +303,39 @@ class FrontierShards:
 
     def audit(self) -> dict[str, Any]:
         """:meth:`Frontier.audit` of every shard; problems of shard ``i`` > 0
-        are under ``"<i>:<name>"``."""
+        are under ``"<i>:<name>"``; ``missing``: the crawl's keys that
+        vanished (:meth:`missing`), so that a flushed or evicted crawl is
+        not taken for a clean, empty one."""
         problems: dict[str, Any] = {}
+        if missing := self.missing():
+            problems["missing"] = missing
         for i, frontier in enumerate(self.frontiers):
             for name, value in frontier.audit().items():
                 problems[name if i == 0 else f"{i}:{name}"] = value
         return problems
+
+    #: A shard's keys that only a worker of the crawl writes (the operator's
+    #: overrides, which may be set before the crawl starts, are not).
+    IN_USE_KEYS = ("count", "qc", "leases", "retries", "dead", "alive", "wait", "dupefilter",
+                   "bloom")
+
+    def missing(self) -> list[str]:
+        """The crawl's keys that vanished (evicted or flushed), by its
+        marker (:func:`crawler.frontier.eviction.vanished_keys`): one
+        ``EXISTS`` per shard and two for the crawl-wide keys.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        in_use = any(
+            self.redis.exists(*(f.key(name) for name in self.IN_USE_KEYS))
+            for f in self.frontiers
+        )
+        return vanished_keys(
+            self.spider,
+            created=bool(self.redis.exists(created_key(self.spider))),
+            recorded=bool(self.redis.exists(shards_key(self.spider))),
+            in_use=in_use,
+        )
 
     def clear(self) -> None:
         """:meth:`Frontier.clear` on every shard (the dupefilters stay), and
@@ -311,3 +345,4 @@ class FrontierShards:
         for frontier in self.frontiers:
             frontier.clear()
         self.redis.delete(shards_key(self.spider))
+        self.redis.delete(created_key(self.spider))
