@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -24,10 +24,22 @@ from devtools.embedded import RedisServer
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
 from tests.scheduler_harness import finish
+from tests.test_faults import (
+    CRAWL_TIMEOUT,
+    FAST,
+    QUOTES_PAGES,
+    SPIDER,
+    assert_fetched_once,
+    quotes_site,
+)
 from tests.waiting import wait_for
+from tests.workers import start_worker, wait_workers, worker_env
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+    from tests.conftest import SiteFactory
 
 pytestmark = [pytest.mark.usefixtures("stop_heartbeats"), pytest.mark.faults]
 
@@ -62,12 +74,18 @@ class _Pair:
         )
 
     def fail_over(self) -> None:
-        """Promote ``b`` and demote ``a`` to its replica, once ``b`` has every
-        write ``a`` acknowledged (``WAIT``: no acknowledged write is lost,
-        which only FRONTIER_MIN_REPLICAS would promise in production)."""
-        assert self.ra.execute_command("WAIT", 1, 5000) == 1
-        self.rb.replicaof("NO", "ONE")
-        self.ra.replicaof(*self._address(self.b))
+        """Promote ``b`` and demote ``a`` to its replica (``REPLICAOF NO
+        ONE`` on ``b``, ``REPLICAOF b`` on ``a``), with ``a``'s writes paused
+        until ``b`` has every write ``a`` acknowledged (``WAIT``), as a
+        managed failover does: no acknowledged write is lost (which only
+        FRONTIER_MIN_REPLICAS would promise in an unplanned one)."""
+        self.ra.client_pause(10_000, all=False)
+        try:
+            assert self.ra.execute_command("WAIT", 1, 5000) == 1
+            self.rb.replicaof("NO", "ONE")
+            self.ra.replicaof(*self._address(self.b))
+        finally:
+            self.ra.client_unpause()
         wait_for(lambda: self.ra.info("replication").get("role") == "slave", 5, "a demoted")
 
 
@@ -83,7 +101,8 @@ def pair() -> Iterator[_Pair]:
 
 @pytest.mark.parametrize("switch_after", [0.0, 1.0], ids=["endpoint-at-once", "endpoint-later"])
 def test_a_master_demoted_behind_its_endpoint_is_an_outage_and_the_crawl_resumes(
-    pair: _Pair, switch_after: float, caplog: pytest.LogCaptureFixture
+    pair: _Pair, switch_after: float, caplog: pytest.LogCaptureFixture,
+    record_property: Callable[[str, object], None],
 ) -> None:
     """Mid-crawl, the master is demoted and the endpoint moves to the new
     master (at once, or a second later): the writes answered ``READONLY``
@@ -124,6 +143,7 @@ def test_a_master_demoted_behind_its_endpoint_is_an_outage_and_the_crawl_resumes
         if switch_after:
             timer.join()
 
+        record_property("resumed_s", round(resumed, 2))
         assert resumed < RESUME_BOUND, f"resumed {resumed:.1f}s after the endpoint moved"
         assert sorted(fetched) == sorted(urls)  # each once
         assert scheduler.next_request() is None
@@ -214,3 +234,41 @@ def test_no_master_replies_are_told_apart_from_refusals(pair: _Pair) -> None:
     assert all(c._sock is None for c in pool._available_connections)  # type: ignore[attr-defined]
     assert pair.rb.ping()
     client.close()
+
+
+@pytest.mark.workers
+@pytest.mark.slow
+def test_a_crawl_goes_on_when_its_master_is_demoted_behind_the_endpoint(
+    pair: _Pair, site_factory: SiteFactory, mongo_uri: str, mongo_db: str, db: Any,
+    tmp_path: Path, record_property: Callable[[str, object], None],
+) -> None:
+    """A ``scrapy crawl`` worker of the quotes capture, through an endpoint
+    whose master is demoted mid-crawl: it logs a failover (no refusal),
+    fetches again within seconds, and every page is fetched and stored once."""
+    site = quotes_site(site_factory, latency=0.05)
+    with FaultProxy(pair.a.url) as proxy:
+        pair.ra.lpush(f"{SPIDER}:start_urls", site.url_for("/"))
+        log = tmp_path / "worker.log"
+        proc = start_worker(SPIDER, worker_env(proxy.url, mongo_uri, mongo_db), log, FAST)
+        try:
+            wait_for(lambda: len(site.hits()) >= 40, 40, "40 pages fetched")
+            pair.fail_over()
+            proxy.switch_upstream(pair.b.url)
+            switched, before = time.monotonic(), len(site.hits())
+            # (more than the downloads in flight and the leases held then)
+            wait_for(lambda: len(site.hits()) >= before + 40, 30, "fetches after the failover")
+            resumed = time.monotonic() - switched
+            [worker] = wait_workers([proc], [log], CRAWL_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    record_property("resumed_s", round(resumed, 2))
+    assert resumed < 2 * RESUME_BOUND, f"40 more pages {resumed:.1f}s after the failover"
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert "is no master" in worker.log
+    assert "refused" not in worker.log
+    assert db.pages.count_documents({}) == QUOTES_PAGES
+    assert_fetched_once(site)
+    assert Frontier(pair.rb, SPIDER).audit() == {}
