@@ -237,7 +237,6 @@ def test_no_master_replies_are_told_apart_from_refusals(pair: _Pair) -> None:
 
 
 @pytest.mark.workers
-@pytest.mark.slow
 def test_a_crawl_goes_on_when_its_master_is_demoted_behind_the_endpoint(
     pair: _Pair, site_factory: SiteFactory, mongo_uri: str, mongo_db: str, db: Any,
     tmp_path: Path, record_property: Callable[[str, object], None],
