@@ -7,6 +7,7 @@ opened before still reach the demoted master, which answers every write
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,8 +18,16 @@ import pytest
 import redis
 from redis.exceptions import ReadOnlyError, ResponseError
 from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+from twisted.python.failure import Failure
 
-from crawler.frontier.connection import NOT_RUN, drop_connections, is_no_master
+from crawler.frontier.connection import (
+    NOT_RUN,
+    drop_connections,
+    is_no_master,
+    report_redis_failure,
+)
+from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.store import Commit, Frontier, Push
 from devtools.embedded import RedisServer
 from tests import scheduler_harness as harness
@@ -271,3 +280,29 @@ def test_a_crawl_goes_on_when_its_master_is_demoted_behind_the_endpoint(
     assert db.pages.count_documents({}) == QUOTES_PAGES
     assert_fetched_once(site)
     assert Frontier(pair.rb, SPIDER).audit() == {}
+
+
+def test_housekeeping_on_a_demoted_master_is_an_outage_that_drops_the_connections(
+    pair: _Pair, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Housekeeping whose client reaches a replica (a worker record to
+    forget, so its script writes) fails as an outage, not as a bad value in
+    Redis: ``READONLY`` is raised, not reported as a refused shard; its
+    errback logs "will retry" and drops the client's pooled connections."""
+    pair.ra.hset("{hk}:workers", "gone", json.dumps({"last_heartbeat": time.time() - 86400 * 2}))
+    assert pair.ra.execute_command("WAIT", 1, 5000) == 1
+    keeper = Housekeeper(pair.rb, "hk", worker_forget_after=86400)
+    with pytest.raises(ReadOnlyError) as caught:
+        keeper.run()
+    assert pair.rb.hexists("{hk}:workers", "gone")
+
+    pool = pair.rb.connection_pool
+    assert pool._available_connections  # type: ignore[attr-defined]
+    crawler = get_crawler(_Spider)
+    with caplog.at_level(logging.WARNING):
+        report_redis_failure(
+            crawler, Failure(caught.value), logging.getLogger("test"),
+            retrying="will retry: %s", failed="failed: %s", server=pair.rb,
+        )
+    assert "will retry" in caplog.text
+    assert all(c._sock is None for c in pool._available_connections)  # type: ignore[attr-defined]
