@@ -282,4 +282,5 @@ class ClusterStats:
             retrying="Could not send cluster stats to Redis (will retry): %s",
             failed="Cluster stats failed: %s",
             extra={"spider": self.crawler.spider},
+            server=self.server,
         )

@@ -39,7 +39,12 @@ from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
 
 from crawler.config import stop_on_config_error
-from crawler.frontier.connection import config_error_message, get_redis
+from crawler.frontier.connection import (
+    config_error_message,
+    drop_connections,
+    get_redis,
+    is_no_master,
+)
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
 from crawler.frontier.slots import SitePolicy
@@ -700,7 +705,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _config_error(self, exc: Exception) -> bool:
         """Whether ``exc`` is a configuration error of Redis (a password, an
         ACL: see :func:`~crawler.frontier.connection.config_error`); if so
-        the crawl is stopped with one line, as everywhere else."""
+        the crawl is stopped with one line, as everywhere else. A server
+        that is no master (a failover:
+        :func:`~crawler.frontier.connection.is_no_master`) is an outage: the
+        pooled connections are dropped, so that the next call reaches the
+        master that the configured address names now."""
+        if is_no_master(exc):
+            drop_connections(self.redis)
+            return False
         message = config_error_message(exc, self.crawler.settings)
         if message is None:
             return False

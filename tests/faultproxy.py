@@ -21,6 +21,8 @@ failover would:
   every connection is cut and new ones are refused (the listening socket is
   closed) until the outage ends; Redis itself keeps running. A rule with
   ``mode="outage"`` starts one right after a chosen reply was delivered.
+* **A failover behind an endpoint** (:meth:`FaultProxy.switch_upstream`):
+  new connections go to another server, those open stay with the old one.
 * **What was sent** (:meth:`FaultProxy.commands`): every command seen, in
   order, with its connection.
 
@@ -453,6 +455,14 @@ class FaultProxy:
         """Whether Redis is cut off now."""
         return self._in_outage
 
+    def switch_upstream(self, upstream: str) -> None:
+        """Send the connections opened from now on to ``upstream`` (a Redis
+        URL), as a managed "primary endpoint" (a DNS name) does after a
+        failover; those open now stay with the old server."""
+        parts = urlsplit(upstream)
+        with self._lock:
+            self._upstream = (parts.hostname or "127.0.0.1", parts.port or 6379)
+
     def cut_connections(self) -> int:
         """Close every open connection (clients reconnect at once); returns
         how many were open."""
@@ -548,7 +558,9 @@ class FaultProxy:
                 continue  # closed for an outage or at stop
             client.setblocking(True)
             try:
-                upstream = socket.create_connection(self._upstream, timeout=5)
+                with self._lock:
+                    target = self._upstream
+                upstream = socket.create_connection(target, timeout=5)
                 upstream.settimeout(None)
             except OSError:
                 client.close()

@@ -39,9 +39,12 @@ from redis.exceptions import (
     AskError,
     AuthenticationError,
     AuthorizationError,
+    BusyLoadingError,
     ClusterDownError,
+    MasterDownError,
     NoPermissionError,
     NoScriptError,
+    ReadOnlyError,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -65,11 +68,14 @@ if TYPE_CHECKING:
 __all__ = [
     "FAIL_FAST_PARAMS",
     "NOT_RUN",
+    "NO_MASTER",
     "FrontierRedisCluster",
     "cluster_enabled",
     "config_error",
     "config_error_message",
+    "drop_connections",
     "get_redis",
+    "is_no_master",
     "no_retries",
     "redis_params",
     "report_redis_failure",
@@ -83,17 +89,62 @@ __all__ = [
 FAIL_FAST_PARAMS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
 
 
+#: Replies of a server that is no master (or not yet one): ``READONLY``
+#: (a replica, such as a demoted master that an endpoint no longer names
+#: but that pooled connections still reach), ``LOADING`` (a server loading
+#: its data set after a restart or a full resynchronisation: redis-py raises
+#: it as a ``ConnectionError``), ``MASTERDOWN`` (a replica that lost its
+#: master). Nothing was written: a replica refuses a script's first write,
+#: which aborts it (scripts are atomic, and ours go on after no failed
+#: write), and a loading server runs nothing. A failover, to wait out as an
+#: outage, never a refusal (see :func:`is_no_master`).
+NO_MASTER = (ReadOnlyError, BusyLoadingError, MasterDownError)
 #: Replies that say a call did not run and may be sent again at once: a
 #: script Redis forgot (``NOSCRIPT``), a slot that moved or is moving
 #: (``MOVED``, ``ASK``, ``TRYAGAIN``), a cluster that is not serving yet
-#: (``CLUSTERDOWN``). Any other reply to a call whose reply was lost leaves
-#: it in doubt: it may have run.
-NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError)
+#: (``CLUSTERDOWN``), a server that is no master (``READONLY``,
+#: ``MASTERDOWN``: :data:`NO_MASTER`). Any other reply to a call whose reply
+#: was lost leaves it in doubt: it may have run.
+NOT_RUN = (NoScriptError, AskError, TryAgainError, ClusterDownError, ReadOnlyError)
 #: Replies of a Redis Cluster that is not serving a slot yet (``CLUSTERDOWN``:
 #: a master restarted and not back in the cluster, or every slot once one is
 #: marked failed; ``TRYAGAIN``: a slot being moved): an outage to wait out,
 #: although redis-py raises them as a ``ResponseError``.
 CLUSTER_BUSY = (ClusterDownError, TryAgainError)
+
+
+def is_no_master(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server is no master: :data:`NO_MASTER`, or
+    a blocked call cut off because the server changed role (``UNBLOCKED
+    ... instance state changed``, raised by redis-py as a plain
+    ``ResponseError``). Such a call wrote nothing; the pooled connections
+    may reach a demoted master (:func:`drop_connections`)."""
+    if isinstance(exc, NO_MASTER):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, ResponseError) and (
+        text.startswith("unblocked") and "instance state changed" in text
+    )
+
+
+def drop_connections(server: Any) -> None:
+    """Close every pooled connection of the redis-py client ``server`` (a
+    ``Redis``, or a ``RedisCluster``: all its nodes' pools), so that the
+    next call connects again through the configured address, resolving its
+    host name again. After a failover behind one endpoint (a managed
+    "primary endpoint", a DNS name, a proxy), connections opened before it
+    may still reach the demoted master. No I/O but closing sockets; never
+    raises for a client without pools."""
+    pool = getattr(server, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+        return
+    nodes = getattr(server, "nodes_manager", None)
+    if nodes is not None:
+        for node in list(getattr(nodes, "nodes_cache", {}).values()):
+            client = getattr(node, "redis_connection", None)
+            if client is not None:
+                client.connection_pool.disconnect()
 
 
 def cluster_enabled(settings: BaseSettings) -> bool:
@@ -398,6 +449,7 @@ def report_redis_failure(
     retrying: str,
     failed: str,
     extra: dict[str, Any] | None = None,
+    server: Any = None,
 ) -> None:
     """Handle the failure of a periodic Redis call that a component runs in a
     thread (cluster stats, housekeeping): the errback of its Deferred.
@@ -408,7 +460,10 @@ def report_redis_failure(
     - any other Redis error (a ``RedisError``, or a cluster client's
       ``RedisClusterException``: Redis down, a timeout, a refusal) is an
       outage the next run retries: one warning, ``log.warning(retrying,
-      error)``;
+      error)``; a server that is no master (:func:`is_no_master`: a
+      failover) is one too, and the pooled connections of ``server`` are
+      dropped (:func:`drop_connections`), so that the next run reaches the
+      master that the configured address names now;
     - anything else is a bug: ``log.error(failed, message)`` with the
       traceback.
 
@@ -418,6 +473,7 @@ def report_redis_failure(
         e.g. ``"Frontier housekeeping failed (will retry): %s"``.
     :param failed: the error's format, with one ``%s`` for the message.
     :param extra: the log records' ``extra`` (e.g. ``{"spider": spider}``).
+    :param server: the component's redis-py client (None: none to drop).
     """
     message = config_error_message(failure.value, crawler.settings)
     if message is not None:
@@ -425,6 +481,8 @@ def report_redis_failure(
         stop_on_config_error(crawler, message)
         return
     if failure.check(RedisError, RedisClusterException):
+        if server is not None and is_no_master(failure.value):
+            drop_connections(server)
         log.warning(retrying, failure.value, extra=extra)
         return
     log.error(

@@ -80,7 +80,13 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
-from crawler.frontier.connection import NOT_RUN, config_error, get_redis, report_redis_failure
+from crawler.frontier.connection import (
+    NOT_RUN,
+    config_error,
+    get_redis,
+    is_no_master,
+    report_redis_failure,
+)
 from crawler.frontier.shards import node_pipelines
 from crawler.frontier.store import _Lua
 from crawler.keys import ShardKeys, shard_count, shard_prefixes, spider_name_of, workers_key
@@ -571,13 +577,16 @@ class FrontierHousekeeping:
             self.crawler, failure, logger,
             retrying="Frontier housekeeping failed (will retry): %s",
             failed="Frontier housekeeping failed: %s",
+            server=self.housekeeper.redis,
         )
 
 
 def _refused(exc: ResponseError) -> str:
     """A shard's refused call as a problem line; a configuration error
-    (an ACL, a command unknown) is raised again: it is no bad value."""
-    if config_error(exc) is not None:
+    (an ACL, a command unknown) or a server that is no master (``READONLY``
+    and the like: :func:`~crawler.frontier.connection.is_no_master`, an
+    outage) is raised again: it is no bad value."""
+    if config_error(exc) is not None or is_no_master(exc):
         raise exc
     return f"refused: {exc}"
 

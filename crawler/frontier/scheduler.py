@@ -37,7 +37,9 @@ from crawler.frontier.connection import (
     NOT_RUN,
     cluster_enabled,
     config_error_message,
+    drop_connections,
     get_redis,
+    is_no_master,
     redis_location,
 )
 from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
@@ -1251,6 +1253,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         except UNREACHABLE as exc:
             if not probing:
                 self._failed(exc)
+            elif is_no_master(exc):  # (still a replica behind the endpoint)
+                drop_connections(self.server)
             return
         if probing:
             logger.info("Redis answers the heartbeat: the outage's backoff ends",
@@ -1581,7 +1585,21 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._settle()
         result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
         errors = [r for r in (*committed.values(), leased) if isinstance(r, ResponseError)]
-        self._busy = next((r for r in errors if isinstance(r, CLUSTER_BUSY)), None)
+        no_master = next((r for r in errors if is_no_master(r)), None)
+        if no_master is not None:
+            # A failover: the pooled connections may reach the demoted
+            # master. The calls did not run (NOT_RUN); they go once more
+            # through new connections, then it is an outage.
+            drop_connections(self.server)
+            self.stats.inc_value("frontier/redis/no_master")
+            logger.warning(
+                "Redis is no master (%s): a failover; connections dropped, %d writes kept, "
+                "sent again through %s", no_master, len(self._outbox),
+                redis_location(self.crawler.settings), extra={"spider": self.spider},
+            )
+        self._busy = next(
+            (r for r in errors if isinstance(r, CLUSTER_BUSY) or is_no_master(r)), None
+        )
         refused = next((r for r in errors if not isinstance(r, NOT_RUN)), None)
         if refused is not None:
             self._refused(refused)
@@ -1808,7 +1826,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scripts again) is an outage too, never logged as a refusal."""
         if self._config_error(exc):
             return
-        if isinstance(exc, ResponseError) and not isinstance(exc, NOT_RUN):
+        if (
+            isinstance(exc, ResponseError)
+            and not isinstance(exc, NOT_RUN)
+            and not is_no_master(exc)
+        ):
             self._refused(exc)
         else:
             self._outage(exc)
@@ -1816,7 +1838,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _refused(self, exc: ResponseError) -> None:
         """A script refused a call before it wrote anything: no outage, but
         nothing to do until the key it names is fixed. (An ACL's ``NOPERM``
-        is a configuration error: :meth:`_config_error`.)"""
+        is a configuration error: :meth:`_config_error`; a server that is
+        no master is an outage: :meth:`_outage`.)"""
+        if is_no_master(exc):
+            self._outage(exc)
+            return
         if self._config_error(exc):
             return
         self.stats.inc_value("frontier/redis/refused")
@@ -1832,9 +1858,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Redis could not be reached, or answered too late: wait with
         doubling pauses. (A refused password is a configuration error,
         although redis-py raises it as a ``ConnectionError``:
-        :meth:`_config_error`.)"""
+        :meth:`_config_error`.)
+
+        A server that is no master (``READONLY``, ``LOADING``, ``MASTERDOWN``,
+        ``UNBLOCKED``: :func:`~crawler.frontier.connection.is_no_master`, a
+        failover) is an outage too: the pooled connections are dropped, so
+        that the next call reaches whatever master the configured address
+        names by then; the writes stay in the outbox."""
         if self._config_error(exc):
             return
+        failover = is_no_master(exc)
+        if failover:
+            drop_connections(self.server)
         # Redis may come back from an older snapshot, without fingerprints
         # this worker recorded: ask it again rather than trust the memory.
         self._seen.clear()
@@ -1844,7 +1879,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
         self._down_until = time.monotonic() + self._backoff
         logger.warning(
-            "Redis unreachable (%s); %d writes waiting; trying again in %.1fs",
+            "Redis %s (%s); %d writes waiting; trying again in %.1fs",
+            "is no master (a failover): connections dropped" if failover else "unreachable",
             exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
         )
 

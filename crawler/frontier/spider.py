@@ -17,7 +17,12 @@ from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import stop_on_config_error
 from crawler.extensions import worker_id
-from crawler.frontier.connection import NOT_RUN, config_error_message
+from crawler.frontier.connection import (
+    NOT_RUN,
+    config_error_message,
+    drop_connections,
+    is_no_master,
+)
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
@@ -329,9 +334,22 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 # (a reply that says the call did not run, a cluster not
                 # serving the slot yet or NOSCRIPT, is an outage too, as for
-                # the scheduler)
-                refused = isinstance(exc, ResponseError) and not isinstance(exc, NOT_RUN)
-                what = "refused a seed call" if refused else "unreachable"
+                # the scheduler; so is a server that is no master, a
+                # failover: its pooled connections may reach the demoted
+                # master, so they are dropped)
+                failover = is_no_master(exc)
+                if failover:
+                    drop_connections(self.server)
+                refused = (
+                    isinstance(exc, ResponseError)
+                    and not isinstance(exc, NOT_RUN)
+                    and not failover
+                )
+                what = (
+                    "refused a seed call" if refused
+                    else "is no master (a failover): connections dropped" if failover
+                    else "unreachable"
+                )
                 logger.warning(
                     "Redis %s while reading seeds (%s); retrying in %.1fs",
                     what, exc, backoff, extra={"spider": self},
