@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from crawler.commands.seed import seed_json
-from crawler.frontier.seeds import BadSeed, parse_seed
+from crawler.frontier.seeds import BadSeed, parse_seed, seed_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable

@@ -28,111 +28,17 @@ from scrapy.spiderloader import get_spider_loader
 from crawler.addon import EnvironmentCommand
 from crawler.commands.frontier import check_spider
 from crawler.frontier.connection import get_redis, redis_location
-from crawler.frontier.seeds import BadSeed, parse_seed
+from crawler.frontier.seeds import BadSeed, SeedPusher, seed_json
 from crawler.keys import CrawlKeys
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Iterable, Iterator
 
-    from redis import Redis
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Command", "SeedPusher", "seed_json"]
-
-
-def seed_json(
-    line: bytes | str,
-    priority: int | None = None,
-    meta: dict[str, Any] | None = None,
-    spider_cls: type | None = None,
-) -> tuple[str, tuple[str, ...]]:
-    """Validate one seed and return it in the JSON form pushed to Redis.
-
-    :param line: a bare URL or a JSON seed object, as ``redis-cli`` takes.
-    :param priority: ``--priority``, used when the seed sets none.
-    :param meta: ``--meta``, merged under the seed's own meta keys.
-    :param spider_cls: when given, a seed's ``callback`` must be one of its
-        methods.
-    :returns: ``(json_text, form_keys)``: compact JSON with ``url`` first
-        and defaults (priority 0, empty meta) left out; the JSON keys the
-        workers send as form data (scrapy-redis's reading), sorted.
-    :raises BadSeed: the seed cannot become a request; the message says why.
-    """
-    seed = parse_seed(line)
-    text = line.decode() if isinstance(line, bytes) else line
-    text = text.strip()
-    obj: dict[str, Any] = {"url": seed.url}
-    if text.startswith("{"):
-        obj.update(json.loads(text))
-        obj["url"] = seed.url
-    if priority is not None and "priority" not in obj:
-        obj["priority"] = priority
-    if meta:
-        obj["meta"] = {**meta, **obj.get("meta", {})}
-    if not obj.get("priority"):
-        obj.pop("priority", None)
-    if not obj.get("meta"):
-        obj.pop("meta", None)
-    if seed.callback is not None and spider_cls is not None:
-        if not callable(getattr(spider_cls, seed.callback, None)):
-            raise BadSeed(f"spider has no callback {seed.callback!r}")
-    form_keys = tuple(sorted(seed.formdata))
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False), form_keys
-
-
-class SeedPusher:
-    """Push validated seeds into a seed list in pipelined ``LPUSH`` batches.
-
-    ``LPUSH key s1 s2 s3`` and workers taking from the right (``RPOP``)
-    mean seeds are crawled in the order given.
-
-    :param server: a redis-py client.
-    :param key: the seed list, e.g. ``quotes:start_urls``.
-    :param batch_size: seeds per ``LPUSH``; a pipeline carries
-        ``pipeline_batches`` of them per round trip.
-    """
-
-    def __init__(
-        self, server: Redis, key: str, batch_size: int = 1000, pipeline_batches: int = 10
-    ) -> None:
-        self.server = server
-        self.key = key
-        self.batch_size = batch_size
-        self.pipeline_batches = pipeline_batches
-        self.pushed = 0
-        self._batch: list[str] = []
-        self._batches: list[list[str]] = []
-
-    def add(self, seed: str) -> None:
-        """Queue one seed (JSON text); sends when enough are waiting.
-
-        :raises redis.exceptions.RedisError: Redis failed.
-        """
-        self._batch.append(seed)
-        if len(self._batch) >= self.batch_size:
-            self._batches.append(self._batch)
-            self._batch = []
-            if len(self._batches) >= self.pipeline_batches:
-                self.flush()
-
-    def flush(self) -> None:
-        """Send everything queued.
-
-        :raises redis.exceptions.RedisError: Redis failed.
-        """
-        if self._batch:
-            self._batches.append(self._batch)
-            self._batch = []
-        if not self._batches:
-            return
-        pipe = self.server.pipeline(transaction=False)
-        for batch in self._batches:
-            pipe.lpush(self.key, *batch)
-        pipe.execute()
-        self.pushed += sum(map(len, self._batches))
-        self._batches = []
+__all__ = ["Command"]
 
 
 class Command(EnvironmentCommand):
@@ -213,7 +119,8 @@ class Command(EnvironmentCommand):
         if opts.batch_size < 1:
             raise UsageError("--batch-size must be positive", print_help=False)
         key = CrawlKeys.for_spider(spider, self.settings).seeds
-        pusher = SeedPusher(get_redis(self.settings), key, opts.batch_size)
+        pusher = SeedPusher(get_redis(self.settings), key, opts.batch_size,
+                            as_set=self.settings.getbool("REDIS_START_URLS_AS_SET"))
         invalid = 0
 
         def push(source: str, lines: Iterable[bytes | str]) -> None:

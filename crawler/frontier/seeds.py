@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-__all__ = ["BadSeed", "Seed", "parse_seed"]
+if TYPE_CHECKING:
+    from redis import Redis
+
+__all__ = ["BadSeed", "Seed", "SeedPusher", "parse_seed", "seed_json"]
 
 
 class BadSeed(ValueError):
@@ -159,3 +162,103 @@ def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
         body=obj.get("body", ""),
         formdata=formdata,
     )
+
+
+def seed_json(
+    line: bytes | str,
+    priority: int | None = None,
+    meta: dict[str, Any] | None = None,
+    spider_cls: type | None = None,
+) -> tuple[str, tuple[str, ...]]:
+    """Validate one seed and return it in the JSON form pushed to Redis.
+
+    :param line: a bare URL or a JSON seed object, as ``redis-cli`` takes.
+    :param priority: ``--priority``, used when the seed sets none.
+    :param meta: ``--meta``, merged under the seed's own meta keys.
+    :param spider_cls: when given, a seed's ``callback`` must be one of its
+        methods.
+    :returns: ``(json_text, form_keys)``: compact JSON with ``url`` first
+        and defaults (priority 0, empty meta) left out; the JSON keys the
+        workers send as form data (scrapy-redis's reading), sorted.
+    :raises BadSeed: the seed cannot become a request; the message says why.
+    """
+    seed = parse_seed(line)
+    text = line.decode() if isinstance(line, bytes) else line
+    text = text.strip()
+    obj: dict[str, Any] = {"url": seed.url}
+    if text.startswith("{"):
+        obj.update(json.loads(text))
+        obj["url"] = seed.url
+    if priority is not None and "priority" not in obj:
+        obj["priority"] = priority
+    if meta:
+        obj["meta"] = {**meta, **obj.get("meta", {})}
+    if not obj.get("priority"):
+        obj.pop("priority", None)
+    if not obj.get("meta"):
+        obj.pop("meta", None)
+    if seed.callback is not None and spider_cls is not None:
+        if not callable(getattr(spider_cls, seed.callback, None)):
+            raise BadSeed(f"spider has no callback {seed.callback!r}")
+    form_keys = tuple(sorted(seed.formdata))
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False), form_keys
+
+
+class SeedPusher:
+    """Push validated seeds into a seed list in pipelined ``LPUSH`` batches.
+
+    ``LPUSH key s1 s2 s3`` and workers taking from the right (``RPOP``)
+    mean seeds are crawled in the order given.
+
+    :param server: a redis-py client.
+    :param key: the seed list, e.g. ``quotes:start_urls``.
+    :param batch_size: seeds per ``LPUSH``; a pipeline carries
+        ``pipeline_batches`` of them per round trip.
+    :param as_set: the seeds go into a set (``SADD``), as
+        ``REDIS_START_URLS_AS_SET`` has them read.
+    """
+
+    def __init__(
+        self, server: Redis, key: str, batch_size: int = 1000, pipeline_batches: int = 10,
+        *, as_set: bool = False,
+    ) -> None:
+        self.server = server
+        self.key = key
+        self.as_set = as_set
+        self.batch_size = batch_size
+        self.pipeline_batches = pipeline_batches
+        self.pushed = 0
+        self._batch: list[str] = []
+        self._batches: list[list[str]] = []
+
+    def add(self, seed: str) -> None:
+        """Queue one seed (JSON text); sends when enough are waiting.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        self._batch.append(seed)
+        if len(self._batch) >= self.batch_size:
+            self._batches.append(self._batch)
+            self._batch = []
+            if len(self._batches) >= self.pipeline_batches:
+                self.flush()
+
+    def flush(self) -> None:
+        """Send everything queued.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        if self._batch:
+            self._batches.append(self._batch)
+            self._batch = []
+        if not self._batches:
+            return
+        pipe = self.server.pipeline(transaction=False)
+        for batch in self._batches:
+            if self.as_set:
+                pipe.sadd(self.key, *batch)
+            else:
+                pipe.lpush(self.key, *batch)
+        pipe.execute()
+        self.pushed += sum(map(len, self._batches))
+        self._batches = []
