@@ -509,7 +509,9 @@ def test_malformed_queue_entries_mid_crawl(
     shards: int, proxy: FaultProxy, rds: redis.Redis, db: Any, sites: _Sites, make_crawl: Any,
 ) -> None:
     n = 10
-    sites.delay = 0.3
+    # (slow pages: the queues fill while each site serves one at a time, on
+    # a busy machine too)
+    sites.delay = 0.6
     rds.lpush("pages:start_urls", *sites.urls(n))
     crawl = make_crawl(FRONTIER_SHARDS=shards, FRONTIER_CONCURRENCY=1, FRONTIER_LEASE_TIMEOUT=3)
     crawl.start()
@@ -518,7 +520,7 @@ def test_malformed_queue_entries_mid_crawl(
     def queued() -> int:
         return sum(int(rds.get(p + "count") or 0) for p in prefixes)
 
-    wait_for(lambda: queued() >= 20, 30, "20 queued")
+    wait_for(lambda: queued() >= 20, 60, "20 queued")
     done = []
     for p in prefixes:
         fields = sorted(rds.hkeys(p + "qm"))
