@@ -8,12 +8,11 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-import pytest
-
 from crawler.frontier.seeds import parse_seed
 from crawler.producer import queue_seeds
 
 if TYPE_CHECKING:
+    import pytest
     import redis
 
 
