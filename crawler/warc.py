@@ -402,7 +402,9 @@ class WarcWriterMiddleware:
         settings = crawler.settings
         directory = settings.get("WARC_DIR") or ""
         if not str(directory).strip():
-            raise NotConfigured("WARC_DIR is not set")
+            # (off by default: no WARNING, which Scrapy logs for a reason given)
+            logger.debug("WARC archive off: WARC_DIR is not set")
+            raise NotConfigured
         max_size = settings.getint("WARC_MAX_SIZE", DEFAULT_MAX_SIZE)
         spider = spider_name_of(crawler)  # the instance's, at open (spider_opened)
         worker = worker_id(settings)

@@ -20,17 +20,19 @@ from scrapy import FormRequest, Request, Spider
 from scrapy.exceptions import CloseSpider
 from scrapy.http import HtmlResponse
 from scrapy.linkextractors import LinkExtractor
+from scrapy.settings import Settings
 from scrapy.spiders import CrawlSpider, Rule
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 from scrapy_redis.spiders import RedisSpider
 
+from crawler.commands.frontier import clear_frontier
 from crawler.config import validate_settings
 from crawler.control import CrawlControl
 from crawler.extensions import ClusterStats
 from crawler.frontier.bloom import BloomDupeFilter
 from crawler.frontier.housekeeping import FrontierHousekeeping
-from crawler.frontier.intake import SeedIntake
+from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.scheduler import FrontierScheduler
 from crawler.frontier.spider import FrontierCrawlSpider, FrontierSpider
 from devtools.replay import generated_site
@@ -464,3 +466,15 @@ def test_a_scrapy_redis_spider_reads_redis_and_its_idle_time_as_the_add_on_set_t
     assert spider.count_size("idleclosing:start_urls") == 1
     assert spider.server is not early
     assert spider.max_idle_time == 7
+
+
+def test_frontier_clear_lets_the_next_crawl_queue_start_urls_again(
+    rds: redis.Redis,
+) -> None:
+    """The mark that a spider's ``start_urls`` were queued goes with the
+    frontier (``scrapy frontier clear``): a crawl run again after a clear
+    queues them again instead of finishing at once with nothing to do."""
+    marker = IntakeKeys.for_seed_list("plain:start_urls").seeded
+    rds.set(marker, 1)
+    clear_frontier(rds, "plain", Settings())
+    assert not rds.exists(marker)

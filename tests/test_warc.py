@@ -201,3 +201,11 @@ def test_bodies_are_archived_as_they_came_over_the_wire(
     # warcio (and so the replay) decodes it.
     assert load_warc(path)["/"].body == html
     assert os.path.getsize(path) == worker.stats["warc/bytes"]
+
+
+def test_the_archive_switched_off_by_default_logs_no_warning() -> None:
+    """WARC_DIR unset (the default): the middleware is off without Scrapy's
+    ``Disabled ...: WARC_DIR is not set`` WARNING on every start."""
+    with pytest.raises(NotConfigured) as off:
+        WarcWriterMiddleware.from_crawler(get_crawler(settings_dict={"WARC_DIR": ""}))
+    assert off.value.args == ()

@@ -43,6 +43,7 @@ from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.eviction import missing_message
+from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import (
     CONCURRENCY,
     DELAY,
@@ -206,9 +207,10 @@ def clear_frontier(redis: Redis, spider: str, settings: BaseSettings) -> int:
     and of ``FRONTIER_SHARDS`` in ``settings`` (they differ when the count
     is being changed). The seeds (``<spider>:start_urls`` and its intake)
     stay, and so do the crawl-wide ``stats``, ``workers`` and ``control``
-    (a stopped crawl stays stopped). Meant for a crawl with no worker
-    running. Finds the keys with ``SCAN`` (on a cluster, of every
-    master).
+    (a stopped crawl stays stopped); the mark that the spider's
+    ``start_urls`` were queued goes, so the next crawl queues them again.
+    Meant for a crawl with no worker running. Finds the keys with ``SCAN``
+    (on a cluster, of every master).
 
     :returns: how many keys were deleted.
     :raises redis.exceptions.RedisError: Redis failed (keys deleted before stay deleted).
@@ -228,6 +230,7 @@ def clear_frontier(redis: Redis, spider: str, settings: BaseSettings) -> int:
             deleted += int(redis.delete(*doomed[i : i + 500]))
     deleted += int(redis.delete(shards_key(spider)))
     deleted += int(redis.delete(created_key(spider)))
+    deleted += int(redis.delete(IntakeKeys.for_seed_list(keys.seeds).seeded))
     return deleted
 
 
