@@ -195,3 +195,26 @@ def test_a_heartbeat_of_a_clock_an_hour_fast_is_stamped_on_redis_time(
     seconds, micros = rds.time()
     assert seconds + micros / 1e6 - 1.0 <= beat <= seconds + micros / 1e6
     assert CLOCK.offset == pytest.approx(-HOUR, abs=1.0)
+
+
+def test_the_status_judges_liveness_on_redis_time(
+    rds: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A status read on a host whose clock is an hour fast still counts a
+    worker that beat a moment ago (by Redis's clock) as live, and one that
+    beat an hour ago as dead."""
+    from crawler.status import StatusReader
+
+    seconds, micros = rds.time()
+    redis_now = seconds + micros / 1e6
+    rds.hset("{x}:workers", mapping={
+        "fresh": json.dumps({"pid": 1, "host": "h", "spider": "x", "last_heartbeat": redis_now}),
+        "gone": json.dumps({"pid": 2, "host": "h", "spider": "x",
+                            "last_heartbeat": redis_now - HOUR + 5}),
+    })
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + HOUR)  # this host's clock
+    monkeypatch.setattr(CLOCK, "offset", 0.0)
+    monkeypatch.setattr(CLOCK, "_warned", True)
+    spiders = StatusReader(rds, None, "unused", ["x"], worker_timeout=30.0).read().spiders
+    assert [w.id for w in spiders["x"].live_workers] == ["fresh"]
