@@ -4,14 +4,14 @@
 #               that start no worker process, cluster or whole-system run)
 #   make test   sets up and runs the whole test suite, with ruff and mypy (CI)
 # Both create the virtualenv .venv and install what is missing, redis-server
-# included (from Debian's packages).
+# and faketime included (from Debian's packages).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo check test lint redis-server
+.PHONY: demo check test lint redis-server faketime
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ redis-server:
 	@command -v redis-server >/dev/null || { \
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
 
+# libfaketime, for the skewed-clock test (tests/test_clocks.py).
+faketime:
+	@command -v faketime >/dev/null || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }
+
 demo: redis-server $(VENV)/.runtime
 	$(PY) -m devtools.demo
 
@@ -38,8 +43,8 @@ lint: $(VENV)/.dev
 # The tiers are pytest marks (tests/tiers.py); FAST selects the fast tier.
 FAST := not workers and not cluster and not slow
 
-check: redis-server lint
+check: redis-server faketime lint
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
 
-test: redis-server lint
+test: redis-server faketime lint
 	$(PY) -m pytest -n 2 --dist loadfile

@@ -706,6 +706,8 @@ SETTINGS: dict[str, Setting] = {
     # --- operations
     "FRONTIER_STATS_ENABLED": _s(FLAG, "keep cluster-wide stats and heartbeats in Redis"),
     "FRONTIER_HEARTBEAT_INTERVAL": _s(_SECONDS_POS, "seconds between a worker's heartbeats"),
+    "FRONTIER_CLOCK_SKEW_WARN": _s(_SECONDS, "seconds of offset to the servers' clock "
+                                   "that are logged as a warning"),
     "FRONTIER_CONTROL_INTERVAL": _s(_SECONDS_POS, "seconds between two reads of the "
                                     "crawl's state (pause, resume, stop)"),
     "FRONTIER_WORKER_TIMEOUT": _s(_SECONDS_POS, "seconds after which a silent worker is dead "

@@ -18,6 +18,8 @@ from scrapy.utils.misc import load_object
 from twisted.internet.threads import deferToThread
 
 from crawler.config import masked_url
+from crawler.frontier.clock import CLOCK
+from crawler.frontier.clock import configure as configure_clock
 from crawler.frontier.connection import get_redis, report_redis_failure
 from crawler.keys import CrawlKeys, spider_name_of
 from crawler.pipelines import MongoPipeline, collection_of
@@ -97,7 +99,9 @@ class ClusterStats:
     * The worker's heartbeat record is ``HSET`` in ``{<spider>}:workers``
       under its id (:func:`worker_id`): JSON ``{"pid", "host", "spider",
       "job", "started", "last_heartbeat", "pages", "items",
-      "pages_per_minute"}`` with Unix times in seconds; it is removed when
+      "pages_per_minute"}`` with Unix times in seconds on Redis's clock (each
+      heartbeat measures this worker's offset to Redis ``TIME`` first:
+      :mod:`crawler.frontier.clock`); it is removed when
       the spider closes. A worker whose heartbeat is older than
       ``FRONTIER_WORKER_TIMEOUT`` counts as dead in the status.
 
@@ -129,7 +133,7 @@ class ClusterStats:
         self.keys = keys
         self.worker = worker
         self.interval = interval
-        self.started = time.time()
+        self.started = CLOCK.now()
         self._sent: dict[str, int] = {}
         self._inflight: Deferred[None] | None = None
         self._task: AsyncioLoopingCall | LoopingCall | None = None
@@ -152,6 +156,7 @@ class ClusterStats:
         interval = settings.getfloat("FRONTIER_HEARTBEAT_INTERVAL", 5.0)
         if interval <= 0:
             raise NotConfigured("FRONTIER_HEARTBEAT_INTERVAL must be positive")
+        configure_clock(settings)
         ext = cls(
             crawler,
             get_redis(settings),
@@ -172,7 +177,7 @@ class ClusterStats:
         start the heartbeat."""
         self.keys = CrawlKeys.for_spider(spider_name_of(self.crawler), self.crawler.settings)
         assert self.crawler.stats is not None
-        self.started = time.time()
+        self.started = CLOCK.now()
         self.crawler.stats.inc_value("workers/started")
         self._task = create_looping_call(self.beat)
         self._task.start(self.interval, now=True)
@@ -253,14 +258,19 @@ class ClusterStats:
             "spider": self.keys.spider,
             "job": job_id(self.crawler),
             "started": self.started,
-            "last_heartbeat": time.time(),
+            "last_heartbeat": CLOCK.now(),  # set again in _write
             "pages": pages,
             "items": int(stats.get_value("item_scraped_count", 0)),
             "pages_per_minute": round(rate, 1),
         }
 
     def _write(self, deltas: dict[str, int], record: dict[str, Any], final: bool) -> None:
-        """One pipeline: the increments, then the heartbeat (in a thread)."""
+        """Measure the offset to Redis's clock (:data:`CLOCK`), then one
+        pipeline: the increments, then the heartbeat stamped with the
+        corrected clock (in a thread)."""
+        if not final:
+            CLOCK.measure_redis(self.server)
+            record["last_heartbeat"] = CLOCK.now()
         pipe = self.server.pipeline(transaction=False)
         for name, delta in deltas.items():
             pipe.hincrby(self.keys.stats, name, delta)

@@ -16,6 +16,7 @@ from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.response import response_status_message
 
+from crawler.frontier.clock import CLOCK
 from crawler.frontier.scheduler import RETRY_DELAY_META, REVISIT_META
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import on_sites, site_of
@@ -503,7 +504,7 @@ class RevisitMiddleware:
             return True
         source = self.crawler.request_fingerprinter.fingerprint(request).hex()
         try:
-            changed = await asyncio.to_thread(pipeline.touch, source, datetime.now(UTC))
+            changed = await asyncio.to_thread(pipeline.touch, source, CLOCK.utcnow())
         except (PyMongoError, RuntimeError) as exc:
             self.crawler.stats.inc_value("revisit/touch_failed")
             self.crawler.signals.send_catch_log(

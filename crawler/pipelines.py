@@ -24,7 +24,7 @@ import socket
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from weakref import WeakKeyDictionary
@@ -50,6 +50,7 @@ from crawler.config import (
     secrets_of,
     stop_on_config_error,
 )
+from crawler.frontier.clock import CLOCK
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -592,9 +593,15 @@ class MongoPipeline:
         self._timer = asyncio.ensure_future(self._flush_periodically())
 
     def _check_access(self) -> None:
-        """Log in and ping ``MONGO_DATABASE`` (in a worker thread)."""
+        """Log in and ping ``MONGO_DATABASE``, then measure this process's
+        clock offset to MongoDB's (:meth:`Clock.measure_mongo`; in a worker
+        thread)."""
         assert self.client is not None
         self.client[self.database].command("ping")
+        try:
+            CLOCK.measure_mongo(self.client)
+        except KeyError:  # a server without hello.localTime: Redis's clock serves
+            pass
 
     def _config_message(self, cause: str) -> str:
         """The one log line of a MongoDB configuration error (password masked)."""
@@ -615,11 +622,21 @@ class MongoPipeline:
             self.client.close()
 
     async def process_item(self, item: Any) -> Any:
-        """Queue ``item`` for the next bulk write and return once it is stored."""
-        now = datetime.now(UTC)
+        """Queue ``item`` for the next bulk write and return once it is stored.
+
+        It is stamped (``first_seen``/``last_seen``) by the corrected clock
+        (:data:`~crawler.frontier.clock.CLOCK`), so that workers with skewed
+        clocks order their writes by the servers' clock; a
+        :data:`FETCH_TIME_FIELDS` datetime later than that is lowered to it.
+        """
+        now = CLOCK.utcnow()
         derived = self._ids.pop(item)
         source = self._sources.pop(item) if self._revisits else None
         doc = as_document(item)
+        for fetched in FETCH_TIME_FIELDS:  # a time in the future is never stored
+            when = doc.get(fetched)
+            if isinstance(when, datetime) and when.tzinfo is not None and when > now:
+                doc[fetched] = now
         if source is not None:
             doc[SOURCE_FIELD] = f"{self._spider_name}:{source}"  # one spider's pages only
         key: tuple[str, ...] = tuple(getattr(item, "key", ()))
@@ -857,7 +874,7 @@ class MongoPipeline:
         record = {
             "collection": coll.name,
             "reason": reason,
-            "time": datetime.now(UTC),
+            "time": CLOCK.utcnow(),
             "item": item[:1_000_000],
         }
         try:

@@ -274,6 +274,10 @@ EXTENSIONS = {
 FRONTIER_STATS_ENABLED = True
 #: Seconds between a worker's heartbeats (and stats increments). Default: 5.0.
 FRONTIER_HEARTBEAT_INTERVAL = 5.0
+#: Seconds by which this worker's clock may differ from Redis's (or
+#: MongoDB's) before a WARNING is logged; times stored and heartbeats are
+#: corrected by the offset either way (docs/clocks.md). Default: 2.0.
+FRONTIER_CLOCK_SKEW_WARN = 2.0
 #: Seconds after its last heartbeat a worker stops counting as live.
 #: Default: 30.0.
 FRONTIER_WORKER_TIMEOUT = 30.0

@@ -52,7 +52,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +62,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from crawler import items as items_module
 from crawler.config import masked_url
 from crawler.control import RUNNING, parse_state
+from crawler.frontier.clock import CLOCK
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.eviction import vanished_keys
 from crawler.keys import CrawlKeys, ShardKeys, created_key
@@ -431,9 +431,15 @@ class StatusReader:
         Redis key of another type than the frontier's (``WRONGTYPE``) counts
         as Redis failing. Never raises for a server error.
 
-        :param now: Unix time used for worker liveness (default: now).
+        :param now: Unix time used for worker liveness (default: Redis's
+            clock, ``TIME``; this process's clock when Redis cannot be read).
         """
-        now = time.time() if now is None else now
+        if now is None:
+            try:
+                CLOCK.measure_redis(self.redis)
+            except (RedisError, RedisClusterException, ValueError, TypeError):
+                pass  # the read below reports the failure
+            now = CLOCK.now()
         status = ClusterStatus(time=now, servers={"redis": self.redis_at})
         if self.mongo is not None:
             status.servers["mongodb"] = self.mongo_at

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 from redis.exceptions import ResponseError
@@ -80,6 +79,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
+from crawler.frontier.clock import CLOCK
 from crawler.frontier.connection import (
     NOT_RUN,
     config_error,
@@ -354,10 +354,11 @@ class Housekeeper:
 
     def _stale_workers(self, reply: tuple[int, dict[bytes, bytes]]) -> list[bytes]:
         """The workers of an ``HSCAN`` page of the registry whose heartbeat
-        is older than the bound by this worker's clock (the cursor moves on)."""
+        is older than the bound by the corrected clock (:data:`CLOCK`; the
+        script judges again by Redis ``TIME``; the cursor moves on)."""
         cursor, records = reply
         self._workers_cursor = int(cursor)
-        bound = time.time() - self.worker_forget_after
+        bound = CLOCK.now() - self.worker_forget_after
         stale = []
         for worker, raw in records.items():
             try:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 from w3lib.url import canonicalize_url
 
+from crawler.frontier.clock import CLOCK
 from crawler.frontier.spider import FrontierSpider
 from crawler.items import PageItem
 
@@ -60,6 +60,6 @@ class PagesSpider(FrontierSpider):
             ).strip(),
             text=text,
             links=links,
-            fetched_at=datetime.now(UTC),
+            fetched_at=CLOCK.utcnow(),
         )
         yield from response.follow_all(links)
