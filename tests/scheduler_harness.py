@@ -97,6 +97,9 @@ def stop_opened() -> None:
         beat = scheduler._heartbeat
         if beat is not None and beat.running:
             beat.stop()
+        if scheduler._beater is not None:  # the heartbeat thread: no beat after the test
+            scheduler._beater.stop(timeout=5)
+            scheduler._beater = None
         if scheduler._flush_call is not None:  # its outbox timer: no write after the test
             scheduler._flush_call.cancel()
             scheduler._flush_call = None

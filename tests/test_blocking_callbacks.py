@@ -9,9 +9,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from scrapy import Request, Spider
 
 from crawler import settings as project
+from crawler.frontier.store import Frontier, NotDue
 from devtools.replay import Page
+from tests import scheduler_harness as harness
+from tests.waiting import wait_for
 from tests.workers import crawl
 
 if TYPE_CHECKING:
@@ -51,3 +55,48 @@ def test_a_callback_blocking_the_reactor_longer_than_a_lease_keeps_the_leases(
     assert rds.lrange("pages:dead", 0, -1) == []
     assert db.pages.count_documents({}) == len(pages)
     assert sum(w.stats.get("frontier/leases/returned", 0) for w in workers) == 0
+
+
+class _Spider(Spider):
+    name = "t"
+
+
+@pytest.mark.usefixtures("stop_heartbeats")
+def test_the_heartbeat_thread_keeps_leases_while_the_reactor_does_not_turn(
+    redis_url: str, rds: redis.Redis,
+) -> None:
+    # (the harness's reactor does not turn: only the thread can beat)
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_LEASE_TIMEOUT=0.6)
+    for url in ("https://a.example/slow", "https://b.example/other"):
+        scheduler.enqueue_request(Request(url))
+    assert scheduler.flush_outbox()
+    held = harness.lease_all(scheduler)
+    assert len(held) == 2
+    beater = scheduler._beater
+    assert beater is not None
+    assert sorted(id_ for ids in beater.held().values() for id_ in ids) == sorted(
+        scheduler._leases.values()
+    )
+    start = beater.beats
+    wait_for(lambda: beater.beats >= start + 5, 10, "five beats (over 1.5 leases)", 0.05)
+
+    # Another worker finds nothing to lease: no lease expired.
+    other = Frontier(rds, "t", lease_timeout=0.6)
+    other.load_scripts()
+    result = other.lease_many(["other#1:0"])
+    assert isinstance(result, NotDue), result
+    assert result.expired == 0
+    assert rds.zcard(other.key("leases")) == 2
+    assert rds.zscore(other.key("alive"), scheduler.holder) is not None
+
+    # An acknowledged lease is not revived by a beat (extend.lua: XX);
+    # close stops the thread.
+    harness.finish(scheduler, held[0])
+    start = beater.beats
+    wait_for(lambda: beater.beats >= start + 2, 10, "two more beats", 0.05)
+    assert rds.zcard(other.key("leases")) == 1
+    scheduler.close("finished")
+    assert scheduler._beater is None
+    assert beater._thread is not None
+    assert not beater._thread.is_alive()
+    assert rds.zcard(other.key("leases")) == 0  # given back, and no beat revived it
