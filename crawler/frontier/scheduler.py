@@ -195,8 +195,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     pipelines (:class:`~crawler.pipelines.MongoPipeline` returns only once an
     item is stored) and every request it yielded was queued, or its failure
     was handled. Leases held are extended every ``FRONTIER_LEASE_TIMEOUT / 3``
-    seconds; a killed worker's leases expire and any worker returns them to
-    the queue. At close, leases not finished are given back.
+    seconds, from a thread with a Redis client of its own
+    (:class:`~crawler.frontier.heartbeat.HeartbeatThread`: a callback that
+    blocks the reactor does not stop it); a killed worker's leases expire
+    and any worker returns them to the queue. At close, leases not finished are given back.
 
     **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
     no more than the downloader has free slots for, into a local buffer
