@@ -68,9 +68,14 @@ class StubSlot:
 
 
 def open_scheduler(
-    redis_url: str, spidercls: type[Spider], **settings: Any
+    redis_url: str, spidercls: type[Spider], *, heartbeat_thread: bool = False, **settings: Any
 ) -> tuple[FrontierScheduler, Any]:
-    """Open a scheduler as its own worker; returns it and its crawler."""
+    """Open a scheduler as its own worker; returns it and its crawler.
+
+    Its heartbeat thread (:class:`crawler.frontier.heartbeat.HeartbeatThread`)
+    is stopped at once unless ``heartbeat_thread``: a scheduler left open
+    then beats only when the test turns the loop, as the tests of dead
+    workers expect."""
     worker = {"FRONTIER_WORKER_ID": f"test-worker-{next(_workers)}"}
     crawler = get_crawler(spidercls, {**SETTINGS, "REDIS_URL": redis_url, **worker, **settings})
     crawler.spider = crawler._create_spider()
@@ -84,6 +89,9 @@ def open_scheduler(
     scheduler = build_from_crawler(FrontierScheduler, crawler)
     reactor_loop()
     scheduler.open(crawler.spider)
+    if not heartbeat_thread and scheduler._beater is not None:
+        scheduler._beater.stop(timeout=5)
+        scheduler._beater = None
     _opened.append(scheduler)
     return scheduler, crawler
 
@@ -97,6 +105,9 @@ def stop_opened() -> None:
         beat = scheduler._heartbeat
         if beat is not None and beat.running:
             beat.stop()
+        if scheduler._beater is not None:  # the heartbeat thread: no beat after the test
+            scheduler._beater.stop(timeout=5)
+            scheduler._beater = None
         if scheduler._flush_call is not None:  # its outbox timer: no write after the test
             scheduler._flush_call.cancel()
             scheduler._flush_call = None

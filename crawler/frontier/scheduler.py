@@ -43,6 +43,7 @@ from crawler.frontier.connection import (
     redis_location,
 )
 from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
+from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.shards import ShardCountError
@@ -194,8 +195,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     pipelines (:class:`~crawler.pipelines.MongoPipeline` returns only once an
     item is stored) and every request it yielded was queued, or its failure
     was handled. Leases held are extended every ``FRONTIER_LEASE_TIMEOUT / 3``
-    seconds; a killed worker's leases expire and any worker returns them to
-    the queue. At close, leases not finished are given back.
+    seconds, from a thread with a Redis client of its own
+    (:class:`~crawler.frontier.heartbeat.HeartbeatThread`: a callback that
+    blocks the reactor does not stop it); a killed worker's leases expire
+    and any worker returns them to the queue. At close, leases not finished are given back.
 
     **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
     no more than the downloader has free slots for, into a local buffer
@@ -357,6 +360,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._down_until = 0.0
         self._backoff = 0.0
         self._heartbeat: Any = None
+        #: Marks the worker live and extends its leases from a thread, with
+        #: a Redis client of its own, while a callback blocks the reactor.
+        self._beater: HeartbeatThread | None = None
         self._due_at: float | None = None
         self._ready: collections.deque[Request] = collections.deque()
         self._seen: dict[bytes, None] = {}
@@ -491,8 +497,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         signals_.connect(self._on_request_fetched, signal=request_fetched)
         signals_.connect(self._on_spider_error, signal=signals.spider_error)
         signals_.connect(self._download_ended, signal=signals.request_left_downloader)
-        self._heartbeat = create_looping_call(self._beat)
-        self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
+        self._start_heartbeats()
         if self.flush_on_start:
             self.flush()
             try:
@@ -640,6 +645,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Give back unfinished leases, send the outbox, stop heartbeats."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        if self._beater is not None:
+            # (before the give-backs: a beat after them would extend them)
+            self._beater.stop(timeout=self.lease_timeout)
+            self._beater = None
         if self._wake_call is not None:
             self._wake_call.cancel()
             self._wake_at = self._wake_call = None
@@ -1160,6 +1169,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
                 continue
             self._leases[request] = lease.lease_id
+            self._publish_held()
             limit = self.queue.frontier.max_deliveries
             if limit > 1 and lease.deliveries >= max(2, limit):
                 # (lease.lua leased it alone: its last chance)
@@ -1214,6 +1224,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         lease_id = self._leases.pop(request, None)
         if lease_id is not None:
             self._write("acks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
+            self._publish_held()
             if not self._lease_shards and (self._drain_shard is not None or self._alone):
                 self._due_at = time.monotonic()  # the drain is over: lease now
 
@@ -1238,12 +1249,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return  # a configuration error: no call until the crawl closes
         # Leases stay extended until their ack is in Redis (an ack refused
         # or in doubt waits in the outbox).
-        held: dict[int, list[str]] = {}
-        for lease_id in self._leases.values():
-            held.setdefault(self._lease_shards.get(lease_id, 0), []).append(lease_id)
-        for op in self._outbox:
-            if op.kind == "acks":
-                held.setdefault(op.shard, []).append(op.item)
+        held = self._held()
+        if self._beater is not None:
+            self._beater.hold(held)
         try:
             # (a node that restarted without the scripts gets them loaded:
             # FrontierShards._each)
@@ -1262,6 +1270,47 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._down_until = 0.0
             self.flush_outbox()
         self._watch_evictions()
+
+    def _held(self) -> dict[int, list[str]]:
+        """The lease ids this worker holds, by shard: its leases, and those
+        whose ack waits in the outbox (they stay extended until the ack is
+        in Redis)."""
+        held: dict[int, list[str]] = {}
+        for lease_id in self._leases.values():
+            held.setdefault(self._lease_shards.get(lease_id, 0), []).append(lease_id)
+        for op in self._outbox:
+            if op.kind == "acks":
+                held.setdefault(op.shard, []).append(op.item)
+        return held
+
+    def _publish_held(self) -> None:
+        """Hand the heartbeat thread the lease ids held now (a snapshot)."""
+        if self._beater is not None:
+            self._beater.hold(self._held())
+
+    def _start_heartbeats(self) -> None:
+        """Start both heartbeats, every third of ``FRONTIER_LEASE_TIMEOUT``:
+        :meth:`_beat` on the reactor (it also sends the outbox and ends an
+        outage's backoff), and :class:`HeartbeatThread`, with a Redis client
+        of its own, which goes on while a callback blocks the reactor. Without
+        one (a cluster that does not answer now) the reactor's heartbeat
+        beats alone, and a callback that blocks the reactor longer than a
+        lease loses the worker's leases."""
+        self._heartbeat = create_looping_call(self._beat)
+        self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
+        try:
+            client = get_redis(self.crawler.settings)
+        except (RedisError, RedisClusterException, ValueError) as exc:
+            logger.warning("No heartbeat thread (its Redis client failed: %s): "
+                           "a callback that blocks the reactor for longer than "
+                           "FRONTIER_LEASE_TIMEOUT loses this worker's leases", exc,
+                           extra={"spider": self.spider})
+            return
+        self._beater = HeartbeatThread(
+            self.queue.shards.frontiers, client, self.holder, max(0.1, self.lease_timeout / 3)
+        )
+        self._publish_held()
+        self._beater.start()
 
     def _watch_evictions(self) -> None:
         """Check, in a thread, whether Redis evicted keys or may evict them

@@ -841,6 +841,19 @@ class Frontier:
         n = self._extend(keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids])
         return int(n)
 
+    def beat(self, worker: str, lease_ids: list[str], client: Redis) -> None:
+        """:meth:`alive` for ``worker``, then :meth:`extend` of ``lease_ids``,
+        sent with ``client`` (a client of its own: the heartbeat thread's)
+        as two script calls (a Redis that lost the scripts gets them
+        loaded). Both are idempotent.
+
+        :raises redis.exceptions.RedisError: Redis failed."""
+        self._alive.script(keys=[self.key("alive")], args=[worker], client=client)
+        if lease_ids:
+            self._extend.script(
+                keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids], client=client
+            )
+
     def revisits(self) -> int:
         """Revisits scheduled and not yet due into their queues (``{s}:revisits``)."""
         return int(self.redis.zcard(self.key("revisits")))
