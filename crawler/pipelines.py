@@ -80,6 +80,8 @@ DUPLICATE_KEY = 11000
 ID_KEY: tuple[str, ...] = ("_id",)
 #: Longest pause, in seconds, between two attempts to reach MongoDB.
 BACKOFF_CAP = 30.0
+#: Pause between write attempts once the engine is stopping (seconds).
+STOP_RETRY = 1.0
 #: MongoDB error codes that say the configuration is wrong, not the server
 #: down: AuthenticationFailed, Unauthorized, MechanismUnavailable.
 AUTHENTICATION_FAILED, UNAUTHORIZED, MECHANISM_UNAVAILABLE = 18, 13, 334
@@ -420,7 +422,11 @@ class MongoPipeline:
       ``mongo/retries``); writing it again is harmless. Once more than
       ``MONGO_SPILL_AFTER`` documents wait, they are appended to a JSON-lines
       file in ``MONGO_SPILL_DIR`` (stat ``mongo/spilled``), from which
-      ``scrapy loadspill FILE`` stores them later.
+      ``scrapy loadspill FILE`` stores them later. Once the engine is
+      stopping (a graceful stop), writes are tried every ``STOP_RETRY``
+      (1 s) and a failed one spills everything waiting at once, so that a
+      stop during an outage ends (within about 15 s: a write attempt runs
+      into pymongo's 5 s server selection timeout).
     * **Rejected item** (MongoDB refuses it: over 16 MB, a value BSON cannot
       carry such as a set or an int over 64 bits, a key that is not a
       string): stored in the ``MONGO_DEAD_COLLECTION`` collection with the
@@ -691,15 +697,27 @@ class MongoPipeline:
     def _count(self) -> int:
         return len(self._open) + sum(map(len, self._sealed))
 
+    def _stopping(self) -> bool:
+        """The engine is stopping (a graceful stop, or the crawl ending)."""
+        engine = getattr(self.crawler, "engine", None)
+        return engine is not None and not getattr(engine, "running", True)
+
     async def _flush_periodically(self) -> None:
         while True:
-            await asyncio.sleep(self._backoff or self.flush_interval)
+            pause = self._backoff or self.flush_interval
+            if self._backoff and self._stopping():
+                pause = min(pause, STOP_RETRY)
+            await asyncio.sleep(pause)
             if self._flusher is not None and not self._flusher.done():
                 continue  # a write is under way; the open batch may still fill up
             # A task of its own, so that cancelling the timer (at close) never
             # interrupts a write under way.
             self._flusher = asyncio.ensure_future(self.flush())
-            if not await asyncio.shield(self._flusher) and self._count() > self.spill_after:
+            if not await asyncio.shield(self._flusher) and (
+                self._count() > self.spill_after or self._stopping()
+            ):
+                # A stop waits for the items in flight: during an outage it
+                # would wait for ever. They go to the spill file instead.
                 await self._spill()
 
     async def flush(self, *, everything: bool = True) -> bool:

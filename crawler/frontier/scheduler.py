@@ -43,6 +43,7 @@ from crawler.frontier.connection import (
     redis_location,
 )
 from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
+from crawler.frontier.forcedstop import GIVE_BACK_TIMEOUT, before_reactor_stops, run_bounded
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
@@ -363,6 +364,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: Marks the worker live and extends its leases from a thread, with
         #: a Redis client of its own, while a callback blocks the reactor.
         self._beater: HeartbeatThread | None = None
+        self._unhook_forced_stop: Callable[[], None] = lambda: None
         self._due_at: float | None = None
         self._ready: collections.deque[Request] = collections.deque()
         self._seen: dict[bytes, None] = {}
@@ -640,9 +642,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._finished(request)
 
         slot.remove_request = remove_request  # type: ignore[union-attr]
+        # A forced stop stops the reactor without closing the engine.
+        self._unhook_forced_stop = before_reactor_stops(self._give_back_at_forced_stop)
 
     def close(self, reason: str) -> None:
         """Give back unfinished leases, send the outbox, stop heartbeats."""
+        self._unhook_forced_stop()
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
         if self._beater is not None:
@@ -683,6 +688,41 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             pass  # it stops counting a lease's length after its last heartbeat
         if not self.persist:
             self.flush()
+
+    def _give_back_at_forced_stop(self) -> None:
+        """The reactor stops before :meth:`close` ran (a second SIGTERM or
+        SIGINT): give every held lease back, with the outbox, in one commit
+        that waits at most ``GIVE_BACK_TIMEOUT`` (2 s) for Redis.
+
+        A give-back is not a failed delivery: the request goes back to the
+        front of its queue with its delivery count unchanged. A reply lost or
+        late is not sent again: the next call of any worker resolves it, or
+        the leases expire (and count as a delivery) as after a crash.
+        """
+        if not self._leases:
+            return
+        if self._heartbeat is not None and self._heartbeat.running:
+            self._heartbeat.stop()
+        if self._beater is not None:
+            # (a beat after the give-back would only extend leases gone)
+            self._beater.stop(timeout=0.2)
+            self._beater = None
+        held = list(self._leases.values())
+        self._leases.clear()
+        self._ready.clear()
+        self._entries.clear()
+        for lease_id in held:
+            self._write("givebacks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
+        self._down_until = 0.0
+        if run_bounded(self.flush_outbox, GIVE_BACK_TIMEOUT):
+            self.stats.inc_value("frontier/leases/released", len(held))
+            logger.info("Forced stop: gave back %d unfinished leases", len(held))
+        else:
+            logger.warning(
+                "Forced stop: Redis did not confirm the give-back of %d leases "
+                "within %s s (they come back when they expire)",
+                len(held), GIVE_BACK_TIMEOUT,
+            )
 
     # -- enqueue -----------------------------------------------------------------
 
