@@ -113,30 +113,3 @@ def _until_past(rds: redis.Redis, frontier: Frontier, lease_id: str) -> None:
     wait_for(past, 5, f"lease {lease_id} to expire", 0.005)
 
 
-def test_a_lease_that_expired_while_its_worker_was_alive_is_not_counted_as_a_death(
-    rds: redis.Redis,
-) -> None:
-    frontier = Frontier(rds, "t", lease_timeout=0.05, max_deliveries=2)
-    frontier.load_scripts()
-    url = "https://a.example/slow"
-    assert frontier.push(url.encode(), site="a.example", priority=0,
-                         fingerprint=url.encode(), dont_filter=False)
-    # The live worker's lease expires (its heartbeats missed the deadline)
-    # five times; it is seen after each deadline: none counts, whether it
-    # or another worker requeues it.
-    for n in range(5):
-        [lease] = frontier.lease_many([f"live#1:{n}"])  # type: ignore[misc]
-        assert lease.deliveries == 1, n
-        _until_past(rds, frontier, lease.lease_id)
-        frontier.alive("live#1")
-    [lease] = frontier.lease_many(["other#1:0"])  # type: ignore[misc]
-    assert lease.deliveries == 1
-    assert rds.lrange(frontier.key("dead"), 0, -1) == []
-    # A worker that dies holding it (not seen after the deadline) counts.
-    _until_past(rds, frontier, lease.lease_id)
-    [lease] = frontier.lease_many(["dies#2:0"])  # type: ignore[misc]
-    assert lease.deliveries == 2
-    _until_past(rds, frontier, lease.lease_id)
-    assert isinstance(frontier.lease_many(["dies#3:0"]), NotDue)
-    [dead] = rds.lrange(frontier.key("dead"), 0, -1)
-    assert json.loads(dead)["deliveries"] == 2
