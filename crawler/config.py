@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
 
 from pymongo.errors import PyMongoError
@@ -133,6 +133,75 @@ def masked_url(url: str) -> str:
                 [(k, _MASK if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="*:,"
             )
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+#: ``REDIS_URL``'s scheme for Redis Sentinels (:func:`parse_sentinel_url`).
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """A ``redis+sentinel://`` URL, parsed (:func:`parse_sentinel_url`).
+
+    :ivar hosts: the sentinels, ``(host, port)``, in the URL's order.
+    :ivar service: the name the sentinels monitor the master under.
+    :ivar db: the database number on the master.
+    :ivar username: the ACL user (None: the default user).
+    :ivar password: for the sentinels and the master alike (None: none).
+    """
+
+    hosts: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_sentinel_url(url: object) -> SentinelUrl | None:
+    """Parse ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``.
+
+    The port defaults to 26379 (Sentinel's), the database to 0; the user
+    name and password are percent-decoded.
+
+    :returns: None when ``url`` is not of that scheme (another URL, or None).
+    :raises ValueError: a ``redis+sentinel`` URL without a host or a service
+        name, with a port or database that is not a number, or with more
+        path than ``/service/db``; the message carries no password.
+    """
+    if not isinstance(url, str) or not url.lower().startswith(SENTINEL_SCHEME + "://"):
+        return None
+    rest = url[len(SENTINEL_SCHEME) + 3 :]
+    authority, _, path = rest.partition("/")
+    path, _, _query = path.partition("?")
+    userinfo, at, hostlist = authority.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon and secret else None
+    hosts: list[tuple[str, int]] = []
+    for item in (i.strip() for i in hostlist.split(",")):
+        if item.startswith("["):  # an IPv6 address
+            host, _, tail = item[1:].partition("]")
+            port = tail.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if not host:
+            raise ValueError("a sentinel without a host (host:port[,host:port...])")
+        if port and not port.isdigit():
+            raise ValueError(f"the sentinel port {port!r} is not a number")
+        hosts.append((host, int(port) if port else 26379))
+    parts = [unquote(p) for p in path.split("/")] if path else []
+    if parts and parts[-1] == "":
+        parts.pop()
+    if not parts or not parts[0]:
+        raise ValueError("no service name (redis+sentinel://host:port/service_name/db)")
+    if len(parts) > 2:
+        raise ValueError("too much path (redis+sentinel://host:port/service_name/db)")
+    db = parts[1] if len(parts) == 2 else "0"
+    if not db.isdigit():
+        raise ValueError(f"the database {db!r} is not a number (.../service_name/DB)")
+    return SentinelUrl(tuple(hosts), parts[0], int(db), username, password)
 
 
 def secrets_of(url: str | None) -> list[str]:
@@ -460,6 +529,11 @@ def _check_download_slots(value: dict[Any, Any]) -> None:
 
 def _check_redis_url(value: str) -> None:
     try:
+        if parse_sentinel_url(value) is not None:
+            return
+    except ValueError as exc:
+        raise _Invalid(f"not a Redis Sentinel URL ({exc})") from None
+    try:
         parse_url(value)  # type: ignore[no-untyped-call]
     except (ValueError, TypeError) as exc:
         raise _Invalid(f"not a Redis URL ({exc})") from None
@@ -581,8 +655,10 @@ _COUNT = number(int, 0)
 #: checks that every setting read in ``crawler/`` is here.
 SETTINGS: dict[str, Setting] = {
     # --- connections
-    "REDIS_URL": _s(text(check=_check_redis_url, allowed="a redis://, rediss:// or unix:// URL"),
-                    "the Redis server (or a Redis Cluster node) of the crawl", secret=True),
+    "REDIS_URL": _s(text(check=_check_redis_url, allowed="a redis://, rediss://, unix:// or "
+                                                      "redis+sentinel:// URL"),
+                    "the Redis server (a Redis Cluster node, or Redis Sentinels) of the crawl",
+                    secret=True),
     "REDIS_HOST": _s(text(), "Redis host when REDIS_URL is not set (scrapy-redis)"),
     "REDIS_PORT": _s(number(int, 1, 65535), "Redis port when REDIS_URL is not set (scrapy-redis)"),
     "REDIS_DB": _s(_COUNT, "Redis database number, over REDIS_URL's (scrapy-redis)"),
@@ -683,6 +759,9 @@ SETTINGS: dict[str, Setting] = {
     "FRONTIER_LEASE_BATCH": _s(_COUNT_POS, "most requests one lease call takes"),
     "FRONTIER_LOCAL_SEEN": _s(_COUNT, "fingerprints a worker remembers (0: off)"),
     "FRONTIER_OUTBOX_DELAY": _s(_SECONDS, "seconds writes wait for the next lease call"),
+    "FRONTIER_MIN_REPLICAS": _s(_COUNT, "replicas that must acknowledge writes (WAIT)"),
+    "FRONTIER_MIN_REPLICAS_TIMEOUT": _s(_SECONDS_POS, "seconds writes wait for "
+                                        "FRONTIER_MIN_REPLICAS replicas"),
     "FRONTIER_IDLE_WAIT": _s(_SECONDS_POS, "seconds an idle worker blocks on the seed list"),
     "FRONTIER_RETRY_BACKOFF_BASE": _s(_SECONDS, "seconds before the first retry"),
     "FRONTIER_RETRY_BACKOFF_MAX": _s(_SECONDS, "longest wait before a retry"),
@@ -777,6 +856,14 @@ def _check_client(settings: BaseSettings) -> str | None:
     # Imported here: crawler.frontier.connection imports this module.
     from crawler.frontier.connection import cluster_enabled, get_redis  # noqa: PLC0415
 
+    url = settings.get("REDIS_URL")
+    try:
+        sentinel = parse_sentinel_url(url)
+    except ValueError:
+        return None  # REDIS_URL's own row says it
+    if sentinel is not None and cluster_enabled(settings):
+        return (f"REDIS_URL={masked_url(str(url))}: names Redis Sentinels, which "
+                "FRONTIER_REDIS_CLUSTER=True does not take (a cluster needs no sentinels)")
     if cluster_enabled(settings):
         return _check_cluster_url(settings)
     try:

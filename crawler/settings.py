@@ -191,6 +191,15 @@ FRONTIER_LOCAL_SEEN = 100_000
 #: together with the acks behind them, so its leases are crawled again.
 #: Default: 0.05.
 FRONTIER_OUTBOX_DELAY = 0.05
+#: Replicas that must acknowledge a worker's frontier writes (WAIT N, in
+#: the same round trip as the writes) before it counts them done, so that a
+#: failover to such a replica loses none (crawler/frontier/replicas.py).
+#: Fewer within FRONTIER_MIN_REPLICAS_TIMEOUT seconds: the writes are in
+#: doubt, kept, and found out once enough replicas answer. 0: writes count
+#: done once the master has them (a master that dies may take its last
+#: writes with it: see README). Defaults: 0, 1.0.
+FRONTIER_MIN_REPLICAS = 0
+FRONTIER_MIN_REPLICAS_TIMEOUT = 1.0
 #: Retry backoff: seconds before the first retry, doubling for each next
 #: one, up to FRONTIER_RETRY_BACKOFF_MAX, stretched by up to
 #: FRONTIER_RETRY_JITTER (a fraction) at random. Defaults: 1.0, 60.0, 0.1.

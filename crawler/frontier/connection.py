@@ -27,6 +27,20 @@ half-way on ``NOSCRIPT``.
 Unlike a standalone client, a cluster client connects when it is built (it
 reads the slot map), so with ``FRONTIER_REDIS_CLUSTER`` on, building a
 component needs the cluster to be up.
+
+``REDIS_URL`` may name Redis Sentinels instead of a server (redis-py has no
+URL scheme for them)::
+
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]
+
+The client (:func:`sentinel_client`) asks the sentinels, in turn, for the
+master of ``service_name`` whenever it opens a connection, and on a
+failover its pooled connections are dropped (:func:`drop_connections`), so
+the next call reaches the master the sentinels name by then. The password
+(and user name) is sent to the sentinels and to the master alike: give the
+sentinels ``requirepass`` and the master ``requirepass`` with the same
+password, or none to either. The sentinels are asked no more than
+``SENTINEL MASTERS``; no command is sent to a replica.
 """
 
 from __future__ import annotations
@@ -50,12 +64,23 @@ from redis.exceptions import (
     ResponseError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 from scrapy.utils.misc import load_object
 from scrapy_redis import connection as scrapy_redis_connection
 from scrapy_redis import defaults
 
-from crawler.config import ConfigurationError, masked_url, scrub, secrets_of, stop_on_config_error
+from crawler.config import (
+    ConfigurationError,
+    SentinelUrl,
+    masked_url,
+    parse_sentinel_url,
+    scrub,
+    secrets_of,
+    stop_on_config_error,
+)
 
 if TYPE_CHECKING:
     import logging
@@ -79,6 +104,7 @@ __all__ = [
     "no_retries",
     "redis_params",
     "report_redis_failure",
+    "sentinel_client",
 ]
 
 #: The project's redis-py client options, between scrapy-redis's defaults
@@ -173,6 +199,9 @@ def get_redis(settings: BaseSettings) -> Redis:
     its own (:func:`no_retries`), and ``REDIS_PARAMS`` is merged over the
     project's :data:`FAIL_FAST_PARAMS` (its keys win).
 
+    Sentinels (``REDIS_URL`` ``redis+sentinel://...``): the master of
+    their service (:func:`sentinel_client`).
+
     Standalone (the default): built as scrapy-redis's
     ``get_redis_from_settings`` builds it (:func:`redis_params`), which
     honours ``REDIS_URL``, ``REDIS_HOST``/``REDIS_PORT``/``REDIS_DB``,
@@ -189,6 +218,9 @@ def get_redis(settings: BaseSettings) -> Redis:
         refuse the configuration (:func:`config_error`: a wrong password,
         say); the message is the one line to log (password masked).
     """
+    sentinel = parse_sentinel_url(settings.get("REDIS_URL"))
+    if sentinel is not None:
+        return sentinel_client(sentinel, settings)
     if not cluster_enabled(settings):
         params = redis_params(settings)
         if isinstance(params.get("redis_cls"), str):
@@ -213,6 +245,90 @@ def get_redis(settings: BaseSettings) -> Redis:
         if message is None:
             raise
         raise ConfigurationError(message) from None
+
+
+class FrontierSentinelConnection(SentinelManagedConnection):
+    """A connection to the master that the sentinels name, which reports
+    ``READONLY`` as the server said it.
+
+    redis-py's own turns ``READONLY`` into a ``ConnectionError`` ("The
+    previous master is now a slave"), which would leave the call in doubt
+    (it did not run: a replica refuses a script's first write) and, inside
+    a pipeline, lose the replies of the calls before it. Here the reply
+    stays a :class:`~redis.exceptions.ReadOnlyError` (:data:`NO_MASTER`),
+    and the callers drop the pooled connections (:func:`drop_connections`):
+    the next connection asks the sentinels again.
+    """
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        """The server's reply, ``READONLY`` included, as any connection's."""
+        return super(SentinelManagedConnection, self).read_response(*args, **kwargs)
+
+
+class FrontierSentinels(Sentinel):
+    """redis-py's :class:`~redis.sentinel.Sentinel` whose "no master" error
+    is one short line: each sentinel's address and what it answered (redis-py
+    quotes every client's whole configuration), no credentials."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        """The master's address as the first sentinel that knows it up says.
+
+        :raises redis.sentinel.MasterNotFoundError: none does (down,
+            refusing the credentials, or knowing no master up).
+        """
+        answers: list[str] = []
+        for n, sentinel in enumerate(self.sentinels):
+            options = sentinel.connection_pool.connection_kwargs
+            where = f"{options.get('host')}:{options.get('port')}"
+            try:
+                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                answers.append(f"{where}: {type(exc).__name__}: {exc}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                # (the sentinel that answered is asked first next time)
+                self.sentinels[0], self.sentinels[n] = sentinel, self.sentinels[0]
+                return str(state["ip"]), int(state["port"])
+            answers.append(f"{where}: no master of {service_name!r} up")
+        raise MasterNotFoundError(
+            f"no sentinel names a master of {service_name!r} ({'; '.join(answers)})"
+        )
+
+
+def sentinel_client(url: SentinelUrl, settings: BaseSettings) -> Redis:
+    """A client of the master of ``url.service`` that the sentinels
+    ``url.hosts`` name; no I/O until its first call.
+
+    Options as for one server (``REDIS_PARAMS`` over
+    :data:`FAIL_FAST_PARAMS`, no retries; ``REDIS_ENCODING``,
+    ``REDIS_DECODE_RESPONSES``), with the URL's database, user name and
+    password. The sentinels get the same socket timeouts, user name and
+    password, and no retries either.
+    """
+    params = _merged_params(settings)
+    for name in ("redis_cls", "url", "host", "port"):
+        params.pop(name, None)
+    _no_retries(params)
+    if encoding := settings.get("REDIS_ENCODING"):
+        params["encoding"] = encoding
+    if settings.get("REDIS_DECODE_RESPONSES"):
+        params["decode_responses"] = True
+    params["db"] = url.db
+    if url.username:
+        params["username"] = url.username
+    if url.password:
+        params["password"] = url.password
+    sentinel_kwargs: dict[str, Any] = {
+        k: v for k, v in params.items() if k.startswith("socket_") or k in ("username", "password")
+    }
+    sentinel_kwargs["retry"] = no_retries()
+    sentinels = FrontierSentinels(  # type: ignore[no-untyped-call]
+        list(url.hosts), sentinel_kwargs=sentinel_kwargs
+    )
+    return cast("Redis", sentinels.master_for(  # type: ignore[no-untyped-call]
+        url.service, connection_class=FrontierSentinelConnection, **params
+    ))
 
 
 def _merged_params(settings: BaseSettings) -> dict[str, Any]:
@@ -368,6 +484,10 @@ def _cause(error: BaseException) -> str | None:
          "later, with no command renamed"),
         (isinstance(error, RedisClusterException) and any(w in lower for w in _AUTH_WORDS),
          f"authentication failed ({text}): {_AUTH_HINT}"),
+        # (a sentinel that refuses the password: no sentinel named a master)
+        (isinstance(error, MasterNotFoundError) and any(w in lower for w in _AUTH_WORDS),
+         f"the sentinels refused the credentials ({text}): {_AUTH_HINT} (the sentinels "
+         "and the master take the same password)"),
         (isinstance(error, RedisClusterException) and "cluster mode is not enabled" in lower,
          f"FRONTIER_REDIS_CLUSTER is on but the server is no Redis Cluster node ({text}): "
          "unset FRONTIER_REDIS_CLUSTER for one Redis server, or point REDIS_URL at a node "

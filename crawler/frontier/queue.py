@@ -11,6 +11,7 @@ from scrapy import Request
 from scrapy_redis.queue import Base
 
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.replicas import ReplicaWait
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META
 from crawler.frontier.slots import SitePolicy
@@ -88,6 +89,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             robots_gate=self.policy.robots_gate,
             bloom=bloom,
             revisit_after=max(0.0, settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0)),
+            replica_wait=ReplicaWait.from_settings(settings),
         )
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
         self._method_names: dict[Callable[..., Any], str] = {}

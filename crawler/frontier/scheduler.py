@@ -47,6 +47,7 @@ from crawler.frontier.forcedstop import GIVE_BACK_TIMEOUT, before_reactor_stops,
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
+from crawler.frontier.replicas import NotReplicated, ReplicaWait
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import SLOT_META, slot_of
@@ -265,7 +266,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     this worker put back), ``frontier/leases/released``,
     ``frontier/retries/scheduled``, ``frontier/dead``,
     ``frontier/redis/outages``, ``frontier/redis/refused`` (calls a script
-    refused), ``frontier/redis/in_doubt`` (calls whose reply was lost),
+    refused), ``frontier/redis/in_doubt`` (calls whose reply was lost, or
+    that too few replicas acknowledged), ``frontier/redis/not_replicated``
+    (round trips and recoveries that fewer than ``FRONTIER_MIN_REPLICAS``
+    replicas acknowledged: :mod:`crawler.frontier.replicas`),
     ``frontier/lease_calls`` (Redis calls that leased at least one request),
     ``frontier/lease_calls/not_due`` (lease calls that found nothing to
     lease: each tells how long to wait, never 0 without progress),
@@ -1744,8 +1748,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         :returns: each commit's reply by shard and the lease's reply (None
             when not sent), a :class:`ResponseError` where a script answered
             one.
-        :raises redis.exceptions.RedisError: a connection failed: whether
-            the calls ran is unknown.
+        :raises redis.exceptions.RedisError: a connection failed, or
+            (:exc:`~crawler.frontier.replicas.NotReplicated`) fewer replicas
+            than ``FRONTIER_MIN_REPLICAS`` acknowledged the calls: whether
+            they survive is unknown.
         """
         if not batches and lease is None:
             return {}, None
@@ -1780,7 +1786,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                             held_all=len(self._lease_shards), drained_for=drained_for,
                         )
                         calls.append(("lease", i))
-                replies = self._execute(pipe)
+                replies = self._execute(pipe, shards[indices[0]].replica_wait)
             for (call, i), reply in zip(calls, replies, strict=True):
                 if call == "lease":
                     leased = reply
@@ -1791,19 +1797,27 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return committed, leased
 
     @staticmethod
-    def _execute(pipe: Any) -> list[Any]:
-        """``pipe.execute``, each script's error in its place.
+    def _execute(pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
+        """``pipe.execute``, each script's error in its place; with ``wait``
+        (``FRONTIER_MIN_REPLICAS``), ``WAIT`` after the calls, its reply
+        checked unless every call was refused (nothing was written).
 
-        :raises redis.exceptions.RedisError: a connection failed (whether
-            the calls ran is unknown).
+        :raises redis.exceptions.RedisError: a connection failed, or too few
+            replicas acknowledged (:exc:`~crawler.frontier.replicas.NotReplicated`):
+            whether the calls survive is unknown.
         """
+        if wait is not None:
+            wait.queue(pipe)
         try:
             replies: list[Any] = pipe.execute(raise_on_error=False)
         except RedisClusterException as exc:  # no RedisError, but unreachable
             raise RedisConnectionError(str(exc)) from exc
+        waited = replies.pop() if wait is not None else None
         for reply in replies:
             if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
                 raise reply  # a connection error in the replies: lost
+        if wait is not None and not all(isinstance(r, ResponseError) for r in replies):
+            wait.check(waited)
         return replies
 
     def _done(self, ops: list[_Op], committed: Committed | None) -> None:
@@ -1959,6 +1973,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         failover = is_no_master(exc)
         if failover:
             drop_connections(self.server)
+        if isinstance(exc, NotReplicated):
+            self.stats.inc_value("frontier/redis/not_replicated")
         # Redis may come back from an older snapshot, without fingerprints
         # this worker recorded: ask it again rather than trust the memory.
         self._seen.clear()
@@ -1969,7 +1985,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._down_until = time.monotonic() + self._backoff
         logger.warning(
             "Redis %s (%s); %d writes waiting; trying again in %.1fs",
-            "is no master (a failover): connections dropped" if failover else "unreachable",
+            "is no master (a failover): connections dropped" if failover
+            else "has too few replicas" if isinstance(exc, NotReplicated) else "unreachable",
             exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
         )
 

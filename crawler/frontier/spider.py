@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError, ResponseError
 from scrapy import FormRequest, Request, signals
 from scrapy.spiders import CrawlSpider
+from scrapy_redis import spiders as scrapy_redis_spiders
 from scrapy_redis.spiders import RedisSpider
 
 from crawler.config import stop_on_config_error
@@ -21,6 +22,7 @@ from crawler.frontier.connection import (
     NOT_RUN,
     config_error_message,
     drop_connections,
+    get_redis,
     is_no_master,
 )
 from crawler.frontier.intake import IntakeKeys, SeedIntake
@@ -39,6 +41,12 @@ __all__ = ["FrontierCrawlSpider", "FrontierSpider"]
 
 #: Longest pause, in seconds, between attempts while Redis is unreachable.
 REDIS_BACKOFF_CAP = 30.0
+
+
+class _OwnClient:
+    """Stands for ``scrapy_redis.connection`` in :meth:`setup_redis`."""
+
+    from_settings = staticmethod(get_redis)
 
 
 class _DropRecords(logging.Filter):
@@ -191,13 +199,19 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         """scrapy-redis's setup (seed key, encoding, Redis client, idle
         signal), without its log line: it announces a start-URL batch size
         (``CONCURRENT_REQUESTS``, 16 by default) that the seed intake does
-        not use. :meth:`from_crawler` logs what the intake does instead."""
+        not use. :meth:`from_crawler` logs what the intake does instead.
+        Its client is the project's (:func:`~crawler.frontier.connection.get_redis`,
+        no I/O), not scrapy-redis's, which takes no ``redis+sentinel://`` URL."""
         seeds_logger = logging.getLogger(self.name)  # scrapy-redis logs on self.logger
         quiet = _DropRecords("Reading start URLs from redis key")
         seeds_logger.addFilter(quiet)
+        # scrapy-redis's setup_redis calls its module's connection.from_settings.
+        builder = scrapy_redis_spiders.connection
+        scrapy_redis_spiders.connection = _OwnClient
         try:
             super().setup_redis(crawler)
         finally:
+            scrapy_redis_spiders.connection = builder
             seeds_logger.removeFilter(quiet)
 
     # -- activity ------------------------------------------------------------

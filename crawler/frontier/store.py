@@ -113,6 +113,7 @@ if TYPE_CHECKING:
     from redis.commands.core import Script
 
     from crawler.frontier.bloom import BloomFilter
+    from crawler.frontier.replicas import ReplicaWait
 
 __all__ = [
     "Commit", "Committed", "Frontier", "Lease", "NotDue", "Push", "Retry", "Revisit",
@@ -382,6 +383,9 @@ class Frontier:
         turn there (``{s}:joined``), for first in, first out across the
         shards of a crawl (:class:`~crawler.frontier.shards.FrontierShards`
         sets it with several shards; one frontier needs only its turns).
+    :param replica_wait: wait for replicas after each round trip of
+        writes (``FRONTIER_MIN_REPLICAS``, :mod:`crawler.frontier.replicas`);
+        None: do not.
     """
 
     #: How long a commit marker (``{s}:sent:<holder>``) lasts, ms: a worker
@@ -405,8 +409,10 @@ class Frontier:
         revisit_after: float = 0.0,
         prefix: str | None = None,
         join_times: bool = False,
+        replica_wait: ReplicaWait | None = None,
     ) -> None:
         self.redis = redis
+        self.replica_wait = replica_wait
         self.join_times = join_times
         self.revisit_after_ms = max(0, round(revisit_after * 1000))
         self.bloom = bloom
@@ -771,15 +777,27 @@ class Frontier:
         :param seq: the sequence number of its commit, or None when it
             carried none.
         :param lease_ids: the lease ids it asked for (none if no lease).
+        With :attr:`replica_wait`, the answer is trusted only once the
+        replicas have everything the master holds
+        (:meth:`~crawler.frontier.replicas.ReplicaWait.queue_after_read`).
+
         :returns: whether the commit ran (True when there was none), and
             the leases it took under ``lease_ids`` that are still held.
-        :raises redis.exceptions.RedisError: Redis failed (still unknown).
+        :raises redis.exceptions.RedisError: Redis failed (still unknown);
+            :exc:`~crawler.frontier.replicas.NotReplicated`: too few
+            replicas to trust the answer (still unknown).
         """
-        with self.redis.pipeline(transaction=False) as pipe:
+        wait = self.replica_wait
+        with (self.redis.pipeline(transaction=False) if wait is None
+              else self.pipeline()) as pipe:
             pipe.get(self.marker_key(holder))
             if lease_ids:
                 pipe.hmget(self.key("ldata"), list(lease_ids))
+            if wait is not None:
+                wait.queue_after_read(pipe, self.marker_key(holder), self.MARKER_TTL_MS)
             replies = pipe.execute()
+        if wait is not None:
+            wait.check(replies[-1])
         committed = seq is None or replies[0] == str(seq).encode()
         leases = []
         for lease_id, entry in zip(lease_ids, replies[1] if lease_ids else [], strict=True):
