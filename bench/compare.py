@@ -25,6 +25,12 @@ Usage::
     git worktree add /tmp/old f04eb31
     python -m bench.compare d /tmp/old . --repeat 5
 
+``--min-replicas 0 1`` (figure ``d``): each checkout is run once per value,
+with ``FRONTIER_MIN_REPLICAS``'s ``WAIT N`` at the end of each pipeline
+(:func:`bench.frontier_figs.frontier_ops`), against a server with one
+replica (started for every value, 0 included, so that only the ``WAIT``
+differs); the results are keyed ``<checkout> min_replicas=<N>``.
+
 Prints one line per run, then a JSON object: ``{checkout: {"runs": [...],
 "median": x}}`` (pages/s or ops/s; for ``a`` also ``"memory"`` and
 ``"ratio"``). Each checkout's code is run with this interpreter, from its
@@ -34,16 +40,20 @@ own directory; one ``redis-server`` is started for all of them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from devtools.embedded import RedisServer
 
-__all__ = ["main"]
+__all__ = ["main", "wait_in_sync"]
 
 #: What a run executes in a checkout (its own bench code): prints one JSON value.
 _RUN = {
@@ -57,8 +67,9 @@ _RUN = {
     "d": (
         "import json, sys\n"
         "from bench.frontier_figs import frontier_ops\n"
+        "n = int(sys.argv[7])\n"
         "print(json.dumps(frontier_ops(sys.argv[1], 'ours', int(sys.argv[3]),"
-        " float(sys.argv[4]))))\n"
+        " float(sys.argv[4]), **({'min_replicas': n} if n else {}))))\n"
     ),
 }
 
@@ -72,13 +83,16 @@ def _source(figure: str) -> str:
             " sites=int(sys.argv[6]))))\n")
 
 
-def _run(figure: str, checkout: Path, redis_url: str, opts: argparse.Namespace) -> Any:
+def _run(
+    figure: str, checkout: Path, redis_url: str, opts: argparse.Namespace, min_replicas: int = 0
+) -> Any:
     """One run of ``figure`` in ``checkout``; its JSON output.
 
     :raises RuntimeError: the run failed (its stderr's tail in the message).
     """
     args = [sys.executable, "-c", _source(figure), redis_url, str(opts.pages),
-            str(opts.clients), str(opts.seconds), str(opts.batch), str(opts.sites)]
+            str(opts.clients), str(opts.seconds), str(opts.batch), str(opts.sites),
+            str(min_replicas)]
     done = subprocess.run(args, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{figure} in {checkout} failed:\n{done.stderr[-3000:]}")
@@ -97,13 +111,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="d: seconds (default 2.0)")
     parser.add_argument("--batch", type=int, default=16, help="s: requests per call (default 16)")
     parser.add_argument("--sites", type=int, default=1, help="s: sites (default 1)")
+    parser.add_argument("--min-replicas", type=int, nargs="+", default=None, metavar="N",
+                        help="d: FRONTIER_MIN_REPLICAS values to run side by side "
+                             "(the server gets one replica)")
     opts = parser.parse_args(argv)
-    names = [str(c) for c in opts.checkouts]
-    runs: dict[str, list[Any]] = {name: [] for name in names}
-    with RedisServer() as server:
+    variants: list[tuple[str, Path, int]] = [
+        (str(c) if opts.min_replicas is None else f"{c} min_replicas={n}", c, n)
+        for c in opts.checkouts for n in (opts.min_replicas or [0])
+    ]
+    if opts.min_replicas is not None and (opts.figure != "d" or max(opts.min_replicas) > 1):
+        parser.error("--min-replicas: figure d only, values 0 or 1 (one replica)")
+    runs: dict[str, list[Any]] = {name: [] for name, _, _ in variants}
+    with RedisServer() as server, contextlib.ExitStack() as stack:
+        if opts.min_replicas is not None:
+            replica = stack.enter_context(RedisServer(
+                args=["--replicaof", server.host, str(server.port)]))
+            wait_in_sync(replica)
         for i in range(opts.repeat):
-            for name, checkout in zip(names, opts.checkouts, strict=True):
-                value = _run(opts.figure, checkout.resolve(), server.url, opts)
+            for name, checkout, n in variants:
+                value = _run(opts.figure, checkout.resolve(), server.url, opts, n)
                 runs[name].append(value)
                 print(f"run {i + 1} {name}: {value}", file=sys.stderr, flush=True)
     out: dict[str, dict[str, Any]] = {}
@@ -123,6 +149,22 @@ def main(argv: list[str] | None = None) -> int:
                for name, values in runs.items()}
     print(json.dumps(out, indent=1))
     return 0
+
+
+def wait_in_sync(replica: RedisServer, timeout: float = 30.0) -> None:
+    """Wait until ``replica`` is in sync with its master.
+
+    :raises RuntimeError: not within ``timeout`` seconds.
+    """
+    client = redis.Redis(host=replica.host, port=replica.port)
+    deadline = time.monotonic() + timeout
+    try:
+        while client.info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica did not sync within {timeout:g}s")
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from scrapy_redis.queue import PriorityQueue
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.housekeeping import Housekeeper
 from crawler.frontier.queue import LeasedPriorityQueue
+from crawler.frontier.replicas import ReplicaWait
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, NotDue, Push
 from crawler.politeness import compact_robots
@@ -198,12 +199,25 @@ def _bloom_memory(server: redis.Redis, redis_url: str, requests: list[Request]) 
 # -- figure d ----------------------------------------------------------------
 
 
+def _execute(pipe: Any, wait: ReplicaWait | None) -> list[Any]:
+    """``pipe.execute()``; with ``wait``, ``WAIT`` queued last and checked
+    (as the scheduler's pipelines with ``FRONTIER_MIN_REPLICAS``)."""
+    if wait is None:
+        return list(pipe.execute())
+    wait.queue(pipe)
+    replies = list(pipe.execute())
+    wait.check(replies.pop())
+    return replies
+
+
 def _ops_client(
-    redis_url: str, kind: str, *, index: int, seconds: float, barrier: Any, results: Any
+    redis_url: str, kind: str, *, index: int, seconds: float, barrier: Any, results: Any,
+    min_replicas: int = 0,
 ) -> None:
     """One client process: push, lease and ack (ours) or push and pop (stock)."""
     server = redis.Redis.from_url(redis_url)
     crawler, spider = _crawler(redis_url)
+    wait = ReplicaWait(min_replicas, 1000) if min_replicas else None
     pool = list(typical_requests(12_000, spider, f"c{index}-"))
     ops = 0
     if kind == "ours":
@@ -231,7 +245,7 @@ def _ops_client(
                     Commit(pushes=pushes, acks=held, marker=(f"w{index}", i)), client=pipe
                 )
                 frontier.lease_many(ids, client=pipe)
-                reply = pipe.execute()[-1]
+                reply = _execute(pipe, wait)[-1]
             ops += len(pushes) + len(held)
             i = (i + OPS_BATCH) % (len(pool) - OPS_BATCH)
             result = frontier.leases_of(reply, ids)
@@ -284,7 +298,9 @@ def _prefill(redis_url: str, kind: str, n: int) -> None:
     server.close()
 
 
-def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> float:
+def frontier_ops(
+    redis_url: str, kind: str, clients: int, seconds: float, min_replicas: int = 0
+) -> float:
     """Figure d: operations per second of ``clients`` processes together.
 
     Each process runs cycles of 16 enqueues and 16 dequeues (plus, for ours,
@@ -295,7 +311,9 @@ def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> flo
     ``commit.lua`` call, then the lease of up to 16 requests, in one
     pipeline (two script calls, one round trip); stock makes the stock
     scheduler's calls, one round trip per enqueue (``SADD``, then ``ZADD``)
-    and per pop.
+    and per pop. With ``min_replicas`` (ours only; the server needs that
+    many replicas), each pipeline ends with ``WAIT min_replicas 1000`` as
+    the scheduler's does with ``FRONTIER_MIN_REPLICAS``.
     """
     server = redis.Redis.from_url(redis_url)
     server.flushall()
@@ -307,7 +325,8 @@ def frontier_ops(redis_url: str, kind: str, clients: int, seconds: float) -> flo
         ctx.Process(
             target=_ops_client,
             args=(redis_url, kind),
-            kwargs={"index": i, "seconds": seconds, "barrier": barrier, "results": results},
+            kwargs={"index": i, "seconds": seconds, "barrier": barrier, "results": results,
+                    "min_replicas": min_replicas},
         )
         for i in range(clients)
     ]

@@ -19,7 +19,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import cluster_fig, crawls, frontier_figs, mongo_fig
+from bench import cluster_fig, compare, crawls, frontier_figs, mongo_fig
 from bench.workers import PROJECT_DIR
 from devtools.cluster import RedisClusterServers
 from devtools.embedded import MongoServer, RedisServer
@@ -160,6 +160,26 @@ def _due_sites_figure(size: dict[str, Any], repeat: int) -> tuple[
     row = _row(f"j. lease+ack ops/s, {size['due_sites']:,} due sites vs 100 sites "
                "(as many requests)", (many, few), "ops/s", ">= 0.8",
                many / few >= 0.8 if few else None)
+    return {"runs": runs}, [row]
+
+
+def _replicas_figure(size: dict[str, Any], repeat: int) -> tuple[
+    dict[str, Any], list[dict[str, Any]]
+]:
+    """Figure d with ``FRONTIER_MIN_REPLICAS=1`` against 0: ours, 4 clients,
+    on a master with one replica (both variants, in turn), ``WAIT 1`` at
+    the end of each pipeline with 1 (:func:`frontier_figs.frontier_ops`)."""
+    runs: dict[int, list[float]] = {0: [], 1: []}
+    with RedisServer() as master, RedisServer(
+        args=["--replicaof", master.host, str(master.port)]
+    ) as replica:
+        compare.wait_in_sync(replica)
+        for _, n in crawls.in_turn([0, 1], repeat):
+            runs[n].append(frontier_figs.frontier_ops(
+                master.url, "ours", 4, size["ops_seconds"], min_replicas=n
+            ))
+    row = _row("d. frontier ops/s, 4 clients, FRONTIER_MIN_REPLICAS=1 vs 0 (one replica)",
+               (_median(runs[1]), _median(runs[0])), "ops/s", "(info)", None)
     return {"runs": runs}, [row]
 
 
@@ -306,6 +326,7 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         raw["d"] = ops = _ops(url, repeat, size["ops_seconds"])
         rows += _ops_rows(ops)
         timings["d"] = time.monotonic() - t
+        _timed("d_replicas", lambda: _replicas_figure(size, repeat), raw, rows, timings)
 
         t = time.monotonic()
         runs = _mongo_runs(size["items"], repeat)
@@ -414,7 +435,10 @@ _NOTES = """\
   and acks) and one `lease.lua` call, one round trip. Every push, lease and
   ack counts as one op. Stock: the stock scheduler's calls, `SADD` then
   `ZADD` per enqueue (one op), one `MULTI` `ZRANGE`/`ZREMRANGEBYRANK` per
-  pop (one op).
+  pop (one op). The `FRONTIER_MIN_REPLICAS` row: ours, 4 clients, on a
+  master with one replica (loopback), each pipeline ending with `WAIT 1
+  1000` against none, in turn (`python -m bench.compare d .
+  --min-replicas 0 1` runs the same pair alone).
 - **e.** 2,000 `PageItem`s (~1 KB) through `MongoPipeline.process_item`
   (batched unordered inserts under the unique key index, upserts for keys
   stored already, 1,000 items in flight) vs the documented
