@@ -28,9 +28,12 @@ from crawler.config import (
 )
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.store import Frontier
+from devtools.embedded import RedisServer
 from tests import scheduler_harness as harness
+from tests.faultproxy import FaultProxy
 from tests.scheduler_harness import finish
 from tests.sentinel import SentinelGroup
+from tests.test_failover import _Pair
 from tests.test_faults import CRAWL_TIMEOUT, FAST, QUOTES_PAGES, SPIDER, quotes_site
 from tests.waiting import wait_for
 from tests.workers import start_worker, wait_workers, worker_env
@@ -224,6 +227,57 @@ def test_with_min_replicas_writes_are_not_done_while_the_replica_is_down(
     assert replica.scard("{sn}:dupefilter") == 4
     master.close()
     replica.close()
+
+
+@pytest.mark.faults
+def test_with_min_replicas_writes_the_promoted_replica_lacks_are_sent_again() -> None:
+    """An unplanned failover behind one endpoint with ``FRONTIER_MIN_REPLICAS=1``:
+    the replica is cut off and promoted, the worker's next writes reach only
+    the old master (no replica acknowledges them: not done), the endpoint
+    moves to the new master and the old one becomes its replica (dropping
+    those writes). The worker finds out that they did not survive (no
+    commit marker on the new master) and sends them again there: every
+    request is queued and leased once, the ack is kept."""
+    urls = [f"https://a.example/{i}" for i in range(1, 4)]
+    with RedisServer() as a, RedisServer() as b:
+        pair = _Pair(a, b)
+        pair.replicate()
+        with FaultProxy(a.url) as proxy:
+            scheduler, crawler = harness.open_scheduler(
+                proxy.url, _Spider, FRONTIER_MIN_REPLICAS=1, FRONTIER_MIN_REPLICAS_TIMEOUT=0.2,
+            )
+            scheduler.enqueue_request(Request("https://a.example/0"))
+            assert scheduler.flush_outbox()
+            first = harness.wait_for_request(scheduler)
+
+            pair.rb.replicaof("NO", "ONE")  # cut off and promoted
+            wait_for(lambda: pair.ra.info("replication")["connected_slaves"] == 0, 10,
+                     "the old master to lose its replica")
+            for u in urls:
+                scheduler.enqueue_request(Request(u))
+            scheduler.crawler.engine._slot.remove_request(first)  # its ack
+            assert not scheduler.flush_outbox()
+            assert pair.ra.scard("{sn}:dupefilter") == 4  # ran on the old master only
+            assert pair.rb.scard("{sn}:dupefilter") == 1
+
+            proxy.switch_upstream(b.url)
+            pair.ra.replicaof(*_Pair._address(b))
+            wait_for(lambda: pair.ra.info("replication").get("master_link_status") == "up",
+                     10, "the old master to sync as a replica")
+            wait_for(lambda: _retry_now(scheduler) and scheduler.flush_outbox(), 15,
+                     "the writes to be done on the new master", 0.05)
+            fetched = [first.url]
+            while len(fetched) < 1 + len(urls):
+                request = harness.wait_for_request(scheduler)
+                fetched.append(request.url)
+                finish(scheduler, request)
+        assert sorted(fetched) == sorted([first.url, *urls])  # each once
+        assert pair.rb.scard("{sn}:dupefilter") == 4
+        assert Frontier(pair.rb, "sn").audit() == {}
+        assert Frontier(pair.rb, "sn").pending() == 0
+        assert crawler.stats.get_value("frontier/redis/not_replicated") >= 1
+        pair.ra.close()
+        pair.rb.close()
 
 
 def _retry_now(scheduler: Any) -> bool:
