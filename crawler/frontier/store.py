@@ -773,14 +773,14 @@ class Frontier:
     ) -> tuple[bool, list[Lease]]:
         """Find out what a call whose reply was lost did (one round trip).
 
-        :param holder: the holder that sent it.
-        :param seq: the sequence number of its commit, or None when it
-            carried none.
-        :param lease_ids: the lease ids it asked for (none if no lease).
         With :attr:`replica_wait`, the answer is trusted only once the
         replicas have everything the master holds
         (:meth:`~crawler.frontier.replicas.ReplicaWait.queue_after_read`).
 
+        :param holder: the holder that sent it.
+        :param seq: the sequence number of its commit, or None when it
+            carried none.
+        :param lease_ids: the lease ids it asked for (none if no lease).
         :returns: whether the commit ran (True when there was none), and
             the leases it took under ``lease_ids`` that are still held.
         :raises redis.exceptions.RedisError: Redis failed (still unknown);
