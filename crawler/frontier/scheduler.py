@@ -680,11 +680,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         )
         if not sent:
             logger.error(
-                "Redis unreachable at close: %d frontier writes not sent within %.0f s "
-                "(unacknowledged leases will expire and be crawled again)",
+                "Redis unreachable or refusing at close: %d frontier writes not sent "
+                "within %.0f s (unacknowledged leases will expire and be crawled again)",
                 len(self._outbox), wait, extra={"spider": self.spider},
             )
-            return  # (the registry forgets this worker after its last heartbeat)
+            if sent is None or self._unreachable:  # (no answer: no more calls)
+                return  # (the registry forgets this worker after its last heartbeat)
         try:
             self.queue.shards.leave(self.holder)
         except UNREACHABLE:
