@@ -2,7 +2,9 @@
 
 A real ``scrapy crawl pages`` worker crawls the quotes capture through a
 :class:`~tests.faultproxy.FaultProxy`; mid-crawl the proxy cuts Redis off
-(every connection closed, new ones refused) and the worker gets one SIGINT.
+(``refused``: every connection closed, new ones refused; ``silent``: a
+partition that leaves connections open, every reply held past the socket
+timeout) and the worker gets one SIGINT.
 It cannot give its leases back nor send the writes waiting in its outbox:
 it must still exit within the bound docs/stopping.md states, and once Redis
 answers again a new worker must complete the crawl, every page stored once.
@@ -11,6 +13,7 @@ answers again a new worker must complete the crawl, every page stored once.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +46,23 @@ SETTINGS: dict[str, object] = {
 }
 
 
+#: A silent Redis (a partition that leaves connections open) is a known
+#: limit: each synchronous Redis call on the reactor thread (the reactor's
+#: heartbeat probe, the scheduler's flushes, the seed reader, the adaptive
+#: slowdown's per-response write) waits the socket timeout (10 s), so the
+#: reactor is blocked most of the time and the graceful stop crawls along
+#: (past 45 s measured; docs/stopping.md).
+SILENT = pytest.param(
+    "silent", marks=[pytest.mark.slow, pytest.mark.xfail(
+        strict=True, reason="a silent Redis blocks the reactor on every call (known limit)",
+    )],
+)
+
+
+@pytest.mark.parametrize("outage", ["refused", SILENT])
 def test_a_stop_during_a_redis_outage_ends_within_its_bound_and_loses_nothing(
-    proxy: FaultProxy, mongo_uri: str, mongo_db: str, rds: redis.Redis, db: Any,  # noqa: F811
-    site_factory: SiteFactory, tmp_path: Path,
+    outage: str, proxy: FaultProxy, mongo_uri: str, mongo_db: str,  # noqa: F811
+    rds: redis.Redis, db: Any, site_factory: SiteFactory, tmp_path: Path,
 ) -> None:
     site = site_factory(load_warc(default_warc_path()), latency=0.2)
     env = worker_env(proxy.url, mongo_uri, mongo_db)
@@ -54,12 +71,18 @@ def test_a_stop_during_a_redis_outage_ends_within_its_bound_and_loses_nothing(
     proc = start_worker(SPIDER, env, log, SETTINGS)
     try:
         wait_for(lambda: db.pages.count_documents({}) >= 20, 60, "the crawl to be under way")
-        proxy.begin_outage()
-        wait_for(lambda: "Redis unreachable" in log.read_text(), 30,
+        if outage == "refused":
+            proxy.begin_outage()
+        else:  # (Redis runs what it is sent; no reply comes back)
+            proxy.lose_replies(times=10**9, mode="hold", hold=600)
+        wait_for(lambda: "Redis unreachable" in log.read_text(), 60,
                  "the worker to meet the outage")
         stopped_at = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=2 * STOP_BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker still ran {2 * STOP_BOUND:.0f} s after SIGINT")
         took = time.monotonic() - stopped_at
     finally:
         if proc.poll() is None:
@@ -72,6 +95,7 @@ def test_a_stop_during_a_redis_outage_ends_within_its_bound_and_loses_nothing(
     assert "frontier writes not sent" in text, text[-3000:]
 
     proxy.end_outage()
+    proxy.stop_losing()
     next_log = tmp_path / "next.log"
     [worker] = wait_workers([start_worker(SPIDER, env, next_log, SETTINGS)], [next_log], 120)
     assert worker.returncode == 0, worker.log[-3000:]
