@@ -398,7 +398,8 @@ class Soak:
             workers.start(worker)
         next_kill = started + opts.kill_interval
         while running := workers.running():
-            stored = pages.count_documents({}) if failover_at or stop_at else 0
+            wanted = failover_at is not None or stop_at is not None
+            stored = pages.count_documents({}) if wanted else 0
             if failover_at is not None and stored >= failover_at:
                 failover_at = None
                 self.pair.fail_over()
@@ -406,7 +407,11 @@ class Soak:
                 result.failovers += 1
             if stop_at is not None and stored >= stop_at and stop_victim in running:
                 stop_at = None
-                workers.force_stop(stop_victim)
+                try:
+                    workers.force_stop(stop_victim)
+                except RuntimeError as exc:
+                    result.problems.append(str(exc))
+                    return
                 result.forced_stops += 1
                 workers.start(stop_victim)
             now = time.monotonic()
