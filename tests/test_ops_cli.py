@@ -129,6 +129,7 @@ def test_status_with_redis_down_names_the_url_and_the_cause_and_exits_1(
         ["deadletters", "purge", "quotes"],
         ["frontier", "overrides", "quotes"],
         ["frontier", "concurrency", "quotes", "a.example", "2"],
+        ["frontier", "audit", "quotes"],
     ],
     ids="-".join,
 )
