@@ -7,12 +7,18 @@ the command runs as a subprocess, as an operator runs it."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import redis as redis_lib
+from redis.cluster import RedisCluster
 
+from crawler.frontier.audit import audit_crawl
+from crawler.frontier.eviction import evicted_keys
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Lease
+from crawler.keys import CrawlKeys, created_key, shards_key
+from devtools.embedded import RedisServer
 from tests.test_ops_cli import scrapy
 
 if TYPE_CHECKING:
@@ -139,3 +145,69 @@ def test_each_frontier_subcommand_has_its_own_help(env: dict[str, str]) -> None:
     whole = scrapy(env, "frontier", "--help")
     assert whole.returncode == 0
     assert "audit SPIDER" in whole.stdout and "clear SPIDER --yes" in whole.stdout
+
+
+def _corrupt_and_audit(rds: Any, shards: int) -> None:
+    """Two shards' counters off and a lease stranded on the last: each
+    found under its shard's keys, repaired, then clean."""
+    crawl = FrontierShards.build(rds, SPIDER, shards, lease_timeout=60.0)
+    crawl.check_count()
+    crawl.load_scripts()
+    for i in range(8):
+        site = f"s{i}.example"
+        url = f"https://{site}/".encode()
+        assert crawl.for_site(site).push(url, site=site, priority=0, fingerprint=url,
+                                         dont_filter=False)
+    last = crawl[shards - 1]
+    assert isinstance(last.lease_many(["w#1:0"])[0], Lease)  # type: ignore[index]
+    rds.zrem(last.key("leases"), "w#1:0")
+    for f in crawl:
+        rds.incrby(f.key("count"), 5)
+    keys = CrawlKeys.for_spider(SPIDER)
+    found = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers)
+    assert sorted((x.kind, x.key.split(" ")[0]) for x in found) == sorted(
+        [("count", f.key("count")) for f in crawl] + [("lease", last.key("ldata"))]
+    ), [x.line() for x in found]
+    repaired = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers, repair=True)
+    assert all(x.repaired for x in repaired), [x.line() for x in repaired]
+    assert audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers) == []
+
+
+def test_audit_finds_and_repairs_each_shard_of_a_sharded_crawl(rds: redis.Redis) -> None:
+    _corrupt_and_audit(rds, 2)
+
+
+@pytest.mark.cluster
+def test_audit_finds_and_repairs_on_a_redis_cluster(redis_cluster_url: str) -> None:
+    client = RedisCluster.from_url(redis_cluster_url)
+    try:
+        _corrupt_and_audit(client, 3)
+    finally:
+        client.close()
+
+
+def test_audit_names_a_redis_that_may_evict_and_chunks_it_evicted() -> None:
+    with RedisServer(args=("--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru")) as server:
+        client = redis_lib.Redis.from_url(server.url)
+        try:
+            crawl = _crawl(client)
+            # another client of a shared Redis fills memory: keys are evicted
+            filler = b"x" * 4096
+            f = crawl[0]
+            ours = [created_key(SPIDER), shards_key(SPIDER),
+                    *(f.key(n) for n in ("count", "prio", "qm", "qc", "lv"))]
+            held = client.exists(*ours)
+            for i in range(100_000):  # (LRU is sampled: until one of ours went)
+                client.set(f"cache:{i}", filler)
+                if client.exists(*ours) < held:
+                    break
+            assert evicted_keys(client)
+            keys = CrawlKeys.for_spider(SPIDER)
+            found = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers)
+        finally:
+            client.close()
+    kinds = {x.kind for x in found}
+    assert "evicting" in kinds, [x.line() for x in found]
+    assert "allkeys-lru" in next(x.detail for x in found if x.kind == "evicting")
+    # some of the crawl's own keys went too: reported, never clean
+    assert kinds & {"vanished", "count", "prio"}, [x.line() for x in found]

@@ -18,6 +18,12 @@ in ``{<spider>}:control``, which every worker of the crawl follows within
 ``clear SPIDER --yes`` deletes the crawl's frontier, every shard of it
 (:func:`clear_frontier`), so that it can start again, e.g. with another
 ``FRONTIER_SHARDS``.
+
+``audit SPIDER [--json] [--repair]`` reports what is wrong with the crawl's
+Redis structures (:mod:`crawler.frontier.audit`) and repairs what can be
+repaired safely.
+
+``SUBCOMMAND --help`` prints that subcommand's help.
 """
 
 from __future__ import annotations
@@ -467,6 +473,13 @@ class Command(EnvironmentCommand):
     ``clear SPIDER --yes`` deletes the crawl's frontier, every shard
     (:func:`clear_frontier`). Exit status 0; 2 for a usage error, an unknown
     spider or no ``--yes`` (nothing deleted); 3 when Redis failed.
+
+    ``audit SPIDER`` prints one line per thing wrong with the crawl's
+    structures (``--json``: one object per line; see
+    :class:`crawler.frontier.audit.Finding`), ``--repair`` fixes what it
+    safely can. Exit status 0 when nothing is wrong (or all was repaired);
+    1 when something is, a crawl with nothing in Redis included; 2 for a
+    usage error or an unknown spider; 3 when Redis failed.
     """
 
     requires_project = True

@@ -7,7 +7,10 @@
     the crawl's keys vanished (a flush, an eviction, a Redis restarted
     without persistence), judged by ``{<spider>}:created``
     (:func:`crawler.frontier.eviction.vanished_keys`), or queue chunks that
-    ``{s}:qm`` names are gone from ``{s}:qc``.
+    ``{s}:qm`` names are gone from ``{s}:qc``, chunks of a queue ``{s}:qm``
+    no longer names, a queue's priority gone from ``{s}:lv``. (The loss of
+    a key that leaves nothing to compare with, the dupefilter or the
+    ``wait`` and ``ready`` indexes, is found through the marker only.)
 ``absent``
     nothing of the crawl's frontier is in Redis: never started, cleared,
     or all of it vanished. Never reported as a clean crawl.
@@ -182,7 +185,7 @@ def _audit_shard(f: Frontier, repair: bool) -> list[Finding]:
             f"is a {kinds[name]}, not a {TYPES[name]}: the frontier's scripts refuse every "
             "call that touches it (delete or fix it by hand)",
         ))
-    if not wrong & {"count", "prio", "qm", "qc"}:
+    if not wrong & {"count", "prio", "qm", "qc", "lv"}:
         found.extend(_queues(f, repair))
     if not wrong & {"leases", "ldata", "lslot", "active", "wactive"}:
         found.extend(_leases(f, repair))
@@ -267,14 +270,37 @@ def _queues(f: Frontier, repair: bool) -> list[Finding]:
 
 
 def _chunks(f: Frontier, fields: set[str]) -> list[Finding]:
-    """Queues of ``{s}:qm`` whose chunks are gone from ``{s}:qc``."""
+    """Queues of ``{s}:qm`` whose chunks are gone from ``{s}:qc``, chunks
+    of no queue in ``{s}:qm``, and queues whose priority ``{s}:lv`` lacks
+    (the scripts never lease from either)."""
     found: list[Finding] = []
-    for raw_queue, raw in f.redis.hscan_iter(f.key("qm"), count=1000):
-        queue, bounds = _text(raw_queue), _text(raw).split(" ")
+    bounds_of = {_text(k): _text(v) for k, v in f.redis.hscan_iter(f.key("qm"), count=1000)}
+    levels = {_text(k): _text(v).split() for k, v in f.redis.hscan_iter(f.key("lv"), count=1000)}
+    strays: dict[str, int] = {}
+    for name in fields:
+        queue = name.rsplit("\t", 1)[0]
+        if queue not in bounds_of:
+            strays[queue] = strays.get(queue, 0) + 1
+    for queue, n in sorted(strays.items()):
+        found.append(Finding(
+            "vanished", f"{f.key('qm')} {queue}",
+            f"gone, while {n} chunk(s) of that queue are in {f.key('qc')}: "
+            "their requests are never leased (evicted?)",
+        ))
+    for queue in sorted(bounds_of):
+        site, _, prio = queue.rpartition("\t")
+        if prio not in levels.get(site, []):
+            found.append(Finding(
+                "vanished", f"{f.key('lv')} {site}",
+                f"lacks priority {prio}, whose queue is in {f.key('qm')}: its requests "
+                "are never leased (evicted?)",
+            ))
+    for queue, raw in sorted(bounds_of.items()):
+        bounds = raw.split(" ")
         if len(bounds) != 2 or not all(b.isdigit() for b in bounds) or \
                 int(bounds[0]) > int(bounds[1]):
             found.append(Finding("bad-value", f"{f.key('qm')} {queue}",
-                                 f"{_text(raw)!r} is not '<head> <tail>' (the scripts rebuild it)"))
+                                 f"{raw!r} is not '<head> <tail>' (the scripts rebuild it)"))
             continue
         gone = [n for n in range(int(bounds[0]), int(bounds[1]) + 1)
                 if f"{queue}\t{n}" not in fields]
@@ -298,15 +324,12 @@ def _leases(f: Frontier, repair: bool) -> list[Finding]:
                 reader: Any = pipe
                 deadlines = dict(reader.zrange(keys[0], 0, -1, withscores=True))
                 data, slots, active, wactive = (reader.hgetall(k) for k in keys[1:])
-                now = reader.time()
             else:
                 pipe.zrange(keys[0], 0, -1, withscores=True)
                 for k in keys[1:]:
                     pipe.hgetall(k)
-                pipe.time()
-                pairs, data, slots, active, wactive, now = pipe.execute()
+                pairs, data, slots, active, wactive = pipe.execute()
                 deadlines = dict(pairs)
-            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
             found = _lease_findings(f, deadlines=deadlines, data=data, slots=slots,
                                     active=active, wactive=wactive)
             fixable = [x for x in found if x.repairable]
@@ -314,7 +337,7 @@ def _leases(f: Frontier, repair: bool) -> list[Finding]:
                 return found
             try:
                 pipe.multi()
-                _repair_leases(pipe, f, deadlines=deadlines, data=data, slots=slots, now_ms=now_ms)
+                _repair_leases(pipe, f, deadlines=deadlines, data=data, slots=slots)
                 pipe.execute()
             except WatchError:
                 if attempt == _TRIES - 1:
@@ -393,13 +416,14 @@ def _slots_held(
 
 def _repair_leases(
     pipe: Any, f: Frontier, *, deadlines: dict[bytes, float], data: dict[bytes, bytes],
-    slots: dict[bytes, bytes], now_ms: int,
+    slots: dict[bytes, bytes],
 ) -> None:
     """Queue the lease repairs on ``pipe`` (in ``MULTI``)."""
     if gone := sorted(set(deadlines) - set(data)):
         pipe.zrem(f.key("leases"), *gone)
     if stranded := sorted(set(data) - set(deadlines)):
-        pipe.zadd(f.key("leases"), dict.fromkeys(stranded, now_ms), nx=True)
+        # (a deadline of 0, as a give-back has: expired now, on any clock)
+        pipe.zadd(f.key("leases"), dict.fromkeys(stranded, 0), nx=True)
     if orphans := sorted(set(slots) - set(data) - set(deadlines)):
         pipe.hdel(f.key("lslot"), *orphans)
     held, held_by = _slots_held(slots, data)
