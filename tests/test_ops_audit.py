@@ -211,3 +211,22 @@ def test_audit_names_a_redis_that_may_evict_and_chunks_it_evicted() -> None:
     assert "allkeys-lru" in next(x.detail for x in found if x.kind == "evicting")
     # some of the crawl's own keys went too: reported, never clean
     assert kinds & {"vanished", "count", "prio"}, [x.line() for x in found]
+
+
+def test_wrong_types_and_unreadable_chunks_are_reported_not_repaired(rds: redis.Redis) -> None:
+    crawl = _crawl(rds)
+    f = crawl[0]
+    rds.set(f.key("due"), "x")  # a string where the scripts keep a hash
+    [name] = [k for k in rds.hkeys(f.key("qc")) if k.startswith(b"b.example\t0\t")]
+    rds.hset(f.key("qc"), name, b"zz")
+    keys = CrawlKeys.for_spider(SPIDER)
+    found = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers, repair=True)
+    by_kind = {x.kind: x for x in found}
+    assert by_kind["wrong-type"].key == f.key("due")
+    assert "is a string, not a hash" in by_kind["wrong-type"].detail
+    assert by_kind["bad-value"].key == f"{f.key('qc')} {name.decode()}"
+    # what the queues hold is not known: the counters are left as they are
+    assert by_kind["count"].fix == "" and not by_kind["count"].repaired
+    assert not any(x.repaired for x in found), [x.line() for x in found]
+    assert rds.get(f.key("count")) == b"6"
+    assert rds.type(f.key("due")) == b"string"

@@ -32,6 +32,7 @@ import getpass
 import json
 import socket
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -563,9 +564,12 @@ class Command(EnvironmentCommand):
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         if opts.help:
             if args and args[0] in SUBCOMMAND_HELP:
-                sys.stdout.write(f"Usage\n=====\n  scrapy frontier {SUBCOMMAND_HELP[args[0]]}\n\n"
-                                 "Run scrapy frontier --help for the options of every "
-                                 "subcommand and the global ones.\n")
+                usage, what = SUBCOMMAND_HELP[args[0]].split("\n\n", 1)
+                sys.stdout.write(
+                    f"Usage\n=====\n  scrapy frontier {usage}\n\n{textwrap.fill(what, 78)}\n\n"
+                    "Run scrapy frontier --help for the options of every subcommand and the "
+                    "global ones.\n"
+                )
             else:
                 self._parser.print_help()
             sys.exit(0)

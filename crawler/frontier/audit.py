@@ -231,21 +231,23 @@ def _queues(f: Frontier, repair: bool) -> list[Finding]:
             queued = sum(by_priority.values())
             count = _whole(raw_count) if raw_count is not None else 0
             want_prio = {p: str(n) for p, n in by_priority.items() if n}
+            # (with a chunk that cannot be read, what the queues hold is not known)
+            fix = not unreadable
             found = []
             if count != queued:
                 shown = f"not a whole number {raw_count!r}" if count is None else count
                 found.append(Finding(
                     "count", f.key("count"),
                     f"counts {shown} queued requests; the queues ({f.key('qc')}) hold {queued}",
-                    fix="set to the requests queued",
+                    fix="set to the requests queued" if fix else "",
                 ))
             if counted != want_prio:
                 found.append(Finding(
                     "prio", f.key("prio"),
                     f"counts {dict(sorted(counted.items()))} by priority; the queues hold "
-                    f"{dict(sorted(want_prio.items()))}", fix="set from the queues",
+                    f"{dict(sorted(want_prio.items()))}", fix="set from the queues" if fix else "",
                 ))
-            if not repair or not found:
+            if not repair or not fix or not found:
                 break
             try:
                 pipe.multi()
