@@ -8,7 +8,18 @@ loses about one Redis reply in 150: Redis runs the command, the worker never
 hears back. Three ``scrapy crawl pages`` workers (``FRONTIER_CONCURRENCY=2``
 for the site, short leases) crawl the site from ``/``; every 6 seconds one
 of them, chosen at random, is killed with SIGKILL and started again under
-the same ``FRONTIER_WORKER_ID``.
+the same ``FRONTIER_WORKER_ID``. Two more faults come once per round, each
+when a number of pages drawn from the seed is stored:
+
+- a failover: Redis has a replica; its master's writes are paused until
+  the replica has them all (``WAIT``), the replica is promoted, the old
+  master made its replica, and the proxy's new connections go to the new
+  master (a managed "primary endpoint"); connections opened before still
+  reach the demoted master, which answers writes ``READONLY``
+  (``--no-failover``: none);
+- a forced stop: one worker gets SIGTERM, then SIGTERM again once Scrapy's
+  graceful stop began, and is started again under the same id
+  (``--no-forced-stop``: none).
 
 A round passes when, once the workers have closed on their own:
 
@@ -46,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 import pymongo
 import redis
@@ -82,6 +94,8 @@ class Options:
     fresh_within: float
     keep_logs: bool
     shards: int = 1
+    failover: bool = True
+    forced_stop: bool = True
 
 
 @dataclass
@@ -93,6 +107,8 @@ class Round:
     stored: int = 0
     kills: int = 0
     lost: int = 0
+    failovers: int = 0
+    forced_stops: int = 0
     fresh_delay: float | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -105,8 +121,9 @@ class Round:
         verdict = "PASS" if self.passed else "FAIL: " + "; ".join(self.problems)
         return (
             f"round {self.number}: {self.stored}/{EXPECTED_PAGES} pages stored in "
-            f"{self.seconds:.1f}s, {self.kills} workers killed, {self.lost} Redis replies "
-            f"lost, new seed fetched after {fresh}: {verdict}"
+            f"{self.seconds:.1f}s, {self.kills} workers killed, {self.forced_stops} forced "
+            f"stops, {self.failovers} failovers, {self.lost} Redis replies lost, new seed "
+            f"fetched after {fresh}: {verdict}"
         )
 
 
@@ -119,10 +136,13 @@ class Workers:
         self.exits: list[tuple[str, int]] = []  # (worker id, code) of those not killed
         self.starts = 0
         self._reaped: set[int] = set()
+        self._stopped: set[int] = set()  # pids stopped by force: their exit is theirs
+        self.log_of: dict[str, Path] = {}
 
     def start(self, worker: str, **settings: object) -> subprocess.Popen[bytes]:
         self.starts += 1
         log = self.logs / f"{worker}-{self.starts}.log"
+        self.log_of[worker] = log
         args = [sys.executable, "-m", "scrapy", "crawl", SPIDER, "-s", f"LOG_FILE={log}"]
         for name, value in {**self.settings, "FRONTIER_WORKER_ID": worker, **settings}.items():
             args += ["-s", f"{name}={value}"]
@@ -138,6 +158,27 @@ class Workers:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
+    def force_stop(self, worker: str, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGTERM again once Scrapy's graceful stop began
+        (Ctrl-C twice, scrapyd's "cancel" twice); wait for the exit.
+
+        :raises RuntimeError: the worker did not exit within ``timeout``.
+        """
+        proc, log = self.procs[worker], self.log_of[worker]
+        self._stopped.add(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if log.exists() and "shutting down gracefully" in log.read_text():
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.02)
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"worker {worker} still running {timeout:.0f}s after "
+                               "two SIGTERMs") from None
+
     def running(self) -> list[str]:
         alive = []
         for worker, proc in self.procs.items():
@@ -146,7 +187,7 @@ class Workers:
                 alive.append(worker)
             elif proc.pid not in self._reaped:
                 self._reaped.add(proc.pid)
-                if code != -signal.SIGKILL:
+                if code != -signal.SIGKILL and proc.pid not in self._stopped:
                     self.exits.append((worker, code))
         return alive
 
@@ -191,6 +232,10 @@ def _parse(argv: list[str] | None) -> Options:
                         help="a new seed must be fetched within this many seconds")
     parser.add_argument("--shards", type=int, default=1,
                         help="FRONTIER_SHARDS of the workers (default 1)")
+    parser.add_argument("--no-failover", action="store_true",
+                        help="no failover of Redis in a round")
+    parser.add_argument("--no-forced-stop", action="store_true",
+                        help="no forced stop (SIGTERM twice) of a worker in a round")
     parser.add_argument("--keep-logs", action="store_true")
     ns = parser.parse_args(argv)
     if ns.shards < 1:
@@ -201,6 +246,7 @@ def _parse(argv: list[str] | None) -> Options:
         mode=ns.mode, latency=ns.latency, workers=ns.workers, concurrency=ns.concurrency,
         lease_timeout=ns.lease_timeout, idle=ns.idle, round_timeout=ns.round_timeout,
         fresh_within=ns.fresh_within, keep_logs=ns.keep_logs, shards=ns.shards,
+        failover=not ns.no_failover, forced_stop=not ns.no_forced_stop,
     )
 
 
@@ -221,6 +267,58 @@ def _env(redis_url: str, mongo_uri: str, database: str) -> dict[str, str]:
     return env
 
 
+class RedisPair:
+    """A ``redis-server`` master and its replica; :meth:`fail_over` swaps
+    their roles."""
+
+    def __init__(self, master: RedisServer, replica: RedisServer) -> None:
+        self.master, self.replica = master, replica
+        self.clients = {s.url: redis.Redis.from_url(s.url) for s in (master, replica)}
+
+    @property
+    def rds(self) -> redis.Redis:
+        """A client of the master now."""
+        return self.clients[self.master.url]
+
+    @staticmethod
+    def _address(server: RedisServer) -> tuple[str, int]:
+        parts = urlsplit(server.url)
+        return parts.hostname or "127.0.0.1", parts.port or 6379
+
+    def _wait(self, client: redis.Redis, key: str, value: str, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while client.info("replication").get(key) != value:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} within 10 s")
+            time.sleep(0.02)
+
+    def replicate(self) -> None:
+        """Make the replica follow the master; wait until it is in sync."""
+        replica = self.clients[self.replica.url]
+        replica.replicaof(*self._address(self.master))
+        self._wait(replica, "master_link_status", "up", "the replica did not sync")
+
+    def fail_over(self) -> None:
+        """Pause the master's writes until the replica has every write it
+        acknowledged (``WAIT``), promote the replica, make the old master
+        its replica: a managed failover, no acknowledged write lost."""
+        old, new = self.clients[self.master.url], self.clients[self.replica.url]
+        old.client_pause(10_000, all=False)
+        try:
+            if old.execute_command("WAIT", 1, 5000) != 1:
+                raise RuntimeError("the replica did not acknowledge the master's writes")
+            new.replicaof("NO", "ONE")
+            old.replicaof(*self._address(self.replica))
+        finally:
+            old.client_unpause()
+        self.master, self.replica = self.replica, self.master
+        self._wait(old, "role", "slave", "the old master was not demoted")
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+
+
 @dataclass
 class Soak:
     """The servers of a soak, shared by its rounds."""
@@ -229,10 +327,15 @@ class Soak:
     rng: random.Random
     site: ReplayServer
     proxy: FaultProxy
-    rds: redis.Redis
+    pair: RedisPair
     mongo: pymongo.MongoClient[dict[str, Any]]
     mongo_uri: str
     logs: Path
+
+    @property
+    def rds(self) -> redis.Redis:
+        """A client of the master now (the failover moves it)."""
+        return self.pair.rds
 
     def run_round(self, number: int) -> Round:
         """Crawl the site from scratch under faults, then check it all."""
@@ -276,7 +379,9 @@ class Soak:
 
     def _crawl(self, result: Round, workers: Workers, pages: Any) -> None:
         """Seed, start the workers, kill one every interval while pages are
-        missing, and wait until they all have closed for idleness."""
+        missing, fail Redis over and stop a worker by force once each when
+        their drawn number of pages is stored, and wait until the workers
+        all have closed for idleness."""
         opts, rng = self.opts, self.rng
         ids = [f"w{i + 1}" for i in range(opts.workers)]
         self.rds.lpush(f"{SPIDER}:start_urls", self.site.url_for("/"))
@@ -284,11 +389,31 @@ class Soak:
             self.proxy.lose_randomly(
                 opts.loss, seed=rng.randrange(2**31), mode=opts.mode, hold=10.0
             )
+        # (drawn before the crawl: the same seed, the same faults)
+        failover_at = rng.randrange(30, 150) if opts.failover else None
+        stop_at = rng.randrange(30, 150) if opts.forced_stop else None
+        stop_victim = ids[rng.randrange(len(ids))]
         started = time.monotonic()
         for worker in ids:
             workers.start(worker)
         next_kill = started + opts.kill_interval
         while running := workers.running():
+            wanted = failover_at is not None or stop_at is not None
+            stored = pages.count_documents({}) if wanted else 0
+            if failover_at is not None and stored >= failover_at:
+                failover_at = None
+                self.pair.fail_over()
+                self.proxy.switch_upstream(self.pair.master.url)
+                result.failovers += 1
+            if stop_at is not None and stored >= stop_at and stop_victim in running:
+                stop_at = None
+                try:
+                    workers.force_stop(stop_victim)
+                except RuntimeError as exc:
+                    result.problems.append(str(exc))
+                    return
+                result.forced_stops += 1
+                workers.start(stop_victim)
             now = time.monotonic()
             if now - started > opts.round_timeout:
                 result.problems.append(
@@ -384,15 +509,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with (
         RedisServer(appendonly=False) as redis_server,
+        RedisServer(appendonly=False) as replica_server,
         _mongo() as mongo_uri,
         ReplayServer(warc, host="127.0.0.1", latency=opts.latency) as site,
         FaultProxy(redis_server.url, record=10_000) as proxy,
     ):
         _quiet(site)
-        soak = Soak(
-            opts, rng, site, proxy, redis.Redis.from_url(redis_server.url),
-            pymongo.MongoClient(mongo_uri), mongo_uri, logs,
-        )
+        pair = RedisPair(redis_server, replica_server)
+        pair.replicate()
+        soak = Soak(opts, rng, site, proxy, pair, pymongo.MongoClient(mongo_uri), mongo_uri, logs)
         try:
             while not rounds or time.monotonic() - started < opts.duration:
                 result = soak.run_round(len(rounds) + 1)
@@ -400,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(result.line(), flush=True)
         finally:
             soak.mongo.close()
-            soak.rds.close()
+            pair.close()
     failed = [r for r in rounds if not r.passed]
     rerun = f"python -m bench.soak --seed {opts.seed}" + (
         f" --shards {opts.shards}" if opts.shards > 1 else ""
@@ -412,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + r.line(), flush=True)
         return 1
     print(f"PASS: {len(rounds)} rounds, {sum(r.kills for r in rounds)} workers killed, "
+          f"{sum(r.forced_stops for r in rounds)} forced stops, "
+          f"{sum(r.failovers for r in rounds)} failovers, "
           f"{sum(r.lost for r in rounds)} Redis replies lost, nothing lost "
           f"(seed {opts.seed})", flush=True)
     if opts.keep_logs:

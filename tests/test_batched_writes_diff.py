@@ -10,7 +10,12 @@ change documented: an ack whose ``{s}:ldata`` is gone now also drops its
 ``{s}:leases`` entry (the run never deletes ``{s}:ldata`` by hand, so no
 ack meets that case). lease.lua's ARGV[16] and the last value of its reply
 (a request's last chance held back: ``tests/test_last_chance.py``) came
-later: the run leaves ARGV[16] uncounted (""), which holds nothing back."""
+later: the run leaves ARGV[16] uncounted (""), which holds nothing back.
+The live-holder rule came later too (an expired lease whose holder was seen
+in ``{s}:alive`` at its deadline or after is requeued without counting that
+delivery: ``tests/test_blocking_callbacks.py``): the run's holders lease
+often enough to meet it, so the reference gets the same rule, written here
+apart from the script (``_live_holder_rule``), and the two must agree."""
 
 from __future__ import annotations
 
@@ -47,6 +52,37 @@ def _lua(source: str) -> str:
     return patched
 
 
+# The live-holder rule, as three edits of the reference's lease.lua: each
+# anchor must be met once.
+_LIVE_HOLDER = [
+    ("read('ZSCORE', KEYS[11], holder)\n",
+     "local seen_before = tonumber(read('ZSCORE', KEYS[11], holder))\n"),
+    ("local buried = 0\n",
+     "local buried = 0\n"
+     "local function holder_alive(id, deadline)\n"
+     "  local h = string.match(id, '^(.*):%d+$')\n"
+     "  if not h or not deadline then return false end\n"
+     "  local seen = seen_before\n"
+     "  if h ~= holder then seen = tonumber(redis.call('ZSCORE', KEYS[11], h)) end\n"
+     "  return seen ~= nil and seen >= deadline\n"
+     "end\n"),
+    ("    if prio then d, data = deliveries_of(rest) end\n",
+     "    if prio then d, data = deliveries_of(rest) end\n"
+     "    if prio and d > 0 and holder_alive(id, tonumber(redis.call('ZSCORE', leases, id)))"
+     " then\n"
+     "      d = d - 1\n"
+     "    end\n"),
+]
+
+
+def _live_holder_rule(lease: str) -> str:
+    """The reference's ``lease.lua`` with the live-holder rule added."""
+    for anchor, replacement in _LIVE_HOLDER:
+        assert lease.count(anchor) == 1, anchor
+        lease = lease.replace(anchor, replacement)
+    return lease
+
+
 def _sources(rev: str | None) -> dict[str, str]:
     out = {}
     for name in ("lib", "commit", "lease"):
@@ -60,6 +96,8 @@ def _sources(rev: str | None) -> dict[str, str]:
             if done.returncode:
                 pytest.skip(f"git show {rev} failed: {done.stderr.strip()}")
             out[name] = done.stdout
+    if rev is not None:
+        out["lease"] = _live_holder_rule(out["lease"])
     return out
 
 

@@ -113,3 +113,47 @@ def _until_past(rds: redis.Redis, frontier: Frontier, lease_id: str) -> None:
     wait_for(past, 5, f"lease {lease_id} to expire", 0.005)
 
 
+
+
+def _pushed(rds: redis.Redis, url: str) -> Frontier:
+    frontier = Frontier(rds, "t", lease_timeout=0.25, max_deliveries=2)
+    frontier.load_scripts()
+    assert frontier.push(url.encode(), site="a.example", priority=0,
+                         fingerprint=url.encode(), dont_filter=False)
+    return frontier
+
+
+def test_a_lease_that_expired_while_its_holder_heartbeats_is_not_counted_as_a_delivery(
+    rds: redis.Redis,
+) -> None:
+    frontier = _pushed(rds, "https://a.example/slow")
+    # The live worker's lease expires (its extensions missed the deadline)
+    # five times; it beats (alive.lua, as the heartbeat thread does) after
+    # each deadline: none counts, whether it or another worker requeues it.
+    for n in range(5):
+        [lease] = frontier.lease_many([f"live#1:{n}"])  # type: ignore[misc]
+        assert lease.deliveries == 1, n
+        _until_past(rds, frontier, lease.lease_id)
+        frontier.alive("live#1")
+    [lease] = frontier.lease_many(["other#1:0"])  # type: ignore[misc]
+    assert lease.deliveries == 1
+    assert rds.lrange(frontier.key("dead"), 0, -1) == []
+
+
+def test_a_lease_of_a_worker_without_heartbeat_is_still_counted_as_a_delivery(
+    rds: redis.Redis,
+) -> None:
+    frontier = _pushed(rds, "https://a.example/poison")
+    # Two workers die holding it (neither seen after its deadline): each
+    # expiry counts, the second dead-letters it (FRONTIER_MAX_DELIVERIES=2).
+    [lease] = frontier.lease_many(["dies#1:0"])  # type: ignore[misc]
+    assert lease.deliveries == 1
+    _until_past(rds, frontier, lease.lease_id)
+    [lease] = frontier.lease_many(["dies#2:0"])  # type: ignore[misc]
+    assert lease.deliveries == 2
+    _until_past(rds, frontier, lease.lease_id)
+    result = frontier.lease_many(["dies#3:0"])
+    assert isinstance(result, NotDue), result
+    [dead] = rds.lrange(frontier.key("dead"), 0, -1)
+    assert json.loads(dead)["deliveries"] == 2
+    assert "its worker died each time" in json.loads(dead)["reason"]

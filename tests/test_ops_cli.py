@@ -129,6 +129,7 @@ def test_status_with_redis_down_names_the_url_and_the_cause_and_exits_1(
         ["deadletters", "purge", "quotes"],
         ["frontier", "overrides", "quotes"],
         ["frontier", "concurrency", "quotes", "a.example", "2"],
+        ["frontier", "audit", "quotes"],
     ],
     ids="-".join,
 )
@@ -258,6 +259,7 @@ def test_a_dead_letter_the_frontier_buried_comes_back_at_its_first_priority(
     assert frontier.push(data, site="a.example", priority=1, fingerprint=None, dont_filter=True)
     assert isinstance(frontier.lease_many(["dies#1:0"]), list)
     rds.zadd("{quotes}:leases", {"dies#1:0": 0}, xx=True)  # it has expired
+    rds.zrem("{quotes}:alive", "dies#1")  # its worker died (not seen since it leased)
     assert not isinstance(frontier.lease_many(["v#1:0"]), list)
     [record] = [json.loads(d) for d in rds.lrange("{quotes}:dead", 0, -1)]
     assert record["priority"] == 1 and record["entry"]

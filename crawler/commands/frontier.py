@@ -18,6 +18,12 @@ in ``{<spider>}:control``, which every worker of the crawl follows within
 ``clear SPIDER --yes`` deletes the crawl's frontier, every shard of it
 (:func:`clear_frontier`), so that it can start again, e.g. with another
 ``FRONTIER_SHARDS``.
+
+``audit SPIDER [--json] [--repair]`` reports what is wrong with the crawl's
+Redis structures (:mod:`crawler.frontier.audit`) and repairs what can be
+repaired safely.
+
+``SUBCOMMAND --help`` prints that subcommand's help.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import getpass
 import json
 import socket
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,6 +48,7 @@ from scrapy.exceptions import UsageError
 from crawler.addon import EnvironmentCommand, with_project_addons
 from crawler.config import SettingsError, validate_settings
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
+from crawler.frontier.audit import audit_crawl
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.eviction import missing_message
 from crawler.frontier.intake import IntakeKeys
@@ -58,6 +66,7 @@ from crawler.frontier.overrides import (
     parse_site,
     stored_value_ok,
 )
+from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Frontier, frontier_prefix
 from crawler.keys import (
     CrawlKeys,
@@ -84,8 +93,37 @@ __all__ = [
 
 SUBCOMMANDS = (
     "status", "delay", "concurrency", "overrides", "revisit", "pause", "resume", "stop",
-    "clear",
+    "clear", "audit",
 )
+#: ``scrapy frontier SUB --help``: each subcommand's usage and what it does.
+SUBCOMMAND_HELP: dict[str, str] = {
+    "status": "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]\n\n"
+              "Per spider: frontier shards, seeds waiting, requests queued by priority, "
+              "leased, retries, revisits, dead letters, URLs seen, items stored, live "
+              "workers. --json: one JSON object; --watch: refresh every --interval seconds.",
+    "delay": "delay SPIDER SITE SECONDS|--unset\n\n"
+             "Set (or remove) a site's delay for every worker of the crawl.",
+    "concurrency": "concurrency SPIDER SITE N|--unset\n\n"
+                   "Set (or remove) a site's concurrency for every worker of the crawl.",
+    "overrides": "overrides [SPIDER ...] [--json]\n\n"
+                 "List the per-site overrides, flagging values the workers ignore (exit 1).",
+    "revisit": "revisit SPIDER SITE SECONDS|--unset\n\n"
+               "Set (or remove) a site's revisit interval (0: never revisit it).",
+    "pause": "pause SPIDER\n\nEvery worker of the crawl stops starting downloads.",
+    "resume": "resume SPIDER\n\nEvery worker of the crawl crawls again.",
+    "stop": "stop SPIDER\n\nEvery worker finishes what is in flight, gives back its leases "
+            "and exits; the frontier is kept.",
+    "clear": "clear SPIDER --yes\n\nDelete the crawl's frontier (every shard), keeping the "
+             "seeds, stats, worker records and control; refused while workers are live.",
+    "audit": "audit SPIDER [--json] [--repair]\n\n"
+             "Report what is wrong with the crawl's Redis structures, one line each "
+             "(--json: one object per line): structures that vanished (a flush, an "
+             "eviction, a restart without persistence), counters that disagree with the "
+             "queues or slots, leases without data or data without a deadline, keys of the "
+             "wrong type, bad values. Exit 0 when nothing is wrong, 1 when something is "
+             "(a crawl with nothing in Redis is not clean), 2 for a usage error, 3 when "
+             "Redis failed. --repair fixes what can be fixed safely and says so per line.",
+}
 #: The state each control subcommand sets (:mod:`crawler.control`).
 _CONTROL: dict[str, ControlState] = {"pause": PAUSED, "resume": RUNNING, "stop": STOPPED}
 #: What the workers do, per state, for the command's output.
@@ -436,6 +474,13 @@ class Command(EnvironmentCommand):
     ``clear SPIDER --yes`` deletes the crawl's frontier, every shard
     (:func:`clear_frontier`). Exit status 0; 2 for a usage error, an unknown
     spider or no ``--yes`` (nothing deleted); 3 when Redis failed.
+
+    ``audit SPIDER`` prints one line per thing wrong with the crawl's
+    structures (``--json``: one object per line; see
+    :class:`crawler.frontier.audit.Finding`), ``--repair`` fixes what it
+    safely can. Exit status 0 when nothing is wrong (or all was repaired);
+    1 when something is, a crawl with nothing in Redis included; 2 for a
+    usage error or an unknown spider; 3 when Redis failed.
     """
 
     requires_project = True
@@ -450,7 +495,9 @@ class Command(EnvironmentCommand):
             "       scrapy frontier overrides [SPIDER ...] [--json]\n"
             "       scrapy frontier revisit SPIDER SITE SECONDS|--unset\n"
             "       scrapy frontier pause|resume|stop SPIDER\n"
-            "       scrapy frontier clear SPIDER --yes"
+            "       scrapy frontier clear SPIDER --yes\n"
+            "       scrapy frontier audit SPIDER [--json] [--repair]\n"
+            "       scrapy frontier SUBCOMMAND --help"
         )
 
     def short_desc(self) -> str:
@@ -477,11 +524,23 @@ class Command(EnvironmentCommand):
             "leases and exits; the frontier is kept for workers started after resume. "
             "clear: delete the crawl's frontier (every shard: queues, leases, dead letters, "
             "URLs seen, per-site state) and its recorded FRONTIER_SHARDS, keeping the seeds; "
-            "for a crawl with no worker running, e.g. to change FRONTIER_SHARDS."
+            "for a crawl with no worker running, e.g. to change FRONTIER_SHARDS. "
+            "audit: report what is wrong with the crawl's Redis structures (vanished "
+            "structures, counters, leases, types, values); exit 1 when anything is; "
+            "--repair fixes what can be fixed safely. "
+            "scrapy frontier SUBCOMMAND --help: that subcommand's help."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
+        # (replaces argparse's own --help: the parser resolves conflicts, so
+        # that process_options prints the help of the subcommand named)
+        parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+        self._parser = parser
+        parser.add_argument(
+            "--repair", action="store_true",
+            help="audit: fix what can be fixed safely, and say what was",
+        )
         parser.add_argument(
             "--json", action="store_true",
             help="status: print one JSON object; overrides: one object per line",
@@ -502,6 +561,20 @@ class Command(EnvironmentCommand):
             help="delay, concurrency, revisit: remove the site's override (the default applies)",
         )
 
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        if opts.help:
+            if args and args[0] in SUBCOMMAND_HELP:
+                usage, what = SUBCOMMAND_HELP[args[0]].split("\n\n", 1)
+                sys.stdout.write(
+                    f"Usage\n=====\n  scrapy frontier {usage}\n\n{textwrap.fill(what, 78)}\n\n"
+                    "Run scrapy frontier --help for the options of every subcommand and the "
+                    "global ones.\n"
+                )
+            else:
+                self._parser.print_help()
+            sys.exit(0)
+        super().process_options(args, opts)
+
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         if not args or args[0] not in SUBCOMMANDS:
@@ -513,8 +586,12 @@ class Command(EnvironmentCommand):
             raise UsageError("--watch is for status only", print_help=False)
         if opts.unset and args[0] not in ("delay", "concurrency", "revisit"):
             raise UsageError("--unset is for delay, concurrency and revisit", print_help=False)
+        if opts.repair and args[0] != "audit":
+            raise UsageError("--repair is for audit only", print_help=False)
         try:
-            if args[0] in _CONTROL:
+            if args[0] == "audit":
+                self._audit(args[1:], as_json=opts.json, repair=opts.repair)
+            elif args[0] in _CONTROL:
                 self._control(args[0], args[1:])
             elif args[0] == "clear":
                 self._clear(args[1:], opts.yes)
@@ -687,6 +764,45 @@ class Command(EnvironmentCommand):
                          "seeds, stats, workers and control kept\n")
         sys.stdout.flush()
         self.exitcode = 0
+
+    def _audit(self, args: list[str], *, as_json: bool, repair: bool) -> None:
+        """``audit SPIDER [--json] [--repair]``: what is wrong with the
+        crawl's structures (:func:`crawler.frontier.audit.audit_crawl`),
+        one line (or JSON object) each. Exit 0 when nothing is, else 1.
+
+        :raises UsageError: not exactly one spider, or an unknown one.
+        :raises redis.exceptions.RedisError: Redis failed (exit status 3).
+        """
+        assert self.settings is not None
+        if len(args) != 1:
+            raise UsageError("expected: audit SPIDER [--json] [--repair]", print_help=False)
+        spider = self._spider(args[0])
+        redis = get_redis(self.settings)
+        try:
+            keys = CrawlKeys.for_spider(spider, self.settings)
+            crawl = FrontierShards.build(redis, spider, self._shards(redis, spider))
+            found = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers,
+                                repair=repair)
+        finally:
+            redis.close()
+        if as_json:
+            for finding in found:
+                sys.stdout.write(json.dumps({"spider": spider, **finding.as_dict()}) + "\n")
+        else:
+            for finding in found:
+                sys.stdout.write(finding.line() + "\n")
+            if not found:
+                sys.stdout.write(f"crawl {spider}: nothing wrong found\n")
+            else:
+                fixed = sum(f.repaired for f in found)
+                sys.stdout.write(
+                    f"crawl {spider}: {len(found)} problem(s)"
+                    + (f", {fixed} repaired" if repair else
+                       f", {sum(f.repairable for f in found)} that --repair fixes")
+                    + "\n"
+                )
+        sys.stdout.flush()
+        self.exitcode = 1 if any(not f.repaired for f in found) else 0
 
     def _list(self, spiders: list[str], as_json: bool) -> None:
         """``overrides [SPIDER ...]``: every override, bad ones flagged (exit 1)."""

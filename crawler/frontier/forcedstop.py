@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 
 #: Longest a forced stop waits for Redis to answer the give-back (seconds).
 GIVE_BACK_TIMEOUT = 2.0
+#: Longest a graceful stop waits for Redis (seconds; ``FRONTIER_LEASE_TIMEOUT``
+#: when shorter) to take the leases given back and the outbox: past it,
+#: Redis is taken for down, and what was not sent is left to the leases'
+#: expiry (docs/stopping.md).
+CLOSE_REDIS_WAIT = 10.0
 
 
 def before_reactor_stops(call: Callable[[], None]) -> Callable[[], None]:
@@ -48,8 +53,12 @@ def before_reactor_stops(call: Callable[[], None]) -> Callable[[], None]:
     return remove
 
 
-def run_bounded(call: Callable[[], bool], timeout: float = GIVE_BACK_TIMEOUT) -> bool | None:
+def run_bounded(
+    call: Callable[[], bool], timeout: float = GIVE_BACK_TIMEOUT,
+    what: str = "The give-back at a forced stop",
+) -> bool | None:
     """Run ``call`` in a daemon thread; wait at most ``timeout`` seconds.
+    ``what`` names the call in the log line of an exception it raised.
 
     :returns: what ``call`` returned, or None when it had not returned in
         time or raised (the thread is left to the process's exit: a Redis
@@ -61,7 +70,7 @@ def run_bounded(call: Callable[[], bool], timeout: float = GIVE_BACK_TIMEOUT) ->
         try:
             result.append(call())
         except Exception:
-            logger.exception("The give-back at a forced stop failed")
+            logger.exception("%s failed", what)
 
     thread = threading.Thread(target=run, name="frontier-give-back", daemon=True)
     thread.start()

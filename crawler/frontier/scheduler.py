@@ -43,7 +43,12 @@ from crawler.frontier.connection import (
     redis_location,
 )
 from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
-from crawler.frontier.forcedstop import GIVE_BACK_TIMEOUT, before_reactor_stops, run_bounded
+from crawler.frontier.forcedstop import (
+    CLOSE_REDIS_WAIT,
+    GIVE_BACK_TIMEOUT,
+    before_reactor_stops,
+    run_bounded,
+)
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
@@ -650,23 +655,57 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._unhook_forced_stop = before_reactor_stops(self._give_back_at_forced_stop)
 
     def close(self, reason: str) -> None:
-        """Give back unfinished leases, send the outbox, stop heartbeats."""
+        """Give back unfinished leases, send the outbox, stop heartbeats.
+
+        Redis is waited for at most ``CLOSE_REDIS_WAIT`` (10 s, or
+        ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
+        socket timeouts: past it, what was not sent is left out. Nothing
+        is lost: a lease is acknowledged only in the commit that queues the
+        requests its page yielded, so an unsent ack and its requests go
+        together, the lease expires and the page is crawled again (its
+        items, already stored, are stored again in place).
+        """
         self._unhook_forced_stop()
+        wait = min(self.lease_timeout, CLOSE_REDIS_WAIT)
+        deadline = time.monotonic() + wait
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
         if self._beater is not None:
             # (before the give-backs: a beat after them would extend them)
-            self._beater.stop(timeout=self.lease_timeout)
+            self._beater.stop(timeout=wait)
             self._beater = None
         if self._wake_call is not None:
             self._wake_call.cancel()
             self._wake_at = self._wake_call = None
-        deadline = time.monotonic() + self.lease_timeout
+        sent = run_bounded(
+            lambda: self._send_at_close(deadline),
+            max(0.0, deadline - time.monotonic()) + 0.5,
+            what="The frontier's writes at close",
+        )
+        if not sent:
+            logger.error(
+                "Redis unreachable or refusing at close: %d frontier writes not sent "
+                "within %.0f s (unacknowledged leases will expire and be crawled again)",
+                len(self._outbox), wait, extra={"spider": self.spider},
+            )
+            if sent is None or self._unreachable:  # (no answer: no more calls)
+                return  # (the registry forgets this worker after its last heartbeat)
+        try:
+            self.queue.shards.leave(self.holder)
+        except UNREACHABLE:
+            pass  # it stops counting a lease's length after its last heartbeat
+        if not self.persist:
+            self.flush()
+
+    def _send_at_close(self, deadline: float) -> bool:
+        """Resolve a call in doubt, give back the leases held, send the
+        outbox; try until ``deadline`` (``time.monotonic()``). Returns
+        whether everything was sent."""
         # A call in doubt first: the leases it took are given back too.
         while self._in_doubt is not None and time.monotonic() < deadline:
             self._down_until = 0.0
             if not self._resolve():
-                time.sleep(min(1.0, self._backoff or 0.5))
+                time.sleep(max(0.0, min(1.0, self._backoff or 0.5, deadline - time.monotonic())))
         self._ready.clear()
         self._entries.clear()
         if self._leases:
@@ -679,19 +718,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         while self._outbox and time.monotonic() < deadline:
             self._down_until = 0.0
             if not self.flush_outbox():
-                time.sleep(min(1.0, self._backoff or 0.5))
-        if self._outbox:
-            logger.error(
-                "Redis unreachable at close: %d frontier writes not sent "
-                "(unacknowledged leases will expire and be crawled again)",
-                len(self._outbox),
-            )
-        try:
-            self.queue.shards.leave(self.holder)
-        except UNREACHABLE:
-            pass  # it stops counting a lease's length after its last heartbeat
-        if not self.persist:
-            self.flush()
+                time.sleep(max(0.0, min(1.0, self._backoff or 0.5, deadline - time.monotonic())))
+        return self._in_doubt is None and not self._outbox
 
     def _give_back_at_forced_stop(self) -> None:
         """The reactor stops before :meth:`close` ran (a second SIGTERM or

@@ -6,6 +6,9 @@
 -- housekeeping and no separate daemon is needed. A request whose lease
 -- expired ARGV[2] times (its worker died each time it was handed out: a
 -- poison request) goes to the dead-letter list instead, with its count.
+-- An expiry whose holder was seen in KEYS[11] at the lease's deadline or
+-- after (alive, its extensions missed) is no death: the request goes back
+-- to its queue, for any worker, without counting that delivery.
 -- Its last delivery is made alone (ARGV[16]): a worker that dies takes all
 -- it holds with it, and a request leased beside a poison one would count
 -- the same deaths.
@@ -67,7 +70,9 @@
 -- KEYS[8]  {s}:conc     hash site -> concurrency override (integer >= 1)
 -- KEYS[9]  {s}:count    string: requests queued (all sites)
 -- KEYS[10] {s}:slow     hash site -> adaptive extra delay, ms
--- KEYS[11] {s}:alive    zset holder -> ms of its last lease or heartbeat
+-- KEYS[11] {s}:alive    zset holder -> ms of its last lease or heartbeat (an
+--                       expired lease of a holder seen at its deadline
+--                       or after is requeued without counting its delivery)
 -- KEYS[12] {s}:wactive  hash "holder\tsite" -> slots the worker holds
 -- KEYS[13] {s}:rdelay   hash site -> robots.txt Crawl-delay, ms
 -- KEYS[14] {s}:lslot    hash lease id -> its site, while the lease holds a
@@ -196,7 +201,8 @@ local expired = read('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 local due_retries = read('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
 -- (one cheap read when there are no revisits: an empty key)
 local due_revisits = read('ZRANGEBYSCORE', KEYS[17], '-inf', now, 'LIMIT', 0, batch)
-read('ZSCORE', KEYS[11], holder)
+-- (when this worker was seen before this call, for holder_alive)
+local seen_before = tonumber(read('ZSCORE', KEYS[11], holder))
 
 -- This worker is alive; workers silent for a lease's length are not.
 redis.call('ZADD', KEYS[11], now, holder)
@@ -204,8 +210,23 @@ redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now - lease_ms)
 local live = math.max(1, redis.call('ZCARD', KEYS[11]))
 local buried = 0
 
+-- Whether the holder of lease `id` ("<holder>:<n>") was alive when the
+-- lease expired: seen (a lease call, a heartbeat) at its deadline or after,
+-- this call aside. Such a lease (its extensions late or missed, a worker
+-- that lives on) is no death: it is not counted. A worker that died was
+-- last seen before the deadline of every lease it held (each heartbeat
+-- extends them past itself), whatever the lease length of the caller.
+local function holder_alive(id, deadline)
+  local h = string.match(id, '^(.*):%d+$')
+  if not h or not deadline then return false end
+  local seen = seen_before
+  if h ~= holder then seen = tonumber(redis.call('ZSCORE', KEYS[11], h)) end
+  return seen ~= nil and seen >= deadline
+end
 -- 1. Expired leases go back to the front of their queue, with their count
--- of deliveries; past the limit, to the dead-letter list. Requeued in
+-- of deliveries; past the limit, to the dead-letter list. A lease whose
+-- holder is alive (holder_alive) goes back with one delivery less: that
+-- one did not end in a death, and is not counted. Requeued in
 -- reverse, so that they keep their order at the front.
 for i = #expired, 1, -1 do
   local id = expired[i]
@@ -214,6 +235,9 @@ for i = #expired, 1, -1 do
     local prio, site, rest = split3(entry)
     local d, data = 0, entry
     if prio then d, data = deliveries_of(rest) end
+    if prio and d > 0 and holder_alive(id, tonumber(redis.call('ZSCORE', leases, id))) then
+      d = d - 1
+    end
     local why = nil
     if not prio_ok(prio) then
       why = 'malformed lease data'
