@@ -18,6 +18,9 @@ Scrapy                               frontier, for all workers together
                                      ``FRONTIER_SITE_DELAYS`` names it)
 ``DOWNLOAD_SLOTS[slot]               the slot's ``{s}:conc`` (unless
 ["concurrency"]``                    ``FRONTIER_SITE_CONCURRENCY`` names it)
+``RANDOMIZE_DOWNLOAD_DELAY`` (and     each gap between two leases of a site
+``DOWNLOAD_SLOTS[slot]               drawn in [1, 1.5) x its delay (Scrapy:
+["randomize_delay"]``)               [0.5, 1.5)): the delay is the floor
 ``meta["download_slot"]``            the request's site
 ===================================  =========================================
 
@@ -68,6 +71,11 @@ class SitePolicy:
         ``FRONTIER_CONCURRENCY``, else ``CONCURRENT_REQUESTS_PER_DOMAIN``.
     :ivar slot_delays: slot -> delay, ms, from ``DOWNLOAD_SLOTS``.
     :ivar slot_concurrency: slot -> concurrency, from ``DOWNLOAD_SLOTS``.
+    :ivar randomize: each site's delay is randomized by default
+        (``RANDOMIZE_DOWNLOAD_DELAY``; the gap is drawn in [1, 1.5) times
+        the delay, for the whole cluster).
+    :ivar randomize_other: the slots whose ``DOWNLOAD_SLOTS`` entry sets
+        ``randomize_delay`` to the other choice.
     :ivar robots_gate: the frontier serves a site one request at a time
         until its robots.txt is known: ``ROBOTSTXT_OBEY`` with
         :data:`SHARED_ROBOTS` (or a subclass) enabled.
@@ -77,6 +85,8 @@ class SitePolicy:
     concurrency: int
     slot_delays: dict[str, int] = field(default_factory=dict)
     slot_concurrency: dict[str, int] = field(default_factory=dict)
+    randomize: bool = False
+    randomize_other: frozenset[str] = frozenset()
     robots_gate: bool = False
 
     @classmethod
@@ -97,12 +107,21 @@ class SitePolicy:
             if is_unset(settings, "FRONTIER_CONCURRENCY")
             else settings.getint("FRONTIER_CONCURRENCY")
         )
-        delays, caps = parse_download_slots(settings.getdict("DOWNLOAD_SLOTS"))
+        slots = settings.getdict("DOWNLOAD_SLOTS")
+        delays, caps = parse_download_slots(slots)
+        randomize = settings.getbool("RANDOMIZE_DOWNLOAD_DELAY")
+        other = frozenset(
+            check_slot(name) for name, entry in slots.items()
+            if isinstance(entry, dict) and entry.get("randomize_delay") is not None
+            and bool(entry["randomize_delay"]) != randomize
+        )
         return cls(
             delay=max(0.0, delay),
             concurrency=max(1, concurrency),
             slot_delays=delays,
             slot_concurrency=caps,
+            randomize=randomize,
+            randomize_other=other,
             robots_gate=settings.getbool("ROBOTSTXT_OBEY") and shared_robots_enabled(settings),
         )
 
@@ -126,8 +145,9 @@ class SitePolicy:
 
 def parse_download_slots(slots: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     """``DOWNLOAD_SLOTS`` as the frontier's overrides: (slot -> delay in
-    ms, slot -> concurrency), for the entries that set them. Other keys
-    (``jitter``, ``randomize_delay``) are left to each worker's downloader.
+    ms, slot -> concurrency), for the entries that set them
+    (``randomize_delay`` is read by :meth:`SitePolicy.from_settings`;
+    ``jitter`` is left to each worker's downloader, which has no delay).
 
     :raises ValueError: as :meth:`SitePolicy.from_settings`.
     """

@@ -136,7 +136,15 @@
 --          meet better work first, lease it, meet the last chance beside it
 --          and drain again, for as long as better work is queued); a site
 --          whose head is no last chance any more keeps its turn
--- ARGV[18..] lease ids, one per request wanted
+-- ARGV[18] "1" when a site's delay is randomized by default
+--          (RANDOMIZE_DOWNLOAD_DELAY), else "0": each lease of such a site
+--          sets its next due time a pace times a factor drawn uniformly in
+--          [1, 1.5) later, so the delay stays the floor for all workers
+-- ARGV[19] the sites whose choice is the other one (DOWNLOAD_SLOTS'
+--          randomize_delay), tab-separated, or ""
+-- ARGV[20] a random integer from the caller, seeding math.random (Redis
+--          seeds it the same for every call)
+-- ARGV[21..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -178,7 +186,22 @@ local err = check_types({
   {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 18)}
+local ids = {unpack(ARGV, 21)}
+
+-- The pace a lease sets for its site: `pace` ms, times a factor drawn in
+-- [1, 1.5) when the site's delay is randomized (ARGV[18..20]).
+local rand_default = ARGV[18] == '1'
+local rand_other = nil -- the sites of ARGV[19], as a set, read when needed
+math.randomseed(tonumber(ARGV[20]) or 0)
+local function jittered(site, pace)
+  if pace <= 0 then return pace end
+  if not rand_other then
+    rand_other = {}
+    for name in string.gmatch(ARGV[19], '[^\t]+') do rand_other[name] = true end
+  end
+  if rand_default == (rand_other[site] == true) then return pace end
+  return math.floor(pace * (1 + 0.5 * math.random()))
+end
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -311,7 +334,7 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 18
+local a = 21
 local held_all = tonumber(ARGV[16]) -- (nil: not counted; nothing held back)
 local alone = false -- this call leased a request's last chance
 local passed_last = '' -- the site of a last chance put back: the worker holds leases
@@ -450,7 +473,7 @@ while a <= #ARGV and looks > 0 and not alone do
           delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
           s.pace = math.floor(delay * (1 + tonumber(ARGV[10])))
         end
-        local due = now + s.pace
+        local due = now + jittered(site, s.pace)
         redis.call('HSET', K.due, site, due)
         s.due = due <= now
         if not s.level then s.level, s.member = best_prio(site) end
