@@ -10,6 +10,8 @@ from pathlib import Path
 import scrapy_redis
 from scrapy_redis import connection, defaults
 
+from crawler.config import is_unknown
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 HEADING = "## What our components change in scrapy-redis 0.9.1"
 #: A string literal that names a setting: upper case words joined by "_".
@@ -50,3 +52,10 @@ def test_readme_table_names_every_scrapy_redis_setting_and_default() -> None:
     wanted = settings_read_by_scrapy_redis() | {k for k in vars(defaults) if k.isupper()}
     assert "REDIS_START_URLS_AS_SET" in wanted and "PIPELINE_KEY" in wanted
     assert sorted(wanted - names) == []
+
+
+def test_every_redis_setting_scrapy_redis_reads_is_known_to_the_typo_check() -> None:
+    """A ``REDIS_*`` setting scrapy-redis reads is never warned about as a
+    typo (:func:`crawler.config.is_unknown`)."""
+    wanted = settings_read_by_scrapy_redis() | {k for k in vars(defaults) if k.isupper()}
+    assert sorted(n for n in wanted if is_unknown(n)) == []
