@@ -47,6 +47,7 @@ from crawler.frontier.forcedstop import GIVE_BACK_TIMEOUT, before_reactor_stops,
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
+from crawler.frontier.redis_seeds import DurableSeeds
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import SLOT_META, slot_of
@@ -454,6 +455,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             )
         if hasattr(spider, "server"):
             self._adopt_redis_spider(spider)
+            # scrapy-redis's own spiders take seeds durably too (redis_seeds.py)
+            DurableSeeds.install(self, spider)
         shards = self.queue.shards
         if cluster_enabled(self.crawler.settings) and (
             warning := slot_warning(spider.name, len(shards))
