@@ -647,8 +647,9 @@ SETTINGS: dict[str, Setting] = {
     "DOWNLOAD_TIMEOUT": _s(_SECONDS_POS, "seconds a download may take"),
     "DOWNLOAD_MAXSIZE": _s(_COUNT, "largest response body, bytes (0: no limit)"),
     "DOWNLOAD_DELAY": _s(_SECONDS, "seconds between two requests to a site (the whole cluster)"),
-    "RANDOMIZE_DOWNLOAD_DELAY": _s(FLAG, "each gap between two requests to a site drawn in "
-                                   "[1, 1.5) x its delay (the whole cluster)"),
+    "DOWNLOAD_DELAY_JITTER": _s(number(float, 0), "each gap between two requests to a site "
+                                "is drawn in [1, 1 + this) x its delay (the whole cluster)"),
+    "RANDOMIZE_DOWNLOAD_DELAY": _s(FLAG, "deprecated by Scrapy: DOWNLOAD_DELAY_JITTER 0.5 or 0"),
     "CONCURRENT_REQUESTS": _s(_COUNT_POS, "downloads at once in one worker"),
     "CONCURRENT_REQUESTS_PER_DOMAIN": _s(_COUNT_POS, "downloads at once per site (the whole "
                                          "cluster)"),

@@ -1,8 +1,9 @@
-"""``RANDOMIZE_DOWNLOAD_DELAY`` and ``DOWNLOAD_SLOTS``' ``randomize_delay``
-hold for the whole cluster: each gap between two leases of a site is drawn
-in [1, 1.5) times its delay (stretched by ``FRONTIER_DELAY_MARGIN``), so the
-delay stays the floor however many workers run; with randomizing off the
-gap is the delay."""
+"""``DOWNLOAD_DELAY_JITTER`` (Scrapy's default 0.5; the deprecated
+``RANDOMIZE_DOWNLOAD_DELAY``) and ``DOWNLOAD_SLOTS``' ``jitter`` (the
+deprecated ``randomize_delay``) hold for the whole cluster: each gap between
+two leases of a site is drawn in [1, 1 + jitter) times its delay (stretched
+by ``FRONTIER_DELAY_MARGIN``), so the delay stays the floor however many
+workers run; with no jitter the gap is the delay."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 from scrapy import Request, Spider
+from scrapy.settings import Settings
 
+from crawler.frontier.slots import SitePolicy
 from devtools.replay import Page
 from tests.scheduler_harness import finish, lease_all, open_scheduler
 from tests.test_scrapy_politeness import HTML, ROBOTS, gaps_of, pages_of
@@ -59,32 +62,32 @@ def paces_of(redis_url: str, rds: redis.Redis, site: str, n: int, **settings: An
     return paces
 
 
-def test_randomize_download_delay_draws_each_gap_between_the_delay_and_one_and_a_half_times_it(
+def test_download_delay_jitter_draws_each_gap_between_the_delay_and_one_and_a_half_times_it(
     redis_url: str, rds: redis.Redis
 ) -> None:
-    """``DOWNLOAD_DELAY = 1`` with ``RANDOMIZE_DOWNLOAD_DELAY`` (Scrapy's
-    default): each lease sets the site due 1.1 to 1.65 s later (1 to 1.5
-    times the delay, times the margin), not the same each time."""
+    """``DOWNLOAD_DELAY = 1`` with Scrapy's default jitter (0.5): each
+    lease sets the site due 1.1 to 1.65 s later (1 to 1.5 times the delay,
+    times the margin), not the same each time."""
     paces = paces_of(redis_url, rds, "a.example", 12, DOWNLOAD_DELAY=1,
-                     RANDOMIZE_DOWNLOAD_DELAY=True, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+                     DOWNLOAD_DELAY_JITTER=0.5, CONCURRENT_REQUESTS_PER_DOMAIN=1)
     assert all(1090 <= p <= 1660 for p in paces), paces
     assert max(paces) - min(paces) > 100, paces
 
 
-def test_without_randomize_download_delay_each_gap_is_the_delay(
+def test_without_jitter_each_gap_is_the_delay(
     redis_url: str, rds: redis.Redis
 ) -> None:
     paces = paces_of(redis_url, rds, "a.example", 6, DOWNLOAD_DELAY=1,
-                     RANDOMIZE_DOWNLOAD_DELAY=False, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+                     DOWNLOAD_DELAY_JITTER=0, CONCURRENT_REQUESTS_PER_DOMAIN=1)
     assert all(1090 <= p <= 1110 for p in paces), paces
 
 
-@pytest.mark.parametrize(("default", "slot", "spread"), [(True, False, False), (False, True, True)])
-def test_a_download_slots_randomize_delay_wins_over_the_default(
-    redis_url: str, rds: redis.Redis, default: bool, slot: bool, spread: bool
+@pytest.mark.parametrize(("default", "slot", "spread"), [(0.5, 0, False), (0, 0.5, True)])
+def test_a_download_slots_jitter_wins_over_the_default(
+    redis_url: str, rds: redis.Redis, default: float, slot: float, spread: bool
 ) -> None:
-    slots = {"a.example": {"delay": 1, "concurrency": 1, "randomize_delay": slot}}
-    paces = paces_of(redis_url, rds, "a.example", 12, RANDOMIZE_DOWNLOAD_DELAY=default,
+    slots = {"a.example": {"delay": 1, "concurrency": 1, "jitter": slot}}
+    paces = paces_of(redis_url, rds, "a.example", 12, DOWNLOAD_DELAY_JITTER=default,
                      DOWNLOAD_SLOTS=slots)
     assert all(1090 <= p <= 1660 for p in paces), paces
     assert (max(paces) - min(paces) > 100) is spread, paces
@@ -94,7 +97,7 @@ def crawl_gaps(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, randomize: bool
 ) -> list[float]:
     """Two workers crawl 8 pages of one host whose ``DOWNLOAD_SLOTS`` entry
-    has delay 1 s and ``randomize_delay``; the gaps between the pages'
+    has delay 1 s and a jitter of 0.5 or 0; the gaps between the pages'
     starts at the HTTP server, s."""
     pages = {f"/r{i}": Page(200, HTML, b"<title>r</title>") for i in range(8)}
     site = site_factory({**pages, "/robots.txt": ROBOTS}, host="127.0.0.2", latency=0.05)
@@ -102,7 +105,7 @@ def crawl_gaps(
     rds.lpush("pages:start_urls", *[site.url_for(p) for p in pages])
     workers = crawl("pages", env, tmp_path, workers=2, settings={
         "DOWNLOAD_SLOTS": json.dumps(
-            {"127.0.0.2": {"delay": 1, "concurrency": 1, "randomize_delay": randomize}}
+            {"127.0.0.2": {"delay": 1, "concurrency": 1, "jitter": 0.5 if randomize else 0}}
         ),
         "MAX_IDLE_TIME_BEFORE_CLOSE": 3,
     })
@@ -117,8 +120,8 @@ def crawl_gaps(
 def test_two_workers_keep_a_randomized_slot_delay_as_the_floor(
     env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, capsys: Any
 ) -> None:
-    """Delay 1 s, ``randomize_delay`` on: no two pages closer than 0.9 s,
-    and the gaps spread over more than 0.1 s; off: every gap about 1 s."""
+    """Delay 1 s, jitter 0.5: no two pages closer than 0.9 s,
+    and the gaps spread over more than 0.1 s; jitter 0: every gap about 1 s."""
     random_gaps = crawl_gaps(env, site_factory, tmp_path, randomize=True)
     fixed_gaps = crawl_gaps(env, site_factory, tmp_path, randomize=False)
     with capsys.disabled():
@@ -127,3 +130,19 @@ def test_two_workers_keep_a_randomized_slot_delay_as_the_floor(
     assert min(random_gaps) >= 0.9, random_gaps
     assert max(random_gaps) - min(random_gaps) > 0.1, random_gaps
     assert all(0.9 <= g <= 1.5 for g in fixed_gaps), fixed_gaps
+
+
+@pytest.mark.parametrize(("settings", "jitter", "slot"), [
+    ({}, 0.5, None),
+    ({"RANDOMIZE_DOWNLOAD_DELAY": False}, 0.0, None),
+    ({"DOWNLOAD_DELAY_JITTER": 0.2}, 0.2, None),
+    ({"DOWNLOAD_SLOTS": {"a.example": {"randomize_delay": False}}}, 0.5, 0.0),
+    ({"DOWNLOAD_SLOTS": {"a.example": {"jitter": 0.3, "randomize_delay": False}}}, 0.5, 0.3),
+])
+def test_the_jitter_is_read_as_scrapys_downloader_reads_it(
+    settings: dict[str, Any], jitter: float, slot: float | None
+) -> None:
+    """Scrapy's names, deprecated ones included (0.5 or 0)."""
+    policy = SitePolicy.from_settings(Settings({**settings}, priority="project"))
+    assert policy.jitter == jitter
+    assert policy.slot_jitter.get("a.example") == slot

@@ -75,11 +75,12 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         settings = spider.crawler.settings
         #: Each site's delay and concurrency, from Scrapy's settings.
         self.policy = SitePolicy.from_settings(settings)
-        if self.policy.randomize and (self.policy.delay or self.policy.slot_delays):
+        if self.policy.jitter and (self.policy.delay or self.policy.slot_delays):
             logger.info(
-                "RANDOMIZE_DOWNLOAD_DELAY: each gap between two requests to a site is "
-                "drawn in [1, 1.5) x its delay for the whole cluster (Scrapy: [0.5, 1.5) "
-                "per worker), so the delay is the floor"
+                "DOWNLOAD_DELAY_JITTER %s: each gap between two requests to a site is "
+                "drawn in [1, %s) x its delay for the whole cluster (Scrapy: [%s, %s) "
+                "per worker), so the delay is the floor", self.policy.jitter,
+                1 + self.policy.jitter, max(0.0, 1 - self.policy.jitter), 1 + self.policy.jitter,
             )
         #: The frontier's shards (``FRONTIER_SHARDS``, default 1).
         self.shards = FrontierShards.build(
@@ -92,8 +93,8 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             max_deliveries=settings.getint("FRONTIER_MAX_DELIVERIES", 5),
             delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
             robots_gate=self.policy.robots_gate,
-            randomize_delay=self.policy.randomize,
-            randomize_other=self.policy.randomize_other,
+            jitter=self.policy.jitter,
+            site_jitter=self.policy.slot_jitter,
             bloom=bloom,
             revisit_after=max(0.0, settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0)),
         )

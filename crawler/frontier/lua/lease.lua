@@ -136,12 +136,12 @@
 --          meet better work first, lease it, meet the last chance beside it
 --          and drain again, for as long as better work is queued); a site
 --          whose head is no last chance any more keeps its turn
--- ARGV[18] "1" when a site's delay is randomized by default
---          (RANDOMIZE_DOWNLOAD_DELAY), else "0": each lease of such a site
---          sets its next due time a pace times a factor drawn uniformly in
---          [1, 1.5) later, so the delay stays the floor for all workers
--- ARGV[19] the sites whose choice is the other one (DOWNLOAD_SLOTS'
---          randomize_delay), tab-separated, or ""
+-- ARGV[18] the default jitter j of a site's delay (DOWNLOAD_DELAY_JITTER,
+--          0: none): each lease of a site sets its next due time its pace
+--          times a factor drawn uniformly in [1, 1 + j) later, so the delay
+--          stays the floor for all workers (Scrapy: [1 - j, 1 + j) per worker)
+-- ARGV[19] sites with a jitter of their own (DOWNLOAD_SLOTS' jitter), as
+--          "site\tjitter\tsite\tjitter...", or ""
 -- ARGV[20] a random integer from the caller, seeding math.random (Redis
 --          seeds it the same for every call)
 -- ARGV[21..] lease ids, one per request wanted
@@ -189,18 +189,22 @@ if err then return err end
 local ids = {unpack(ARGV, 21)}
 
 -- The pace a lease sets for its site: `pace` ms, times a factor drawn in
--- [1, 1.5) when the site's delay is randomized (ARGV[18..20]).
-local rand_default = ARGV[18] == '1'
-local rand_other = nil -- the sites of ARGV[19], as a set, read when needed
+-- [1, 1 + jitter) (ARGV[18..20]).
+local jitter_default = tonumber(ARGV[18]) or 0
+local jitters = nil -- the sites of ARGV[19] -> jitter, read when needed
 math.randomseed(tonumber(ARGV[20]) or 0)
 local function jittered(site, pace)
   if pace <= 0 then return pace end
-  if not rand_other then
-    rand_other = {}
-    for name in string.gmatch(ARGV[19], '[^\t]+') do rand_other[name] = true end
+  if not jitters then
+    jitters = {}
+    local name = nil
+    for part in string.gmatch(ARGV[19], '[^\t]+') do
+      if name then jitters[name], name = tonumber(part), nil else name = part end
+    end
   end
-  if rand_default == (rand_other[site] == true) then return pace end
-  return math.floor(pace * (1 + 0.5 * math.random()))
+  local j = jitters[site] or jitter_default
+  if j <= 0 then return pace end
+  return math.floor(pace * (1 + j * math.random()))
 end
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
