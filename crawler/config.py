@@ -28,6 +28,7 @@ status (``crawler/commands/crawl.py``), instead of retrying for ever.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import logging
@@ -45,7 +46,7 @@ from pymongo.errors import PyMongoError
 from pymongo.uri_parser import parse_uri
 from redis.connection import parse_url
 from scrapy.exceptions import CloseSpider
-from scrapy.settings import BaseSettings
+from scrapy.settings import BaseSettings, default_settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
 
@@ -78,6 +79,10 @@ CONFIG_ERROR_REASON = "config_error"
 #: Prefixes of the project's own settings (a name with one of them that is
 #: not in :data:`SETTINGS` is warned about: a typo, most likely).
 OWN_PREFIXES = ("FRONTIER_", "MONGO_", "METRICS_", "LOG_JSON_", "WARC_")
+
+#: First words of setting names whose near misses (``FRONTEIR``, ``MONGOO``)
+#: are warned about as typos.
+_TYPO_WORDS = ("FRONTIER", "MONGO", "METRICS", "REDIS")
 
 _MASK = "****"
 #: Query parameters of a URL whose values are secrets.
@@ -645,6 +650,7 @@ def _s(kind: Kind, meaning: str, *, secret: bool = False) -> Setting:
     return Setting(kind, meaning, secret)
 
 
+_ANY = Kind("any value", lambda value: None)
 _SECONDS_POS = number(float, 0, low_open=True, unit="seconds")
 _SECONDS = number(float, 0, unit="seconds")
 _COUNT_POS = number(int, 1)
@@ -699,10 +705,27 @@ SETTINGS: dict[str, Setting] = {
     "DUPEFILTER_DEBUG": _s(FLAG, "log every filtered duplicate"),
     "MAX_IDLE_TIME_BEFORE_CLOSE": _s(number(int, 0, unit="seconds"),
                                      "idle seconds before a worker closes (0: never)"),
+    # scrapy-redis's, not used by the frontier (README: What our components
+    # change in scrapy-redis 0.9.1); listed so that they are not taken for typos
+    **{name: _s(_ANY, "scrapy-redis's; " + why) for name, why in (
+        ("REDIS_ITEMS_KEY", "its RedisPipeline's list"),
+        ("REDIS_ITEMS_SERIALIZER", "its RedisPipeline's serializer"),
+        ("REDIS_START_URLS_BATCH_SIZE", "deprecated, not read by 0.9.1"),
+        ("REDIS_CONCURRENT_REQUESTS", "a defaults.py name, not read"),
+        ("REDIS_CLS", "a defaults.py name; REDIS_PARAMS['redis_cls'] is read"),
+        ("SCHEDULER_DUPEFILTER_CLASS", "ignored, as scrapy-redis ignores it"),
+        ("SCHEDULER_IDLE_BEFORE_CLOSE", "ignored: the scheduler never blocks on Redis"),
+        ("STATS_KEY", "its RedisStatsCollector's key"),
+        ("DUPEFILTER_KEY", "a defaults.py name, not read"),
+        ("PIPELINE_KEY", "a defaults.py name, not read"),
+    )},
     # --- Scrapy's, as our components read them
     "DOWNLOAD_TIMEOUT": _s(_SECONDS_POS, "seconds a download may take"),
     "DOWNLOAD_MAXSIZE": _s(_COUNT, "largest response body, bytes (0: no limit)"),
     "DOWNLOAD_DELAY": _s(_SECONDS, "seconds between two requests to a site (the whole cluster)"),
+    "DOWNLOAD_DELAY_JITTER": _s(number(float, 0), "each gap between two requests to a site "
+                                "is drawn in [1, 1 + this) x its delay (the whole cluster)"),
+    "RANDOMIZE_DOWNLOAD_DELAY": _s(FLAG, "deprecated by Scrapy: DOWNLOAD_DELAY_JITTER 0.5 or 0"),
     "CONCURRENT_REQUESTS": _s(_COUNT_POS, "downloads at once in one worker"),
     "CONCURRENT_REQUESTS_PER_DOMAIN": _s(_COUNT_POS, "downloads at once per site (the whole "
                                          "cluster)"),
@@ -957,5 +980,23 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
     if not warn_unknown:
         return
     for name in settings:
-        if isinstance(name, str) and name.startswith(OWN_PREFIXES) and name not in SETTINGS:
-            logger.warning("Unknown setting %s (not one of the project's): a typo?", name)
+        if isinstance(name, str) and is_unknown(name):
+            near = difflib.get_close_matches(name, SETTINGS, n=1, cutoff=0.6)
+            logger.warning("Unknown setting %s (not one of the project's): a typo?%s", name,
+                           f" The nearest known setting is {near[0]}." if near else "")
+
+
+def is_unknown(name: str) -> bool:
+    """Whether ``name`` looks like one of the project's settings but is
+    none: it has one of :data:`OWN_PREFIXES` or ``REDIS_`` (the settings
+    scrapy-redis reads are in :data:`SETTINGS`), or its
+    first word is a near miss of one of :data:`_TYPO_WORDS` (``FRONTEIR_``);
+    and it is not in :data:`SETTINGS` nor one of Scrapy's settings."""
+    if name in SETTINGS or hasattr(default_settings, name):
+        return False
+    if name.startswith((*OWN_PREFIXES, "REDIS_")):
+        return True
+    word = name.split("_", 1)[0]
+    return "_" in name and word not in _TYPO_WORDS and bool(
+        difflib.get_close_matches(word, _TYPO_WORDS, n=1, cutoff=0.8)
+    )

@@ -23,7 +23,7 @@ from crawler.frontier.clock import configure as configure_clock
 from crawler.frontier.connection import get_redis, report_redis_failure
 from crawler.keys import CrawlKeys, spider_name_of
 from crawler.pipelines import MongoPipeline, collection_of
-from crawler.status import FEED_STAT_PREFIX, ITEMS_STAT_PREFIX
+from crawler.status import FEED_STAT_PREFIX, ITEMS_STAT_PREFIX, LAST_FINISHED_STAT
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -117,7 +117,10 @@ class ClusterStats:
     ``FRONTIER_WORKER_ID`` (default ``<hostname>:<pid>``).
 
     Cluster-only stats: ``workers/started``, ``workers/finished``,
-    ``finish_reason/<reason>``.
+    ``finish_reason/<reason>``, and ``workers/last_finished``
+    (:data:`LAST_FINISHED_STAT`, set, not added: 1 when the last worker to
+    close closed with the reason ``finished``, else 0; the status's
+    ``finished`` state).
     """
 
     def __init__(
@@ -142,6 +145,8 @@ class ClusterStats:
         self.stores_items = False
         #: The spider closed: later increments (feeds) are sent at once.
         self._closed = False
+        #: The reason the spider closed with, once it has.
+        self._finish_reason: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -215,6 +220,7 @@ class ClusterStats:
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value("workers/finished")
         self.crawler.stats.inc_value(f"finish_reason/{reason}")
+        self._finish_reason = reason
         self._closed = True
         await self._send_now(final=True)
 
@@ -276,6 +282,9 @@ class ClusterStats:
             pipe.hincrby(self.keys.stats, name, delta)
         if final:
             pipe.hdel(self.keys.workers, self.worker)
+            if self._finish_reason is not None:
+                pipe.hset(self.keys.stats, LAST_FINISHED_STAT,
+                          int(self._finish_reason == "finished"))
         else:
             pipe.hset(self.keys.workers, self.worker, json.dumps(record))
         pipe.execute()

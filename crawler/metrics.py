@@ -44,7 +44,8 @@ metric                                                what
 ``crawler_items_stored{collection}``                  documents per MongoDB collection
 ``crawler_feed_items{spider,feed}``                   items the crawl's workers wrote to feeds
                                                       of that URI (``-O``, ``FEEDS``), summed
-                                                      over the workers, as each feed closed
+                                                      over the workers and every run of the
+                                                      crawl (totals), as each feed closed
 ``crawler_workers_live{spider}``                      workers with a recent heartbeat
 ``crawler_worker_pages_per_minute{spider,worker}``    per live worker
 ``crawler_worker_pages{spider,worker}``               responses received, per live worker
@@ -237,7 +238,8 @@ def _up(status: ClusterStatus) -> Metric:
 def _feeds(status: ClusterStatus) -> Metric:
     """``crawler_feed_items{spider,feed}``: items written to each feed."""
     family = GaugeMetricFamily(
-        "crawler_feed_items", "Items the workers wrote to feeds of a URI", labels=["spider", "feed"]
+        "crawler_feed_items", "Items the workers wrote to feeds of a URI, all runs (totals)",
+        labels=["spider", "feed"]
     )
     for name, spider in status.spiders.items():
         for feed, count in spider.feeds.items():

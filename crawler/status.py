@@ -90,6 +90,15 @@ ITEMS_STAT_PREFIX = "item_scraped_count/"
 #: Prefix of the per-feed item counters in ``{<spider>}:stats``
 #: (``feed_items/<feed URI>``, see :class:`crawler.extensions.ClusterStats`).
 FEED_STAT_PREFIX = "feed_items/"
+#: The stat in ``{<spider>}:stats`` that is 1 when the last worker to close
+#: closed with the reason ``finished`` (:class:`crawler.extensions.ClusterStats`).
+LAST_FINISHED_STAT = "workers/last_finished"
+#: :attr:`SpiderStatus.phase`: workers are live.
+ACTIVE = "running"
+#: No worker is live (with or without work left).
+IDLE = "idle"
+#: No worker is live, nothing is left, and the last one closed ``finished``.
+FINISHED = "finished"
 #: Stat in ``{<spider>}:stats`` where versions before shards counted the dead
 #: letters trimmed off ``{<spider>}:dead``; now each shard counts its own in
 #: ``<shard prefix>dead:trimmed`` (:mod:`crawler.frontier.housekeeping`), and
@@ -205,13 +214,20 @@ class SpiderStatus:
         included (in the collection named after the spider).
     :ivar feeds: feed URI (password masked) -> items written to feeds of
         that URI by the crawl's workers (``-O``, ``FEEDS``), summed over the
-        workers, counted as each feed closes (cluster stats
+        workers and over every run of the crawl (totals: a feed written again
+        by a later run adds up), counted as each feed closes (cluster stats
         ``feed_items/<URI>``).
     :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
     :ivar workers: every worker in the registry, live ones first.
     :ivar state: the crawl's state from ``{<spider>}:control``
         (:mod:`crawler.control`): ``"running"``, ``"paused"`` or
         ``"stopped"``; a malformed value counts as running, as workers take it.
+    :ivar phase: what the workers are doing: :data:`ACTIVE` (``"running"``:
+        a worker is live), :data:`IDLE` (``"idle"``: none is live) or
+        :data:`FINISHED` (``"finished"``: none is live, no seed, request,
+        lease or retry is left, and the last worker closed with the reason
+        ``finished``). The status table shows it as the state unless
+        :attr:`state` is paused or stopped.
     :ivar state_bad_value: the malformed value (``"WRONGTYPE"`` for a key
         of another type), or None.
     :ivar missing: the crawl's keys that vanished (evicted, flushed, or
@@ -241,6 +257,7 @@ class SpiderStatus:
     stats: dict[str, int] = field(default_factory=dict)
     workers: list[WorkerStatus] = field(default_factory=list)
     state: str = "running"
+    phase: str = ACTIVE
     state_bad_value: str | None = None
     missing: list[str] = field(default_factory=list)
 
@@ -294,6 +311,14 @@ class ClusterStatus:
             "errors": dict(self.errors),
             "servers": dict(self.servers),
         }
+
+
+def _phase_of(spider: SpiderStatus) -> str:
+    """:attr:`SpiderStatus.phase` from its other figures."""
+    if spider.live_workers:
+        return ACTIVE
+    left = spider.seeds or spider.queued or spider.leases or spider.retries
+    return FINISHED if not left and spider.stats.get(LAST_FINISHED_STAT) == 1 else IDLE
 
 
 def _short(exc: Exception) -> str:
@@ -524,6 +549,7 @@ class StatusReader:
         )
         if leased:
             spider.leases_by_worker = self._leases_by_worker(leased)
+        spider.phase = _phase_of(spider)
         spider.missing = vanished_keys(
             name, created=bool(created), recorded=recorded is not None,
             in_use=with_keys or bool(spider.live_workers),

@@ -36,6 +36,8 @@ SETTINGS = {
     "SCHEDULER_QUEUE_KEY": "{%(spider)s}",
     "FRONTIER_DELAY": 0.0,
     "FRONTIER_CONCURRENCY": 8,
+    # exact paces: tests/test_randomize_delay.py turns Scrapy's default on
+    "DOWNLOAD_DELAY_JITTER": 0,
     "SCHEDULER_DUPEFILTER_KEY": "{%(spider)s}:dupefilter",
     "DUPEFILTER_CLASS": "crawler.frontier.dupefilter.FrontierDupeFilter",
     "SCHEDULER_PERSIST": True,

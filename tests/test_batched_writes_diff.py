@@ -116,7 +116,9 @@ class _OldLease(_Script):
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
         assert args[15:17] == ["", ""]
-        return self.script(keys=keys, args=args[:15] + args[17:])
+        # (nor ARGV[18..20], the delay's jitter: "0", "" and a seed)
+        assert args[17:19] == ["0.0", ""]
+        return self.script(keys=keys, args=args[:15] + args[20:])
 
 
 class _NewLease(_Script):

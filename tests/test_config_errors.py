@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import logging
 import os
 import re
 import subprocess
@@ -1014,3 +1015,35 @@ def test_the_metrics_exporter_logs_a_server_it_cannot_read_once_password_masked(
     assert "AuthenticationError" in lines[0], lines
     assert lines[1] == "Redis can be read again"
     assert "wrong-secret-9" not in caplog.text
+
+
+@pytest.mark.parametrize(("name", "nearest"), [
+    ("FRONTIER_LEASE_TIMEOUT_SECS", "FRONTIER_LEASE_TIMEOUT"),
+    ("FRONTEIR_DELAY", "FRONTIER_DELAY"),
+    ("MONGO_URL", "MONGO_URI"),
+    ("REDIS_HOSTNAME", "REDIS_HOST"),
+])
+def test_a_misspelled_setting_is_warned_about_in_one_line_naming_the_nearest(
+    caplog: pytest.LogCaptureFixture, name: str, nearest: str
+) -> None:
+    settings = get_project_settings()
+    settings.set(name, "5", priority="cmdline")
+    with caplog.at_level(logging.WARNING, logger="crawler.config"):
+        validate_settings(settings)
+    lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert lines == [f"Unknown setting {name} (not one of the project's): a typo? "
+                     f"The nearest known setting is {nearest}."]
+
+
+@pytest.mark.parametrize("name", [
+    "REDIS_ITEMS_KEY", "SCHEDULER_IDLE_BEFORE_CLOSE", "LOG_LEVEL", "MY_OWN_SETTING",
+    "WARN_LEVEL",
+])
+def test_settings_of_scrapy_scrapy_redis_or_the_user_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    settings = get_project_settings()
+    settings.set(name, "5", priority="cmdline")
+    with caplog.at_level(logging.WARNING, logger="crawler.config"):
+        validate_settings(settings)
+    assert [r for r in caplog.records if "Unknown setting" in r.getMessage()] == []

@@ -35,15 +35,18 @@ from crawler.frontier.housekeeping import FrontierHousekeeping
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.scheduler import FrontierScheduler
 from crawler.frontier.spider import FrontierCrawlSpider, FrontierSpider
-from devtools.replay import generated_site
+from devtools.replay import Page, generated_site
 from tests import scheduler_harness as harness
 from tests.scheduler_harness import StubSlot, lease_all
-from tests.workers import crawl
+from tests.waiting import wait_for
+from tests.workers import crawl, start_worker
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import redis
+
+    from tests.conftest import SiteFactory
 
 pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
@@ -296,6 +299,36 @@ def test_scrapy_redis_own_spider_reads_a_seed_set_on_the_frontier(
     assert [r.url for r in crawler.spider.next_requests()] == ["http://a.example/1"]
 
 
+@pytest.mark.parametrize("as_set", [True, False], ids=["set", "list"])
+def test_scrapy_redis_own_spider_loses_no_seed_when_its_worker_dies_after_taking_them(
+    redis_url: str, rds: redis.Redis, as_set: bool
+) -> None:
+    """scrapy-redis's own ``RedisSpider`` ``SPOP``s (or ``LTRIM``s) its
+    seeds: here a worker that took three (``next_requests`` read them) and
+    died before queuing them leaves them in a registered intake batch, and
+    a second worker returns them to the set and reads all three."""
+    settings = {**SWITCH, "REDIS_START_URLS_AS_SET": as_set, "FRONTIER_LEASE_TIMEOUT": 1}
+    urls = [f"http://a.example/{i}" for i in range(3)]
+    (rds.sadd if as_set else rds.lpush)("srset:start_urls", *urls)
+    dead, crawler = build(redis_url, ScrapyRedisSetSpider, settings)
+    open_(dead, crawler)
+    requests = crawler.spider.next_requests()
+    assert next(requests).url in urls  # it took its batch, then died
+    assert not rds.exists("srset:start_urls")  # taken: in no seed list or set
+
+    second, crawler2 = build(redis_url, ScrapyRedisSetSpider, settings)
+    open_(second, crawler2)
+    upkeep = getattr(crawler2.spider.fetch_data.__self__, "upkeep", lambda: None)
+    found: list[str] = []
+
+    def crawled_all() -> bool:
+        upkeep()  # its periodic upkeep returns the abandoned batch
+        found.extend(r.url for r in crawler2.spider.next_requests())
+        return sorted(found) == urls
+
+    wait_for(crawled_all, 5, "the dead worker's seeds read by the second")
+
+
 class ManyPerSeed(FrontierSpider):
     name = "many"
 
@@ -417,6 +450,35 @@ def test_scrapy_redis_spiders_crawl_unchanged_on_scrapy_redis_switch(
     assert len(fetched) == 13, sorted(fetched)  # every page, each once
     assert len([h for h in site.hits() if h.path != "/robots.txt"]) == 13
     assert rds.scard(f"{{{spider}}}:dupefilter") >= 13  # the shared set, under the spider's tag
+
+
+@pytest.mark.workers
+@pytest.mark.faults
+def test_a_scrapy_redis_spiders_seeds_from_a_set_survive_a_worker_killed_after_taking_them(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis
+) -> None:
+    """scrapy-redis's own ``RedisSpider`` with ``REDIS_START_URLS_AS_SET``:
+    the first worker takes the seeds (the set is empty), is SIGKILLed
+    before it queues them; a second worker crawls every one."""
+    pages = {f"/p{i}": Page(200, [("Content-Type", "text/html")], b"<title>p</title>")
+             for i in range(5)}
+    site = site_factory(pages)
+    seed_key = "stalling:start_urls"
+    rds.sadd(seed_key, *[site.url_for(p) for p in pages])
+    switched_env = {**env, "SCRAPY_SETTINGS_MODULE": "tests.srswitch.settings"}
+    settings: dict[str, object] = {"REDIS_START_URLS_AS_SET": True, "FRONTIER_LEASE_TIMEOUT": 3}
+    log = tmp_path / "killed.log"
+    first = start_worker("stalling", switched_env, log, {**settings, "SEED_STALL_SECONDS": 60})
+    try:
+        wait_for(lambda: rds.scard(seed_key) == 0, 60, "the first worker to take the seeds")
+    finally:
+        first.kill()
+        first.wait()
+    assert site.hits() == []
+    [second] = crawl("stalling", switched_env, tmp_path,
+                     settings={**settings, "MAX_IDLE_TIME_BEFORE_CLOSE": 10})
+    assert second.returncode == 0, second.log[-3000:]
+    assert sorted(h.path for h in site.hits()) == sorted(pages)
 
 
 class PlainStartUrls(CrawlSpider):

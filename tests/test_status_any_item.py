@@ -10,9 +10,11 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from rich.console import Console
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
+from crawler.commands.frontier import _spider_table
 from crawler.extensions import ClusterStats
 from crawler.metrics import StatusCollector
 from crawler.status import StatusReader
@@ -139,3 +141,57 @@ def test_a_malformed_request_counter_does_not_stop_the_scheduler_opening(
     scheduler, _ = open_scheduler(redis_url, DictSpider)
     assert scheduler.queue is not None
     assert not [r for r in caplog.records if "Resuming crawl" in r.getMessage()]
+
+
+def _closed(ext: ClusterStats, reason: str) -> None:
+    """What the worker's ``spider_closed`` writes (its last send, in the
+    test's thread)."""
+    ext._finish_reason = reason
+    _sent(ext)
+
+
+def _table(status: Any) -> str:
+    console = Console(record=True, width=200)
+    console.print(_spider_table(status.spiders["dicts"]))
+    return console.export_text()
+
+
+def test_a_crawl_with_no_live_worker_is_idle_then_finished_not_running(
+    redis_url: str, mongo_uri: str, mongo_db: str, rds: redis.Redis
+) -> None:
+    """No live worker and work left: ``idle``; the last worker closed
+    ``finished`` and nothing is left: ``finished``; paused stays paused."""
+    rds.lpush("dicts:start_urls", "https://a.example/")
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].phase == "idle"
+    assert "│ state" in _table(status) and " idle " in _table(status)
+    assert "no live worker, 1 seeds and requests left" in _table(status)
+    assert status.as_dict()["spiders"]["dicts"]["phase"] == "idle"
+
+    rds.delete("dicts:start_urls")
+    _closed(_crawl_stats(redis_url, mongo_uri, mongo_db), "finished")
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].phase == "finished"
+    assert " finished " in _table(status)
+
+    _closed(_crawl_stats(redis_url, mongo_uri, mongo_db), "shutdown")
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].phase == "idle"
+
+    rds.set("{dicts}:control", "paused")
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert " paused " in _table(status)
+
+
+def test_feed_counts_are_labelled_as_totals_over_all_runs(
+    redis_url: str, mongo_uri: str, mongo_db: str
+) -> None:
+    loop = reactor_loop()
+    for _run in range(2):
+        ext = _crawl_stats(redis_url, mongo_uri, mongo_db, ITEM_PIPELINES={})
+        slot = SimpleNamespace(uri="items.jsonl", itemcount=5)
+        loop.run_until_complete(asyncio.ensure_future(ext.feed_slot_closed(slot)))
+        _sent(ext)
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].feeds == {"items.jsonl": 10}
+    assert "items in feed, all runs" in _table(status)

@@ -77,7 +77,7 @@ from crawler.keys import (
     shards_key,
     site_prefix,
 )
-from crawler.status import ClusterStatus, SpiderStatus, StatusReader
+from crawler.status import FINISHED, IDLE, ClusterStatus, SpiderStatus, StatusReader
 
 if TYPE_CHECKING:
     import argparse
@@ -329,6 +329,17 @@ def _when(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _phase_detail(spider: SpiderStatus) -> str:
+    """Why the crawl is idle or finished, after the control key."""
+    if spider.phase == FINISHED:
+        return "; no live worker, nothing left, the last one finished"
+    if spider.phase == IDLE:
+        left = spider.seeds + spider.queued + spider.leases + spider.retries
+        return f"; no live worker, {left} seeds and requests left" if left else (
+            "; no live worker, nothing left")
+    return ""
+
+
 def _spider_table(spider: SpiderStatus) -> Table:
     title = f"spider {spider.spider}"
     if not spider.started:
@@ -337,10 +348,10 @@ def _spider_table(spider: SpiderStatus) -> Table:
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     table.add_column("detail")
-    state = spider.state
+    state = spider.state if spider.state != RUNNING else spider.phase
     if spider.state_bad_value is not None:
         state = f"running (BAD value {spider.state_bad_value!r})"
-    table.add_row("state", state, spider.keys["control"])
+    table.add_row("state", state, spider.keys["control"] + _phase_detail(spider))
     table.add_row(
         "frontier shards", str(spider.shards),
         spider.keys["shards"] if spider.shards > 1 else "",
@@ -372,7 +383,7 @@ def _spider_table(spider: SpiderStatus) -> Table:
     for collection, count in sorted(spider.items.items()):
         table.add_row(f"items in {collection}", str(count), "MongoDB collection")
     for feed, count in spider.feeds.items():
-        table.add_row("items in feed", str(count), feed)
+        table.add_row("items in feed, all runs", str(count), feed)
     for stat in ("response_received_count", "item_scraped_count"):
         if stat in spider.stats:
             table.add_row(stat, str(spider.stats[stat]), "cluster-wide")

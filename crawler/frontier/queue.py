@@ -76,6 +76,13 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
         settings = spider.crawler.settings
         #: Each site's delay and concurrency, from Scrapy's settings.
         self.policy = SitePolicy.from_settings(settings)
+        if self.policy.jitter and (self.policy.delay or self.policy.slot_delays):
+            logger.info(
+                "DOWNLOAD_DELAY_JITTER %s: each gap between two requests to a site is "
+                "drawn in [1, %s) x its delay for the whole cluster (Scrapy: [%s, %s) "
+                "per worker), so the delay is the floor", self.policy.jitter,
+                1 + self.policy.jitter, max(0.0, 1 - self.policy.jitter), 1 + self.policy.jitter,
+            )
         #: The frontier's shards (``FRONTIER_SHARDS``, default 1).
         self.shards = FrontierShards.build(
             server,
@@ -87,6 +94,8 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             max_deliveries=settings.getint("FRONTIER_MAX_DELIVERIES", 5),
             delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
             robots_gate=self.policy.robots_gate,
+            jitter=self.policy.jitter,
+            site_jitter=self.policy.slot_jitter,
             bloom=bloom,
             revisit_after=max(0.0, settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0)),
             replica_wait=ReplicaWait.from_settings(settings),

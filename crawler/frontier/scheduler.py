@@ -52,6 +52,7 @@ from crawler.frontier.forcedstop import (
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
+from crawler.frontier.redis_seeds import DurableSeeds
 from crawler.frontier.replicas import NotReplicated, ReplicaWait
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
@@ -463,6 +464,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             )
         if hasattr(spider, "server"):
             self._adopt_redis_spider(spider)
+            # scrapy-redis's own spiders take seeds durably too (redis_seeds.py)
+            DurableSeeds.install(self, spider)
         shards = self.queue.shards
         if cluster_enabled(self.crawler.settings) and (
             warning := slot_warning(spider.name, len(shards))

@@ -18,6 +18,11 @@ Scrapy                               frontier, for all workers together
                                      ``FRONTIER_SITE_DELAYS`` names it)
 ``DOWNLOAD_SLOTS[slot]               the slot's ``{s}:conc`` (unless
 ["concurrency"]``                    ``FRONTIER_SITE_CONCURRENCY`` names it)
+``DOWNLOAD_DELAY_JITTER`` j (and     each gap between two leases of a site
+``DOWNLOAD_SLOTS[slot]["jitter"]``;  drawn in [1, 1 + j) x its delay (Scrapy:
+the deprecated                       [1 - j, 1 + j)): the delay is the floor
+``RANDOMIZE_DOWNLOAD_DELAY`` and
+``randomize_delay``: j = 0.5 or 0)
 ``meta["download_slot"]``            the request's site
 ===================================  =========================================
 
@@ -29,9 +34,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from scrapy.core.downloader import Downloader
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
@@ -68,6 +74,12 @@ class SitePolicy:
         ``FRONTIER_CONCURRENCY``, else ``CONCURRENT_REQUESTS_PER_DOMAIN``.
     :ivar slot_delays: slot -> delay, ms, from ``DOWNLOAD_SLOTS``.
     :ivar slot_concurrency: slot -> concurrency, from ``DOWNLOAD_SLOTS``.
+    :ivar jitter: the random variation j of each site's delay
+        (``DOWNLOAD_DELAY_JITTER``, or the deprecated
+        ``RANDOMIZE_DOWNLOAD_DELAY`` as Scrapy reads it: 0.5 or 0); the gap
+        is drawn in [1, 1 + j) times the delay, for the whole cluster.
+    :ivar slot_jitter: slot -> its own jitter, from ``DOWNLOAD_SLOTS``
+        (``jitter``, or the deprecated ``randomize_delay``: 0.5 or 0).
     :ivar robots_gate: the frontier serves a site one request at a time
         until its robots.txt is known: ``ROBOTSTXT_OBEY`` with
         :data:`SHARED_ROBOTS` (or a subclass) enabled.
@@ -77,6 +89,8 @@ class SitePolicy:
     concurrency: int
     slot_delays: dict[str, int] = field(default_factory=dict)
     slot_concurrency: dict[str, int] = field(default_factory=dict)
+    jitter: float = 0.0
+    slot_jitter: dict[str, float] = field(default_factory=dict)
     robots_gate: bool = False
 
     @classmethod
@@ -97,12 +111,19 @@ class SitePolicy:
             if is_unset(settings, "FRONTIER_CONCURRENCY")
             else settings.getint("FRONTIER_CONCURRENCY")
         )
-        delays, caps = parse_download_slots(settings.getdict("DOWNLOAD_SLOTS"))
+        slots = settings.getdict("DOWNLOAD_SLOTS")
+        delays, caps = parse_download_slots(slots)
+        jitters = {
+            check_slot(name): slot_jitter(entry) for name, entry in slots.items()
+            if isinstance(entry, dict) and slot_jitter(entry) is not None
+        }
         return cls(
             delay=max(0.0, delay),
             concurrency=max(1, concurrency),
             slot_delays=delays,
             slot_concurrency=caps,
+            jitter=default_jitter(settings),
+            slot_jitter=cast("dict[str, float]", jitters),
             robots_gate=settings.getbool("ROBOTSTXT_OBEY") and shared_robots_enabled(settings),
         )
 
@@ -126,8 +147,9 @@ class SitePolicy:
 
 def parse_download_slots(slots: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     """``DOWNLOAD_SLOTS`` as the frontier's overrides: (slot -> delay in
-    ms, slot -> concurrency), for the entries that set them. Other keys
-    (``jitter``, ``randomize_delay``) are left to each worker's downloader.
+    ms, slot -> concurrency), for the entries that set them
+    (``jitter`` and ``randomize_delay`` are read by
+    :meth:`SitePolicy.from_settings`).
 
     :raises ValueError: as :meth:`SitePolicy.from_settings`.
     """
@@ -149,6 +171,29 @@ def parse_download_slots(slots: dict[str, Any]) -> tuple[dict[str, int], dict[st
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
     return delays, caps
+
+
+def default_jitter(settings: BaseSettings) -> float:
+    """The jitter of a site's delay as Scrapy's downloader reads it
+    (``scrapy.core.downloader._default_jitter``, whose deprecation warning
+    the worker's downloader gives): ``DOWNLOAD_DELAY_JITTER``, or
+    ``RANDOMIZE_DOWNLOAD_DELAY`` (0.5 or 0) when set at a higher priority."""
+    randomize = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    if randomize > SETTINGS_PRIORITIES["default"] and randomize > (
+        settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
+    ):
+        return 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
+    return max(0.0, settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5))
+
+
+def slot_jitter(entry: dict[str, Any]) -> float | None:
+    """A ``DOWNLOAD_SLOTS`` entry's own jitter (``jitter``, else the
+    deprecated ``randomize_delay``: 0.5 or 0), or None."""
+    if entry.get("jitter") is not None:
+        return max(0.0, float(entry["jitter"]))
+    if entry.get("randomize_delay") is not None:
+        return 0.5 if entry["randomize_delay"] else 0.0
+    return None
 
 
 def shared_robots_enabled(settings: BaseSettings) -> bool:

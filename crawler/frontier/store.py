@@ -99,6 +99,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
@@ -107,7 +108,7 @@ from redis import StrictRedis
 from redis.client import Pipeline
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from redis import Redis
     from redis.commands.core import Script
@@ -370,6 +371,12 @@ class Frontier:
     :param delay_margin: a site's delay is stretched by this fraction, so that
         the jitter between a lease and its request reaching the site never
         brings two requests closer than the delay.
+    :param jitter: the random variation of each site's delay
+        (``DOWNLOAD_DELAY_JITTER``, 0: none): each lease of a site sets its
+        next due time its pace times a factor drawn uniformly in
+        [1, 1 + jitter) later, so that the delay stays the least gap for
+        the whole cluster (Scrapy's own factor is [1 - jitter, 1 + jitter)).
+    :param site_jitter: site -> its own jitter (``DOWNLOAD_SLOTS``).
     :param robots_gate: serve a site one request at a time until its
         robots.txt is in ``{s}:robots`` (set when robots.txt is obeyed, so
         that its Crawl-delay holds from the first request on).
@@ -406,6 +413,8 @@ class Frontier:
         bloom: BloomFilter | None = None,
         delay_margin: float = 0.1,
         robots_gate: bool = False,
+        jitter: float = 0.0,
+        site_jitter: Mapping[str, float] | None = None,
         revisit_after: float = 0.0,
         prefix: str | None = None,
         join_times: bool = False,
@@ -425,6 +434,10 @@ class Frontier:
         self.housekeeping = housekeeping
         self.delay_margin = delay_margin
         self.robots_gate = robots_gate
+        self.jitter = max(0.0, jitter)
+        self.site_jitter = "\t".join(
+            f"{site}\t{max(0.0, j)!r}" for site, j in sorted((site_jitter or {}).items())
+        )
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency or has this worker's fair share taken, and
         #: none waits for its delay (an ack elsewhere frees a slot; the
@@ -743,6 +756,9 @@ class Frontier:
                 "1" if self.join_times else "0",
                 "" if held_all is None else max(0, held_all),
                 drained_for or "",
+                repr(self.jitter),
+                self.site_jitter,
+                secrets.randbelow(2**31),
                 *lease_ids,
             ],
             client=client,

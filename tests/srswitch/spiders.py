@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from scrapy.linkextractors import LinkExtractor
@@ -31,4 +32,20 @@ class SwitchedCrawlSpider(RedisCrawlSpider):  # type: ignore[misc]
     rules = (Rule(LinkExtractor(), callback="parse_page", follow=True),)
 
     def parse_page(self, response: Any) -> Any:
+        yield {"url": response.url}
+
+
+class StallingSeedSpider(RedisSpider):  # type: ignore[misc]
+    """scrapy-redis's RedisSpider whose ``make_request_from_data`` blocks
+    for ``SEED_STALL_SECONDS`` (a test setting, 0 by default) before it
+    makes its request: a worker to kill after it took seeds and before they
+    are in the frontier."""
+
+    name = "stalling"
+
+    def make_request_from_data(self, data: bytes) -> Any:
+        time.sleep(self.settings.getfloat("SEED_STALL_SECONDS", 0))
+        return super().make_request_from_data(data)
+
+    def parse(self, response: Any, **kwargs: Any) -> Any:
         yield {"url": response.url}

@@ -141,7 +141,15 @@
 --          meet better work first, lease it, meet the last chance beside it
 --          and drain again, for as long as better work is queued); a site
 --          whose head is no last chance any more keeps its turn
--- ARGV[18..] lease ids, one per request wanted
+-- ARGV[18] the default jitter j of a site's delay (DOWNLOAD_DELAY_JITTER,
+--          0: none): each lease of a site sets its next due time its pace
+--          times a factor drawn uniformly in [1, 1 + j) later, so the delay
+--          stays the floor for all workers (Scrapy: [1 - j, 1 + j) per worker)
+-- ARGV[19] sites with a jitter of their own (DOWNLOAD_SLOTS' jitter), as
+--          "site\tjitter\tsite\tjitter...", or ""
+-- ARGV[20] a random integer from the caller, seeding math.random (Redis
+--          seeds it the same for every call)
+-- ARGV[21..] lease ids, one per request wanted
 -- Returns {n, wait, expired, retried, dead, problems, data1, site1,
 -- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
 -- used, for those requests (deliveries counts this one); when n is 0, wait
@@ -183,7 +191,26 @@ local err = check_types({
   {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
 }) or check_counter(KEYS[9]) or check_counter(KEYS[20])
 if err then return err end
-local ids = {unpack(ARGV, 18)}
+local ids = {unpack(ARGV, 21)}
+
+-- The pace a lease sets for its site: `pace` ms, times a factor drawn in
+-- [1, 1 + jitter) (ARGV[18..20]).
+local jitter_default = tonumber(ARGV[18]) or 0
+local jitters = nil -- the sites of ARGV[19] -> jitter, read when needed
+math.randomseed(tonumber(ARGV[20]) or 0)
+local function jittered(site, pace)
+  if pace <= 0 then return pace end
+  if not jitters then
+    jitters = {}
+    local name = nil
+    for part in string.gmatch(ARGV[19], '[^\t]+') do
+      if name then jitters[name], name = tonumber(part), nil else name = part end
+    end
+  end
+  local j = jitters[site] or jitter_default
+  if j <= 0 then return pace end
+  return math.floor(pace * (1 + j * math.random()))
+end
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -335,7 +362,7 @@ end
 -- writes them meanwhile.
 local out = {0, 0, #expired, #due_retries, buried, problems}
 local n = 0
-local a = 18
+local a = 21
 local held_all = tonumber(ARGV[16]) -- (nil: not counted; nothing held back)
 local alone = false -- this call leased a request's last chance
 local passed_last = '' -- the site of a last chance put back: the worker holds leases
@@ -474,7 +501,7 @@ while a <= #ARGV and looks > 0 and not alone do
           delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
           s.pace = math.floor(delay * (1 + tonumber(ARGV[10])))
         end
-        local due = now + s.pace
+        local due = now + jittered(site, s.pace)
         redis.call('HSET', K.due, site, due)
         s.due = due <= now
         if not s.level then s.level, s.member = best_prio(site) end

@@ -1,0 +1,154 @@
+"""Durable seeds for scrapy-redis's own spiders on the frontier.
+
+scrapy-redis 0.9.1's ``RedisSpider`` and ``RedisCrawlSpider`` read seeds
+with ``SPOP`` (``REDIS_START_URLS_AS_SET``) or ``LRANGE``+``LTRIM`` (a
+list): a worker killed between that read and its requests reaching the
+frontier loses those seeds. :class:`DurableSeeds` takes them as
+:class:`~crawler.frontier.spider.FrontierSpider` does, through the seed
+intake (:class:`~crawler.frontier.intake.SeedIntake`):
+
+* the spider's ``fetch_data`` moves up to ``redis_batch_size`` seeds into a
+  registered intake batch, in one Lua script;
+* its ``next_requests`` is wrapped: once every request made from the batch
+  has been handed to the engine (the generator is resumed after its last
+  request), the batch is deleted after the scheduler's next commit
+  (``after_commit``), i.e. once those requests are in the frontier;
+* every ``FRONTIER_LEASE_TIMEOUT / 3`` seconds (and at open) the worker
+  refreshes the batches it holds and returns to the seed list or set the
+  seeds of batches no worker refreshed for ``FRONTIER_LEASE_TIMEOUT``
+  seconds (a killed worker's).
+
+Delivery is at least once, as for ``FrontierSpider``'s seeds.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+from scrapy import signals
+from twisted.internet import task
+
+from crawler.extensions import worker_id
+from crawler.frontier.intake import SeedIntake
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from scrapy import Spider
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DurableSeeds"]
+
+
+class DurableSeeds:
+    """The seed intake of one scrapy-redis spider (not a ``FrontierSpider``).
+
+    :param spider: a scrapy-redis ``RedisMixin`` spider whose ``server`` is
+        the frontier's client.
+    :param after_commit: the scheduler's ``after_commit``.
+    :param lease_timeout: seconds after which another worker's batch is
+        abandoned (``FRONTIER_LEASE_TIMEOUT``).
+    """
+
+    def __init__(
+        self, spider: Spider, after_commit: Callable[[Callable[[], object]], None],
+        lease_timeout: float,
+    ) -> None:
+        settings = spider.crawler.settings
+        self.spider = spider
+        self.after_commit = after_commit
+        self.lease_timeout = lease_timeout
+        self.intake = SeedIntake(
+            spider.server, spider.redis_key,  # type: ignore[attr-defined]
+            f"{worker_id(settings)}#{os.urandom(4).hex()}",
+            as_set=settings.getbool("REDIS_START_URLS_AS_SET"),
+        )
+        #: Batches taken whose requests are not all handed to the engine.
+        self._taken: list[str] = []
+        #: Batches handed over, not deleted yet.
+        self._held: set[str] = set()
+        self._upkeep = task.LoopingCall(self.upkeep)
+
+    @classmethod
+    def install(cls, scheduler: Any, spider: Spider) -> DurableSeeds | None:
+        """Put the intake in the place of ``spider``'s own seed reads, when
+        ``spider`` is a scrapy-redis spider other than a ``FrontierSpider``
+        (which has its own), and start the upkeep; else None."""
+        from crawler.frontier.spider import FrontierSpider  # noqa: PLC0415 (a cycle)
+
+        if isinstance(spider, FrontierSpider) or not all(
+            hasattr(spider, name) for name in ("fetch_data", "next_requests", "redis_key")
+        ):
+            return None
+        seeds = cls(spider, scheduler.after_commit,
+                    spider.crawler.settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0))
+        own_next = spider.next_requests  # type: ignore[attr-defined]
+        spider.fetch_data = seeds.fetch  # type: ignore[attr-defined]
+        spider.next_requests = functools.partial(seeds.next_requests, own_next)  # type: ignore[attr-defined]
+        seeds._upkeep.start(max(1.0, seeds.lease_timeout / 3), now=True)
+        spider.crawler.signals.connect(seeds.stop, signal=signals.spider_closed)
+        logger.info(
+            "%s reads seeds from %s through the frontier's intake (kept in Redis until "
+            "their requests are in the frontier), not scrapy-redis's %s",
+            type(spider).__name__, spider.redis_key,  # type: ignore[attr-defined]
+            "SPOP" if seeds.intake.as_set else "LRANGE/LTRIM", extra={"spider": spider},
+        )
+        return seeds
+
+    def fetch(self, key: str, most: int) -> list[bytes]:
+        """scrapy-redis's ``fetch_data(key, batch_size)``: up to ``most``
+        seeds, moved into a new registered batch.
+
+        :raises redis.exceptions.RedisError: the take failed (as scrapy-redis's
+            own read would).
+        """
+        batch = self.intake.new_batch()
+        taken = self.intake.take(batch, most)
+        if taken.seeds:
+            self._taken.append(batch)
+        return list(taken.seeds)
+
+    def next_requests(self, own: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """scrapy-redis's ``next_requests``; once the engine has taken every
+        request of it (the generator resumed after the last one), the batches
+        it read are let go of after the scheduler's next commit."""
+        yield from own()
+        batches, self._taken = self._taken, []
+        if batches:
+            self._held.update(batches)
+            self.after_commit(functools.partial(self._done, batches))
+
+    def _done(self, batches: list[str]) -> None:
+        try:
+            self.intake.done(batches)
+        except RedisError as exc:
+            logger.debug("Intake batches not deleted yet (%s)", exc, extra={"spider": self.spider})
+            return  # refreshed by the upkeep until the next try
+        self._held.difference_update(batches)
+
+    def upkeep(self) -> None:
+        """Refresh this worker's batches; return abandoned ones' seeds."""
+        try:
+            self.intake.refresh([*self._taken, *self._held])
+            for reclaimed in self.intake.reclaim_stale(self.lease_timeout):
+                if reclaimed.seeds:
+                    self.spider.crawler.stats.inc_value(
+                        "frontier/seeds/reclaimed", reclaimed.seeds)
+                    logger.info(
+                        "Returned %d seeds of abandoned intake batch %s to %s",
+                        reclaimed.seeds, reclaimed.batch, self.intake.keys.seeds,
+                        extra={"spider": self.spider},
+                    )
+        except RedisError as exc:
+            logger.debug("Seed intake upkeep failed (%s)", exc, extra={"spider": self.spider})
+
+    def stop(self, *args: Any, **kwargs: Any) -> None:
+        """Stop the upkeep (at close). Batches still held are returned by
+        another worker's upkeep once abandoned."""
+        if self._upkeep.running:
+            self._upkeep.stop()
