@@ -81,6 +81,11 @@ class RedisHealth:
         #: ``time.monotonic()`` before which no new probe starts.
         self._next_probe = 0.0
 
+    @property
+    def answered(self) -> bool:
+        """Whether a ``PING`` sent since the last failure was answered."""
+        return self._answered.is_set()
+
     def failed(self) -> None:
         """A Redis call could not reach Redis (or answered too late)."""
         self.failing = True
