@@ -464,6 +464,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                     return _Wait(self.retry_base, 0, "Redis refused: configuration error")
                 # An outage, or a lost reply (a lock taken with it expires
                 # unrenewed): the request waits; it is no download failure.
+                note_redis_failure(self.crawler)
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 logger.warning(
                     "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs",
