@@ -562,13 +562,14 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         if redis_is_failing(self.crawler):
             # (the scheduler's close met the outage: each call would wait
             # the socket timeout on the reactor; the next worker returns them)
-            logger.warning(
-                "Redis unreachable at close: %d intake batches of %s stay registered; "
-                "the next worker of this crawl returns their seeds to %s once they "
-                "have been untouched for its FRONTIER_LEASE_TIMEOUT",
-                len(self._committed) + len(self._open) + (self._taking is not None),
-                intake.keys.registry, self.redis_key, extra={"spider": self},
-            )
+            stay = len(self._committed) + len(self._open) + (self._taking is not None)
+            if stay:
+                logger.warning(
+                    "Redis unreachable at close: %d intake batches of %s stay registered; "
+                    "the next worker of this crawl returns their seeds to %s once they "
+                    "have been untouched for its FRONTIER_LEASE_TIMEOUT",
+                    stay, intake.keys.registry, self.redis_key, extra={"spider": self},
+                )
             return
         if self._committed:
             try:
