@@ -46,6 +46,7 @@ from twisted.internet.threads import deferToThread
 
 from crawler.config import close_at_open, stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
+from crawler.frontier.health import redis_is_failing
 from crawler.keys import control_key, spider_name_of
 
 if TYPE_CHECKING:
@@ -212,8 +213,11 @@ class CrawlControl:
             self._task.stop()
 
     def poll(self) -> None:
-        """Read the state in a thread and act on it (skipped while a read runs)."""
-        if self._polling:
+        """Read the state in a thread and act on it (skipped while a read
+        runs, and while the frontier's Redis is failing: the read would hold
+        a thread of the reactor's pool, which the process waits for at exit,
+        for up to the socket timeout)."""
+        if self._polling or redis_is_failing(self.crawler):
             return
         self._polling = True
         d = deferToThread(read_state, self.server, self.spider)

@@ -21,6 +21,7 @@ from crawler.config import masked_url
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.clock import configure as configure_clock
 from crawler.frontier.connection import get_redis, report_redis_failure
+from crawler.frontier.health import redis_is_failing
 from crawler.keys import CrawlKeys, spider_name_of
 from crawler.pipelines import MongoPipeline, collection_of
 from crawler.status import FEED_STAT_PREFIX, ITEMS_STAT_PREFIX, LAST_FINISHED_STAT
@@ -202,15 +203,18 @@ class ClusterStats:
         assert self.crawler.stats is not None
         uri = masked_url(str(slot.uri))
         self.crawler.stats.inc_value(f"{FEED_STAT_PREFIX}{uri}", int(slot.itemcount))
-        if self._closed:
+        if self._closed and not redis_is_failing(self.crawler):
             await self._send_now(final=True)
 
     def beat(self) -> None:
         """Send the stats grown since the last beat and the heartbeat record.
 
-        Skipped while the previous write is still running.
+        Skipped while the previous write is still running, and while the
+        frontier's Redis is failing (a write would hold a thread of the
+        reactor's pool, which the process waits for at exit, for up to the
+        socket timeout).
         """
-        if self._inflight is None:
+        if self._inflight is None and not redis_is_failing(self.crawler):
             self._send(final=False)
 
     async def spider_closed(self, reason: str) -> None:
@@ -222,6 +226,12 @@ class ClusterStats:
         self.crawler.stats.inc_value(f"finish_reason/{reason}")
         self._finish_reason = reason
         self._closed = True
+        if redis_is_failing(self.crawler):
+            # (the frontier's close met the outage: no wait for Redis here;
+            # the registry forgets this worker after its last heartbeat)
+            logger.warning("Redis unreachable at close: the last cluster stats not sent",
+                           extra={"spider": self.crawler.spider})
+            return
         await self._send_now(final=True)
 
     async def _send_now(self, *, final: bool) -> None:

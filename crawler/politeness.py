@@ -45,6 +45,7 @@ from crawler.frontier.connection import (
     get_redis,
     is_no_master,
 )
+from crawler.frontier.health import may_call_redis, note_redis_failure, spider_closing
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
 from crawler.frontier.slots import SitePolicy
@@ -431,7 +432,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             self._gates = {s: until for s, until in self._gates.items() if until > now}
         self._gates[slot] = now + self.local_max
 
-    async def _rules_for(self, request: Request) -> RobotParser | _Wait:
+    async def _rules_for(self, request: Request) -> RobotParser | _Wait:  # noqa: PLR0911
         """The rules of ``request``'s site: this worker's copy while fresh,
         else Redis's, else fetched once for the cluster; or a wait."""
         site = site_of(request)
@@ -442,6 +443,14 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         lock = self._prefix(site) + "robots:lock:" + site
         while True:
+            if not may_call_redis(self.crawler):
+                # Redis down (health.py): no call that would block the
+                # reactor; once the spider closes, the request goes back.
+                if spider_closing(self.crawler):
+                    return _Wait(self.retry_base, 0, "Redis unreachable at close")
+                backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
+                await asyncio.sleep(backoff)
+                continue
             try:
                 rules, stored = self._from_redis(site)
                 if rules is not None:
@@ -455,6 +464,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
                     return _Wait(self.retry_base, 0, "Redis refused: configuration error")
                 # An outage, or a lost reply (a lock taken with it expires
                 # unrenewed): the request waits; it is no download failure.
+                note_redis_failure(self.crawler)
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 logger.warning(
                     "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs",
@@ -489,6 +499,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         cancelled."""
         while True:
             await asyncio.sleep(self.lock_seconds / 3)
+            if not may_call_redis(self.crawler):
+                continue  # (Redis down: the next turn tries again)
             try:
                 self.redis.pexpire(lock, self._lock_ms)
             except UNREACHABLE as exc:
@@ -846,6 +858,11 @@ class AdaptiveSlowdownMiddleware:
         known = self._slow.get(site)
         now = time.monotonic()
         latency = float(request.meta.get("download_latency") or 0.0)
+        if not may_call_redis(self.crawler):
+            # Redis down, or the spider closing (health.py): best effort,
+            # skipped rather than block the reactor; the next response
+            # of the site adjusts its delay.
+            return response
         try:
             pushed_back = response.status in (429, 503)
             fresh = known is not None and now - known[1] < self.local_max
@@ -875,6 +892,7 @@ class AdaptiveSlowdownMiddleware:
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
             logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
+            note_redis_failure(self.crawler)
         return response
 
     def _remember(self, site: str, delay: float, now: float) -> None:

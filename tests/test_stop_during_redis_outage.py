@@ -46,20 +46,7 @@ SETTINGS: dict[str, object] = {
 }
 
 
-#: A silent Redis (a partition that leaves connections open) is a known
-#: limit: each synchronous Redis call on the reactor thread (the reactor's
-#: heartbeat probe, the scheduler's flushes, the seed reader, the adaptive
-#: slowdown's per-response write) waits the socket timeout (10 s), so the
-#: reactor is blocked most of the time and the graceful stop crawls along
-#: (past 45 s measured; docs/stopping.md).
-SILENT = pytest.param(
-    "silent", marks=[pytest.mark.slow, pytest.mark.xfail(
-        strict=True, reason="a silent Redis blocks the reactor on every call (known limit)",
-    )],
-)
-
-
-@pytest.mark.parametrize("outage", ["refused", SILENT])
+@pytest.mark.parametrize("outage", ["refused", "silent"])
 def test_a_stop_during_a_redis_outage_ends_within_its_bound_and_loses_nothing(
     outage: str, proxy: FaultProxy, mongo_uri: str, mongo_db: str,  # noqa: F811
     rds: redis.Redis, db: Any, site_factory: SiteFactory, tmp_path: Path,

@@ -49,6 +49,7 @@ from crawler.frontier.forcedstop import (
     before_reactor_stops,
     run_bounded,
 )
+from crawler.frontier.health import RedisHealth, may_call_redis
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
 from crawler.frontier.overrides import parse_site_settings
@@ -370,6 +371,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._wake_at: float | None = None
         self._down_until = 0.0
         self._backoff = 0.0
+        #: Gates synchronous Redis calls on the running reactor's thread
+        #: during an outage and once the spider is closing (health.py).
+        self.redis_health = RedisHealth(self._ping, self._redis_answered)
         self._heartbeat: Any = None
         #: Marks the worker live and extends its leases from a thread, with
         #: a Redis client of its own, while a callback blocks the reactor.
@@ -991,6 +995,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             call's leases are in the buffer now, or while Redis cannot tell
             what it did.
         """
+        if not may_call_redis(self.crawler):
+            return False
         if self._in_doubt is not None and time.monotonic() >= self._down_until:
             if not self._resolve() or self._ready:
                 return False
@@ -1318,6 +1324,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         logged already). After a configuration error it sends nothing (the
         crawl is closing). A refused call is no outage: the heartbeat goes.
         """
+        if not may_call_redis(self.crawler):
+            self._publish_held()  # (the heartbeat thread extends them)
+            return
         self.flush_outbox()
         probing = self._unreachable and time.monotonic() < self._down_until
         if probing and self._config_stopped:
@@ -1432,7 +1441,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """
         from crawler.frontier.waiting import LeaseWaitLog  # noqa: PLC0415
 
-        if self._ready or not self.flush_outbox():
+        if self._ready or not may_call_redis(self.crawler) or not self.flush_outbox():
             return True
         try:
             pending = self.queue.shards.pending() > 0
@@ -1632,7 +1641,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             left it in doubt (the writes stay queued); else the lease's
             result, or True when none was asked.
         """
-        if time.monotonic() < self._down_until:
+        if time.monotonic() < self._down_until or not may_call_redis(self.crawler):
             return None
         if self._in_doubt is not None and not self._resolve():
             return None
@@ -2010,6 +2019,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         # this worker recorded: ask it again rather than trust the memory.
         self._seen.clear()
         self._unreachable = True
+        self.redis_health.failed()
         if not self._backoff:
             self.stats.inc_value("frontier/redis/outages")
         self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
@@ -2081,3 +2091,17 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._backoff = 0.0
         self._down_until = 0.0
         self._unreachable = False
+        self.redis_health.recovered()
+
+    def _ping(self) -> None:
+        """``PING`` Redis (the probe of :class:`RedisHealth`, in its thread)."""
+        self.server.ping()
+
+    def _redis_answered(self) -> None:
+        """A probe sent during an outage was answered (reactor thread): end
+        the backoff, so that the outbox and the leases go on now."""
+        if self._unreachable and not self._config_stopped:
+            logger.info("Redis answers a probe: the outage's backoff ends",
+                        extra={"spider": self.spider})
+            self._down_until = 0.0
+            self._wake_engine()

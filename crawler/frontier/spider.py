@@ -25,6 +25,7 @@ from crawler.frontier.connection import (
     get_redis,
     is_no_master,
 )
+from crawler.frontier.health import may_call_redis, note_redis_failure, redis_is_failing
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.middlewares import tag_seed
@@ -304,7 +305,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             )
         return self._intake
 
-    async def start(self) -> AsyncIterator[Any]:
+    async def start(self) -> AsyncIterator[Any]:  # noqa: PLR0912 (one loop, its outage cases)
         """Move seeds into the shared frontier for as long as the worker runs.
 
         Seeds are queued through ``engine.crawl`` in batches of up to
@@ -319,6 +320,11 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         """
         backoff = 0.0
         while not self._closed and not self._closing():
+            if not may_call_redis(self.crawler):
+                # Redis down (health.py): no seed call that would block the
+                # reactor; read again once a probe is answered.
+                await asyncio.sleep(min(1.0, self._upkeep_interval))
+                continue
             try:
                 intake = self._seed_intake()
                 if not self._start_urls_done:
@@ -368,6 +374,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     "Redis %s while reading seeds (%s); retrying in %.1fs",
                     what, exc, backoff, extra={"spider": self},
                 )
+                if not refused:
+                    note_redis_failure(self.crawler)
                 # Not past the next refresh of the batches this worker holds.
                 await asyncio.sleep(min(backoff, self._upkeep_interval))
         if not self._closed and not self._closing():
@@ -564,6 +572,18 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._closed = True
         intake = self._intake
         if intake is None:
+            return
+        if redis_is_failing(self.crawler):
+            # (the scheduler's close met the outage: each call would wait
+            # the socket timeout on the reactor; the next worker returns them)
+            stay = len(self._committed) + len(self._open) + (self._taking is not None)
+            if stay:
+                logger.warning(
+                    "Redis unreachable at close: %d intake batches of %s stay registered; "
+                    "the next worker of this crawl returns their seeds to %s once they "
+                    "have been untouched for its FRONTIER_LEASE_TIMEOUT",
+                    stay, intake.keys.registry, self.redis_key, extra={"spider": self},
+                )
             return
         if self._committed:
             try:

@@ -1,0 +1,46 @@
+"""During a Redis outage, a probe from a thread of its own tells when Redis
+answers again; one probe at a time, however often the reactor asks."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import pytest
+import redis as redis_lib
+
+from crawler.frontier.health import RedisHealth
+from tests.test_faults import proxy  # noqa: F401 (a fixture)
+from tests.waiting import wait_for
+
+if TYPE_CHECKING:
+    from tests.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.faults
+
+
+def probes() -> int:
+    return sum(t.name == "frontier-redis-probe" for t in threading.enumerate())
+
+
+def test_a_probe_held_by_a_silent_redis_is_the_only_one_and_ends_the_outage_once_answered(
+    proxy: FaultProxy,  # noqa: F811
+) -> None:
+    client = redis_lib.Redis.from_url(proxy.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    answers: list[None] = []
+    health = RedisHealth(client.ping, lambda: answers.append(None))
+    health.failed()
+    proxy.lose_replies(times=10**9, mode="hold", hold=600)
+    for _ in range(20):
+        health.probe()
+    assert probes() == 1  # (held by the proxy: no second one while it waits)
+    wait_for(lambda: probes() == 0, 5, "the held probe to time out")
+    assert health.failing
+    assert not health.answered
+    proxy.stop_losing()
+    wait_for(lambda: health.probe() or health.answered, 5, "a probe to be answered", 0.1)
+    assert health.failing  # (until a real call succeeds: recovered())
+    health.recovered()
+    assert not health.failing
+    assert not answers  # (called on a running reactor only)
+    client.close()
