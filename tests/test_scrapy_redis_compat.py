@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from datetime import datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis as redis_lib
 from scrapy import FormRequest, Request, Spider
-from scrapy.exceptions import CloseSpider
+from scrapy.exceptions import CloseSpider, DontCloseSpider
 from scrapy.http import HtmlResponse
 from scrapy.linkextractors import LinkExtractor
 from scrapy.settings import Settings
@@ -540,3 +541,136 @@ def test_frontier_clear_lets_the_next_crawl_queue_start_urls_again(
     rds.set(marker, 1)
     clear_frontier(rds, "plain", Settings())
     assert not rds.exists(marker)
+
+
+# -- bad seeds of scrapy-redis's own spiders (issue 28) -------------------------
+
+#: One of each bad seed a tester pushed, with the reason our log names: a
+#: JSON seed with an int form value (scrapy-redis's ``FormRequest`` cannot
+#: encode it; ours sends ``1``) is not among them.
+BAD_SEEDS = {
+    '{"url": "http://a.example/bad-json", ': "not valid JSON",
+    "not a url": "not an http(s) URL",
+    '{"url": "http://a.example/form", "k": {"nested": 1}}': "form field 'k'",
+}
+GOOD_SEEDS = ["http://a.example/1", "http://a.example/2",
+              '{"url": "http://a.example/post", "method": "POST", "meta": {}, "k": 1}']
+
+
+class BadSeedOverride(RedisSpider):
+    """A subclass whose own ``make_request_from_data`` raises on one seed."""
+
+    name = "srbad"
+
+    def make_request_from_data(self, data: bytes) -> Any:
+        if b"boom" in data:
+            raise KeyError("boom")
+        return super().make_request_from_data(data)
+
+
+@pytest.mark.parametrize("as_set", [True, False], ids=["set", "list"])
+def test_scrapy_redis_own_spider_skips_each_bad_seed_in_one_line_and_crawls_the_rest(
+    redis_url: str, rds: redis.Redis, caplog: pytest.LogCaptureFixture, as_set: bool
+) -> None:
+    """scrapy-redis's ``make_request_from_data`` raises on an int form
+    value, a bad JSON text or a URL without scheme, and its idle handler
+    dies with it: here each bad seed is logged in one line and skipped, the
+    good seeds read with it are crawled, the batch is deleted and the
+    spider stays open by its idle rule."""
+    settings = {**SWITCH, "REDIS_START_URLS_AS_SET": as_set, "MAX_IDLE_TIME_BEFORE_CLOSE": 60}
+    scheduler, crawler = build(redis_url, ScrapyRedisSetSpider, settings)
+    open_(scheduler, crawler)
+    (rds.sadd if as_set else rds.lpush)("srset:start_urls", *GOOD_SEEDS, *BAD_SEEDS)
+    crawled: list[Request] = []
+    crawler.engine.crawl = crawled.append
+    with caplog.at_level(logging.INFO):
+        with pytest.raises(DontCloseSpider):  # scrapy-redis's idle rule, not a crash
+            crawler.spider.spider_idle()
+    assert sorted(r.url for r in crawled) == [
+        "http://a.example/1", "http://a.example/2", "http://a.example/post"]
+    [post] = [r for r in crawled if r.method == "POST"]
+    assert post.body == b"k=1"
+    skipped = [r for r in caplog.records if "bad seed" in r.getMessage()]
+    assert len(skipped) == len(BAD_SEEDS)
+    for seed, reason in BAD_SEEDS.items():
+        [line] = [r.getMessage() for r in skipped if reason in r.getMessage()]
+        assert repr(seed.encode()) in line and "\n" not in line
+    assert not any(r.exc_info for r in caplog.records)
+    assert "String request is deprecated" not in caplog.text
+    assert crawler.stats.get_value("frontier/seeds/bad") == len(BAD_SEEDS)
+    assert scheduler.flush_outbox()  # the commit after which the batch goes
+    keys = IntakeKeys.for_seed_list("srset:start_urls")
+    assert rds.zcard(keys.registry) == 0
+    assert list(rds.scan_iter(match=keys.batch_prefix + "*")) == []
+    assert not rds.exists("srset:start_urls")
+
+
+def test_a_subclass_make_request_from_data_that_raises_skips_only_that_seed(
+    redis_url: str, rds: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler, crawler = build(redis_url, BadSeedOverride, SWITCH)
+    open_(scheduler, crawler)
+    rds.rpush("srbad:start_urls", "http://a.example/1", "http://a.example/boom",
+              '{"url": "http://a.example/form", "k": 1}', "http://a.example/2")
+    requests = list(crawler.spider.next_requests())
+    assert sorted(r.url for r in requests) == ["http://a.example/1", "http://a.example/2"]
+    boom, form = sorted(r.getMessage() for r in caplog.records if "bad seed" in r.getMessage())
+    assert "KeyError: 'boom'" in boom
+    assert "TypeError: to_bytes must receive a str or bytes object, got int" in form
+    assert scheduler.flush_outbox()
+    assert rds.zcard(IntakeKeys.for_seed_list("srbad:start_urls").registry) == 0
+
+
+@pytest.mark.workers
+@pytest.mark.parametrize(
+    ("spider", "seed_key", "addon"),
+    [("rqseeds", "rq:seeds", True), ("stalling", "stalling:start_urls", False)],
+    ids=["redis-spider-with-the-add-on", "make-request-from-data-overridden-on-the-switch"],
+)
+def test_a_scrapy_redis_spiders_bad_seeds_are_skipped_and_the_good_ones_crawled(
+    env: dict[str, str], site_factory: SiteFactory, tmp_path: Path, rds: redis.Redis,
+    spider: str, seed_key: str, addon: bool,
+) -> None:
+    """A real ``scrapy crawl`` of scrapy-redis's ``RedisSpider`` on a seed
+    set holding an invalid JSON seed, a URL without scheme and a JSON seed
+    with an int form value: each bad seed is one ``Skipped bad seed`` line,
+    every good seed is crawled, the worker closes by its idle rule and no
+    seed is left in an intake batch. The int form value is good for the
+    spider as scrapy-redis ships it (sent as ``k=1``) and bad for one that
+    calls scrapy-redis's own ``make_request_from_data`` (``TypeError``)."""
+    pages = {f"/p{i}": Page(200, [("Content-Type", "text/html")], b"<title>p</title>")
+             for i in range(3)}
+    site = site_factory(pages)
+    bad = ['{"url": "' + site.url_for("/p9") + '", ', "not a url"]
+    form_seed = json.dumps({"url": site.url_for("/p2"), "meta": {}, "k": 1})
+    rds.sadd(seed_key, site.url_for("/p0"), site.url_for("/p1"), form_seed, *bad)
+    settings: dict[str, object] = {"REDIS_START_URLS_AS_SET": True, "MAX_IDLE_TIME_BEFORE_CLOSE": 3}
+    if addon:  # the project's settings (the add-on), scrapy-redis's spider
+        settings["SPIDER_MODULES"] = "tests.srswitch.spiders"
+        worker_env = env
+    else:
+        worker_env = {**env, "SCRAPY_SETTINGS_MODULE": "tests.srswitch.settings"}
+    [worker] = crawl(spider, worker_env, tmp_path, settings=settings)
+    assert worker.returncode == 0, worker.log[-3000:]
+    assert "Traceback" not in worker.log, worker.log[-3000:]
+    assert "Error caught on signal handler" not in worker.log, worker.log[-3000:]
+    expected = ["/p0", "/p1", "/p2?k=1"] if addon else ["/p0", "/p1"]
+    assert sorted(h.path for h in site.hits() if h.path != "/robots.txt") == expected
+    skipped = [line for line in worker.log.splitlines() if "Skipped bad seed" in line]
+    assert len(skipped) == len(bad) + (0 if addon else 1), skipped
+    for seed in bad:
+        assert len([line for line in skipped if repr(seed.encode()) in line]) == 1, skipped
+    if addon:  # our own reading of the seed, as FrontierSpider's
+        assert any("not valid JSON" in line for line in skipped)
+    else:  # scrapy-redis's: it made a request of the bad JSON text as a URL
+        assert any("not an http(s) URL" in line for line in skipped)
+        assert any("to_bytes must receive a str or bytes object, got int" in line
+                   for line in skipped)
+    stamps = [line[:19] for line in worker.log.splitlines()
+              if "Spider opened" in line or "Closing spider (finished)" in line]
+    opened, closed = (datetime.fromisoformat(s) for s in (stamps[0], stamps[-1]))
+    assert (closed - opened).total_seconds() >= 2  # its idle rule, not at once
+    keys = IntakeKeys.for_seed_list(seed_key)
+    assert rds.zcard(keys.registry) == 0
+    assert list(rds.scan_iter(match=keys.batch_prefix + "*")) == []
+    assert not rds.exists(seed_key)

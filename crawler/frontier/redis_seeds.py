@@ -16,7 +16,18 @@ intake (:class:`~crawler.frontier.intake.SeedIntake`):
 * every ``FRONTIER_LEASE_TIMEOUT / 3`` seconds (and at open) the worker
   refreshes the batches it holds and returns to the seed list or set the
   seeds of batches no worker refreshed for ``FRONTIER_LEASE_TIMEOUT``
-  seconds (a killed worker's).
+  seconds (a killed worker's);
+* its ``make_request_from_data`` is guarded per seed (:meth:`DurableSeeds.requests`):
+  a seed it raises on, or that gives something other than requests, is
+  logged in one line (``Skipped bad seed ...``, as ``FrontierSpider`` logs
+  it), counted in ``frontier/seeds/bad`` and skipped, as is one whose
+  request's URL is not an absolute http(s) URL; the seeds read with
+  it are crawled and its batch is deleted like any other. Where the spider
+  keeps scrapy-redis's own ``make_request_from_data``, seeds are read as
+  ``FrontierSpider`` reads them (:func:`~crawler.frontier.spider.request_from_seed`):
+  numbers in form data are sent as their JSON text, where scrapy-redis's
+  ``FormRequest`` raises ``TypeError``, and a bare URL logs no
+  "String request is deprecated" warning.
 
 Delivery is at least once, as for ``FrontierSpider``'s seeds.
 """
@@ -26,14 +37,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
-from scrapy import signals
+from scrapy import Request, signals
+from scrapy_redis.spiders import RedisMixin
 from twisted.internet import task
 
 from crawler.extensions import worker_id
 from crawler.frontier.intake import SeedIntake
+from crawler.frontier.seeds import BadSeed, check_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -79,7 +93,10 @@ class DurableSeeds:
         """Put the intake in the place of ``spider``'s own seed reads, when
         ``spider`` is a scrapy-redis spider other than a ``FrontierSpider``
         (which has its own), and start the upkeep; else None."""
-        from crawler.frontier.spider import FrontierSpider  # noqa: PLC0415 (a cycle)
+        from crawler.frontier.spider import (  # noqa: PLC0415 (a cycle)
+            FrontierSpider,
+            request_from_seed,
+        )
 
         if isinstance(spider, FrontierSpider) or not all(
             hasattr(spider, name) for name in ("fetch_data", "next_requests", "redis_key")
@@ -88,15 +105,25 @@ class DurableSeeds:
         seeds = cls(spider, scheduler.after_commit,
                     spider.crawler.settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0))
         own_next = spider.next_requests  # type: ignore[attr-defined]
+        own_make = spider.make_request_from_data  # type: ignore[attr-defined]
+        ours = type(spider).make_request_from_data is RedisMixin.make_request_from_data  # type: ignore[attr-defined]
+        if ours:
+            own_make = functools.partial(request_from_seed, spider)
+        spider.make_request_from_data = functools.partial(  # type: ignore[attr-defined]
+            seeds.requests, own_make)
         spider.fetch_data = seeds.fetch  # type: ignore[attr-defined]
         spider.next_requests = functools.partial(seeds.next_requests, own_next)  # type: ignore[attr-defined]
         seeds._upkeep.start(max(1.0, seeds.lease_timeout / 3), now=True)
         spider.crawler.signals.connect(seeds.stop, signal=signals.spider_closed)
         logger.info(
             "%s reads seeds from %s through the frontier's intake (kept in Redis until "
-            "their requests are in the frontier), not scrapy-redis's %s",
+            "their requests are in the frontier), not scrapy-redis's %s; a bad seed is "
+            "logged and skipped%s",
             type(spider).__name__, spider.redis_key,  # type: ignore[attr-defined]
-            "SPOP" if seeds.intake.as_set else "LRANGE/LTRIM", extra={"spider": spider},
+            "SPOP" if seeds.intake.as_set else "LRANGE/LTRIM",
+            "; seeds are read as FrontierSpider reads them, not by scrapy-redis's "
+            "make_request_from_data (README: Seeding with redis-cli)" if ours else "",
+            extra={"spider": spider},
         )
         return seeds
 
@@ -122,6 +149,40 @@ class DurableSeeds:
         if batches:
             self._held.update(batches)
             self.after_commit(functools.partial(self._done, batches))
+
+    def requests(self, make: Callable[[bytes], Any], data: bytes) -> Request | list[Request] | None:
+        """The spider's ``make_request_from_data(data)``, guarded: what
+        ``make`` returns (a request, None, or any iterable of requests, read
+        here), or None when ``make`` raised, gave anything else (an item, a
+        dict) or a request whose URL is not an absolute http(s) URL (as
+        :func:`~crawler.frontier.seeds.check_url` requires of seeds): the
+        seed is skipped with one ``Skipped bad seed`` line."""
+        try:
+            made: Any = make(data)
+            if made is None:
+                return None
+            if isinstance(made, Request):
+                made = [made]
+            elif isinstance(made, Iterable) and not isinstance(made, str | bytes | dict):
+                made = list(made)
+            else:
+                made = [made]
+            others = sorted({type(r).__name__ for r in made if not isinstance(r, Request)})
+            if others:
+                raise BadSeed(f"make_request_from_data gave {', '.join(others)}, not requests")
+            for request in made:
+                check_url(request.url)
+        except Exception as exc:  # any error is this one seed's
+            self.spider.crawler.stats.inc_value("frontier/seeds/bad")
+            logger.error(
+                "Skipped bad seed %r from %s: %s",
+                data[:200], self.intake.keys.seeds,
+                exc if isinstance(exc, BadSeed) else f"{type(exc).__name__}: {exc}",
+                extra={"spider": self.spider},
+            )
+            return None
+        requests: list[Request] = made
+        return requests[0] if len(requests) == 1 else requests
 
     def _done(self, batches: list[str]) -> None:
         try:

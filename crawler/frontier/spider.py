@@ -676,24 +676,7 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         return a request, any iterable of requests, or None.
         """
         try:
-            seed = parse_seed(data, self.redis_encoding)
-            callback = None
-            if seed.callback is not None:
-                callback = self._seed_callback(seed.callback)
-            common: dict[str, Any] = {
-                "callback": callback,
-                "method": seed.method,
-                "headers": seed.headers or None,
-                "meta": seed.meta,
-                "priority": seed.priority,
-                "cb_kwargs": seed.cb_kwargs,
-                "dont_filter": True,
-            }
-            request = (
-                FormRequest(seed.url, formdata=seed.formdata, **common)
-                if seed.formdata
-                else Request(seed.url, body=seed.body, **common)
-            )
+            request = request_from_seed(self, data)
         except (BadSeed, ValueError, TypeError, RecursionError) as exc:
             self.crawler.stats.inc_value("frontier/seeds/bad")
             logger.error(
@@ -707,20 +690,9 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         return request
 
     def _seed_callback(self, name: str) -> Any:
-        """The spider method a JSON seed names as its callback.
-
-        Only ``parse`` and the public methods a spider defines itself are
-        callbacks: not private names, nor the machinery of this class and of
-        Scrapy's (``start``, ``close``, ...).
-
-        :raises BadSeed: for any other name.
-        """
-        if name.startswith("_") or (name != "parse" and hasattr(FrontierSpider, name)):
-            raise BadSeed(f"{name!r} is not a callback of this spider")
-        callback = getattr(self, name, None)
-        if not callable(callback):
-            raise BadSeed(f"spider has no callback {name!r}")
-        return callback
+        """The spider method a JSON seed names as its callback
+        (:func:`seed_callback`)."""
+        return seed_callback(self, name)
 
     def spider_idle(self) -> None:
         """Let the spider close once :meth:`start` has given up for idleness.
@@ -742,3 +714,47 @@ class FrontierCrawlSpider(FrontierSpider, CrawlSpider):
     A JSON seed without a ``callback`` is parsed by the rules (and
     ``parse_start_url``); name none of the rules' callbacks there.
     """
+
+
+def seed_callback(spider: Any, name: str) -> Any:
+    """The method of ``spider`` a JSON seed names as its callback.
+
+    Only ``parse`` and the public methods a spider defines itself are
+    callbacks: not private names, nor the machinery of :class:`FrontierSpider`
+    (and so of scrapy-redis's and Scrapy's spiders: ``start``, ``close``, ...).
+
+    :raises BadSeed: for any other name.
+    """
+    if name.startswith("_") or (name != "parse" and hasattr(FrontierSpider, name)):
+        raise BadSeed(f"{name!r} is not a callback of this spider")
+    callback = getattr(spider, name, None)
+    if not callable(callback):
+        raise BadSeed(f"spider has no callback {name!r}")
+    return callback
+
+
+def request_from_seed(spider: Any, data: bytes) -> Request:
+    """The request of one seed, as :class:`FrontierSpider` makes it.
+
+    :param spider: a scrapy-redis spider (its ``redis_encoding`` decodes
+        ``data``; a seed's ``callback`` names one of its methods).
+    :param data: the raw seed, see :mod:`crawler.frontier.seeds`: JSON keys
+        other than the frontier's are form data (a ``FormRequest``), as
+        scrapy-redis 0.9.1 reads them, numbers sent as their JSON text.
+    :raises BadSeed: the seed cannot become a request (why in the message).
+    :raises ValueError, TypeError: Scrapy refused the request.
+    """
+    seed = parse_seed(data, spider.redis_encoding)
+    callback = None if seed.callback is None else seed_callback(spider, seed.callback)
+    common: dict[str, Any] = {
+        "callback": callback,
+        "method": seed.method,
+        "headers": seed.headers or None,
+        "meta": seed.meta,
+        "priority": seed.priority,
+        "cb_kwargs": seed.cb_kwargs,
+        "dont_filter": True,
+    }
+    if seed.formdata:
+        return FormRequest(seed.url, formdata=seed.formdata, **common)
+    return Request(seed.url, body=seed.body, **common)

@@ -49,3 +49,14 @@ class StallingSeedSpider(RedisSpider):  # type: ignore[misc]
 
     def parse(self, response: Any, **kwargs: Any) -> Any:
         yield {"url": response.url}
+
+
+class SeedKeySpider(RedisSpider):  # type: ignore[misc]
+    """scrapy-redis's RedisSpider as a tester's project had it: its own
+    ``redis_key``, nothing overridden but ``parse``."""
+
+    name = "rqseeds"
+    redis_key = "rq:seeds"
+
+    def parse(self, response: Any, **kwargs: Any) -> Any:
+        yield {"url": response.url}
