@@ -573,30 +573,19 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         intake = self._intake
         if intake is None:
             return
-        if redis_is_failing(self.crawler):
-            # (the scheduler's close met the outage: each call would wait
-            # the socket timeout on the reactor; the next worker returns them)
-            stay = len(self._committed) + len(self._open) + (self._taking is not None)
-            if stay:
-                logger.warning(
-                    "Redis unreachable at close: %d intake batches of %s stay registered; "
-                    "the next worker of this crawl returns their seeds to %s once they "
-                    "have been untouched for its FRONTIER_LEASE_TIMEOUT",
-                    stay, intake.keys.registry, self.redis_key, extra={"spider": self},
-                )
-            return
+        failing = redis_is_failing(self.crawler)
+        # (when the scheduler's close met an outage, no call is made: each
+        # would wait the socket timeout on the reactor; the next worker
+        # returns the batches)
+        if self._committed and failing:
+            self._warn_committed_stay("no answer at the scheduler's close")
+            self._committed.clear()
         if self._committed:
             try:
                 intake.done(sorted(self._committed))
                 self._committed.clear()
             except RedisError as exc:
-                logger.warning(
-                    "Redis unreachable at close (%s): %d intake batches of %s whose "
-                    "requests are in the frontier stay registered; the next worker "
-                    "returns their seeds to %s and they are crawled again",
-                    exc, len(self._committed), intake.keys.registry, self.redis_key,
-                    extra={"spider": self},
-                )
+                self._warn_committed_stay(exc)
         held = dict(self._open)
         if self._taking is not None:
             held[self._taking] = 0  # unknown: the take's reply was lost
@@ -604,6 +593,9 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         error: RedisError | None = None
         # Later batches first, so that the oldest seeds end at the taking end.
         for batch in sorted(held, reverse=True):
+            if failing:
+                stuck[batch] = held[batch]
+                continue
             try:
                 returned += intake.return_batch(batch)
             except RedisError as exc:
@@ -625,9 +617,22 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 "batches %s); they stay there, and the next worker of this crawl "
                 "returns them to %s once they have been untouched for its "
                 "FRONTIER_LEASE_TIMEOUT (%gs in this worker's settings)",
-                error, self.redis_key, sum(stuck.values()), ", ".join(sorted(stuck)),
+                error or "no answer at the scheduler's close", self.redis_key,
+                sum(stuck.values()), ", ".join(sorted(stuck)),
                 self.redis_key, self.lease_timeout, extra={"spider": self},
             )
+
+    def _warn_committed_stay(self, why: object) -> None:
+        """Log that the batches whose requests are in the frontier stay
+        registered (Redis did not answer at close: ``why``)."""
+        assert self._intake is not None
+        logger.warning(
+            "Redis unreachable at close (%s): %d intake batches of %s whose "
+            "requests are in the frontier stay registered; the next worker "
+            "returns their seeds to %s and they are crawled again",
+            why, len(self._committed), self._intake.keys.registry, self.redis_key,
+            extra={"spider": self},
+        )
 
     def _requests_from(self, data: bytes) -> list[Request]:
         """The requests :meth:`make_request_from_data` makes of one seed.
