@@ -230,10 +230,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     acks, leases given back) are queued and sent as one atomic
     ``commit.lua`` call, pipelined with the next lease call (one round trip
     for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
-    first of them when no lease call comes sooner. A batch of seeds is
-    therefore queued atomically, a lease is acknowledged only with the
-    requests its callback yielded (a worker killed with writes unsent loses
-    the ack with the requests, and its lease is crawled again), and a Redis
+    first of them when no lease call comes sooner (one call per shard with
+    ``FRONTIER_SHARDS`` > 1, and an ack waits for the calls of other shards
+    that carry requests queued before it: :meth:`_batches`). A batch of
+    seeds is therefore queued atomically, a lease is acknowledged only with
+    or after the requests its callback yielded (a worker killed with writes
+    unsent loses the ack with the requests, and its lease is crawled
+    again), and a Redis
     outage is waited out with backoff: nothing is dropped, the worker keeps
     running, and the outbox is sent once Redis answers again.
 
@@ -669,10 +672,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         Redis is waited for at most ``CLOSE_REDIS_WAIT`` (10 s, or
         ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
         socket timeouts: past it, what was not sent is left out. Nothing
-        is lost: a lease is acknowledged only in the commit that queues the
-        requests its page yielded, so an unsent ack and its requests go
-        together, the lease expires and the page is crawled again (its
-        items, already stored, are stored again in place).
+        is lost: a lease is acknowledged only in or after the commits that
+        queue the requests its page yielded (:meth:`_batches`), so an
+        unsent ack and its requests go together, the lease expires and the
+        page is crawled again (its items, already stored, are stored again
+        in place).
         """
         self._unhook_forced_stop()
         wait = min(self.lease_timeout, CLOSE_REDIS_WAIT)
@@ -1608,7 +1612,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def flush_outbox(self) -> bool:
         """Send queued writes: one commit per shard they go to, in one round
-        trip (one per Redis Cluster master).
+        trip (one pipeline per Redis Cluster master).
 
         Acks held back (:meth:`_batches`) go in a second round trip, once
         the first is answered.
