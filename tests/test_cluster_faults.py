@@ -403,3 +403,64 @@ def test_a_worker_started_before_its_cluster_answers_waits_for_it_then_crawls(
     assert "] WARNING:" in worker.log and "trying again in 1.0s" in worker.log
     _assert_no_crash([worker])
     _assert_stored_once(db, sites, 3, [worker])
+
+
+def _sites_on_two_masters(rc: RedisCluster) -> tuple[str, str]:
+    """A site and another site whose shards are on another master."""
+    def node(site: str) -> Any:
+        return rc.get_node_from_key(site_prefix("pages", site, CLUSTER_SHARDS) + "count")
+
+    page_site = "s0.example"
+    child_site = next(
+        f"s{i}.example" for i in range(1, 1000)
+        if node(f"s{i}.example").name != node(page_site).name
+    )
+    return page_site, child_site
+
+
+def test_an_ack_is_never_committed_while_the_master_of_its_pages_child_is_down(
+    cluster: RedisClusterServers,
+) -> None:
+    """A page's shard and its child's shard on two masters; the child's
+    master is stopped before the outbox (freed slot and ack for the page's
+    shard, the child for the other) is sent, so only the page's master
+    answers; the worker then stops without sending more (a SIGKILL). Once
+    the master is back, a new worker gets the page again when its lease
+    expires (its ack was held back), or its child: never neither."""
+    rc = RedisCluster.from_url(cluster.url)
+    try:
+        settings: dict[str, Any] = {
+            "FRONTIER_REDIS_CLUSTER": True, "CONCURRENT_REQUESTS": 4,
+            "FRONTIER_LEASE_TIMEOUT": 1,
+        }
+        first, _ = harness.open_scheduler(cluster.url, _Pages, **settings)
+        page_site, child_site = _sites_on_two_masters(rc)
+        page, child = f"https://{page_site}/page", f"https://{child_site}/child"
+        assert first.enqueue_request(Request(page))
+        assert first.flush_outbox()
+        leased = harness.wait_for_request(first, 3.0)
+        assert leased.url == page
+        first._download_ended(leased)
+        assert first.enqueue_request(Request(child))
+        first.crawler.engine._slot.remove_request(leased)
+        assert [op.kind for op in first._outbox] == ["slots", "pushes", "acks"]
+        down_port = rc.get_node_from_key(
+            site_prefix("pages", child_site, CLUSTER_SHARDS) + "count").port
+        node = next(n for n in cluster.nodes if n.port == down_port)
+        node.stop()
+        try:
+            assert not first.flush_outbox()  # the page's master ran its commit
+            assert first._in_doubt is not None and "acks" in [op.kind for op in first._outbox]
+        finally:
+            node.start()
+        # (the worker is killed: its outbox is never sent)
+        cluster.wait_ready()
+        second, _ = harness.open_scheduler(cluster.url, _Pages, **settings)
+        # The child's master was down: the child is not queued, so the page
+        # must come back once its lease expired (its ack was not committed).
+        got = harness.wait_for_request(second, 5.0)
+        assert got.url == page
+        harness.finish(second, got)
+        assert second.next_request() is None
+    finally:
+        rc.close()

@@ -368,3 +368,76 @@ def test_a_move_cut_off_into_a_lower_shard_is_finished_and_its_first_copy_claime
     rds.delete(shards[0].marker_key("requeue#t0ken"))  # a day later
     assert requeue(shards) == (0, 0)
     assert [int(rds.get(p + "count") or 0) for p in prefixes] == [1, 0, 0]
+
+
+def _page_with_a_child_elsewhere(scheduler: FrontierScheduler, shards: int) -> tuple[str, str]:
+    """Lease a page of a shard-0 site, then do what the engine does with
+    it: its download ends, its callback yields a request for a site of the
+    last shard, the page is finished (its ack queued). Nothing is sent.
+    Returns the page's URL and its child's."""
+    sites = _sites(shards, per_shard=1)
+    page, child = f"https://{sites[0]}/page", f"https://{sites[-1]}/child"
+    assert scheduler.enqueue_request(Request(page))
+    assert scheduler.flush_outbox()
+    leased = harness.wait_for_request(scheduler, 3.0)
+    assert leased.url == page
+    scheduler._download_ended(leased)
+    assert scheduler.enqueue_request(Request(child))
+    scheduler.crawler.engine._slot.remove_request(leased)
+    assert [(op.kind, op.shard) for op in scheduler._outbox] == [
+        ("slots", 0), ("pushes", shards - 1), ("acks", 0)]
+    return page, child
+
+
+def test_an_ack_is_never_committed_while_its_pages_request_for_another_shard_is_refused(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Two shards on one Redis: the commit for the shard of a page's child
+    is refused while the page's own shard answers; the worker then stops
+    without sending more (a SIGKILL). A new worker gets the page again
+    once its lease expires (its ack was held back): the child is not lost."""
+    settings = {"FRONTIER_SHARDS": 2, "FRONTIER_LEASE_TIMEOUT": 1}
+    first, _ = harness.open_scheduler(redis_url, _Spider, **settings)
+    page, child = _page_with_a_child_elsewhere(first, 2)
+    broken = shard_prefixes("sf", 2)[1] + "count"
+    saved = rds.get(broken)
+    rds.set(broken, "x")  # commit.lua on shard 1 refuses before it writes
+    assert not first.flush_outbox()
+    assert [op.kind for op in first._outbox] == ["pushes", "acks"]
+    assert first.stats.get_value("frontier/redis/refused") == 1
+    # (the worker is killed: its outbox is never sent)
+    if saved is None:
+        rds.delete(broken)
+    else:
+        rds.set(broken, saved)
+    second, _ = harness.open_scheduler(redis_url, _Spider, **settings)
+    again = harness.wait_for_request(second, 5.0)  # once the lease expired
+    assert again.url == page
+    harness.finish(second, again)
+    assert second.next_request() is None
+    del child  # (its commit was refused: the page yields it again when crawled)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_an_ack_goes_one_round_trip_after_its_pages_requests_for_another_shard(
+    redis_url: str, rds: redis.Redis, shards: int
+) -> None:
+    """Every call answered: with two shards one flush sends the child's
+    commit and the slot, then the ack in a second round trip; with one
+    shard all in one. The outbox is then empty and the child queued."""
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=shards)
+    _, child = _page_with_a_child_elsewhere(scheduler, shards)
+    seq = scheduler._seq
+    assert scheduler.flush_outbox()
+    assert not scheduler._outbox and scheduler._acks_held == 0
+    assert scheduler._seq == seq + shards  # round trips of commits
+    assert scheduler.stats.get_value("frontier/leases/acked") == 1
+    got = harness.wait_for_request(scheduler, 3.0)
+    assert got.url == child
+    harness.finish(scheduler, got)
+    assert scheduler.queue.shards.audit() == {}
+    assert _sum_of(rds, shards, lambda p: rds.zcard(p + "leases")) == 0
+
+
+def _sum_of(rds: redis.Redis, shards: int, read: Any) -> int:
+    return sum(int(read(p) or 0) for p in shard_prefixes("sf", shards))

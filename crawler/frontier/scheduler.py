@@ -230,10 +230,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     acks, leases given back) are queued and sent as one atomic
     ``commit.lua`` call, pipelined with the next lease call (one round trip
     for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
-    first of them when no lease call comes sooner. A batch of seeds is
-    therefore queued atomically, a lease is acknowledged only with the
-    requests its callback yielded (a worker killed with writes unsent loses
-    the ack with the requests, and its lease is crawled again), and a Redis
+    first of them when no lease call comes sooner (one call per shard with
+    ``FRONTIER_SHARDS`` > 1, and an ack waits for the calls of other shards
+    that carry requests queued before it: :meth:`_batches`). A batch of
+    seeds is therefore queued atomically, a lease is acknowledged only with
+    or after the requests its callback yielded (a worker killed with writes
+    unsent loses the ack with the requests, and its lease is crawled
+    again), and a Redis
     outage is waited out with backoff: nothing is dropped, the worker keeps
     running, and the outbox is sent once Redis answers again.
 
@@ -388,6 +391,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: A CLUSTERDOWN or TRYAGAIN of the last round trip (the call did
         #: not run; once more after the slot map is refreshed, then an outage).
         self._busy: ResponseError | None = None
+        #: Acks the last :meth:`_batches` held back (see there).
+        self._acks_held = 0
         #: A configuration error stops the crawl: no Redis call until it closes.
         self._config_stopped = False
         #: Why leasing stopped: Redis evicted keys or may evict them (the
@@ -667,10 +672,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         Redis is waited for at most ``CLOSE_REDIS_WAIT`` (10 s, or
         ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
         socket timeouts: past it, what was not sent is left out. Nothing
-        is lost: a lease is acknowledged only in the commit that queues the
-        requests its page yielded, so an unsent ack and its requests go
-        together, the lease expires and the page is crawled again (its
-        items, already stored, are stored again in place).
+        is lost: a lease is acknowledged only in or after the commits that
+        queue the requests its page yielded (:meth:`_batches`), so an
+        unsent ack and its requests go together, the lease expires and the
+        page is crawled again (its items, already stored, are stored again
+        in place).
         """
         self._unhook_forced_stop()
         wait = min(self.lease_timeout, CLOSE_REDIS_WAIT)
@@ -1606,12 +1612,24 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def flush_outbox(self) -> bool:
         """Send queued writes: one commit per shard they go to, in one round
-        trip (one per Redis Cluster master).
+        trip (one pipeline per Redis Cluster master).
+
+        Acks held back (:meth:`_batches`) go in a second round trip, once
+        the first is answered.
 
         :returns: False when Redis could not be reached (the writes stay
             queued and are tried again after a backoff).
         """
-        return not self._outbox or self._exchange(None) is not None
+        if not self._outbox:
+            return True
+        sent = self._exchange(None)
+        if sent is None and self._acks_held and self._in_doubt is None and all(
+            op.kind in ("acks", "after_commit") for op in self._outbox
+        ):
+            # The writes before them are in; no write carrying a request is
+            # left, so none is held this time.
+            sent = self._exchange(None)
+        return sent is not None
 
     @overload
     def _exchange(self, lease_ids: None, shard: int = 0) -> bool | None: ...
@@ -1692,6 +1710,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             when not asked or not run).
         """
         groups, batches = self._batches()
+        if self._acks_held and lease_ids is not None and self._flush_call is None:
+            self._flush_call = call_later(self.outbox_delay, self._flush_soon)  # (for them)
         if batches:
             self._seq += 1
             for batch in batches.values():
@@ -1752,11 +1772,38 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def _batches(self) -> tuple[dict[int, list[_Op]], dict[int, Commit]]:
         """The outbox's writes by shard, and the commit of each shard that
-        has anything to send."""
+        has anything to send.
+
+        An ack is held back (left in the outbox, counted in
+        ``_acks_held``) while a write queued before it for another shard
+        carries a request (a push, retry, dead letter, revisit or
+        give-back; not a freed slot, not another ack): the commits of one
+        round trip to several shards are not atomic together (a round trip
+        cut midway, a Redis Cluster master down), and a page's ack must
+        never be in Redis before the requests its page yielded, on any
+        shard (else a stop before they are sent loses them). The page of a
+        write is not known, so every earlier write for another shard
+        counts. Such writes are never held, so once the round trip that
+        carries them is answered the acks held go, in the next round trip:
+        :meth:`flush_outbox` sends it at once, and a round trip with a
+        lease call leaves them to the flush it schedules. Writes for one shard are
+        sent in outbox order apart from held acks: an ack ends its lease,
+        a write after it never needs it ended. One shard, or writes for the
+        ack's shard alone before it: nothing is held (the ack goes in the
+        same atomic commit as the requests before it).
+        """
         groups: dict[int, list[_Op]] = {}
+        carrying: set[int] = set()  # shards with a request-carrying write so far
+        self._acks_held = 0
         for op in self._outbox:
-            if op.kind != "after_commit":
-                groups.setdefault(op.shard, []).append(op)
+            if op.kind == "after_commit":
+                continue
+            if op.kind == "acks" and carrying - {op.shard}:
+                self._acks_held += 1
+                continue
+            if op.kind not in ("acks", "slots"):
+                carrying.add(op.shard)
+            groups.setdefault(op.shard, []).append(op)
         batches: dict[int, Commit] = {}
         for i, ops in groups.items():
             batch = self._commit_of(ops)
