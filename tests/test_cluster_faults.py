@@ -303,8 +303,8 @@ def test_a_master_down_past_the_node_timeout_is_an_outage_the_workers_wait_out(
         # (crawler/frontier/health.py), so it may never meet the outage; when
         # it does, it is an outage there too, never a refusal.
         seed_lines = [line for line in logs_text.splitlines() if "while reading seeds" in line]
-        outage = "Redis unreachable while reading seeds"
-        assert all(outage in line for line in seed_lines), seed_lines
+        unreachable = "Redis unreachable while reading seeds"
+        assert all(unreachable in line for line in seed_lines), seed_lines
         assert "Redis refused" not in logs_text, [w.log[-3000:] for w in workers]
         assert all(1 <= n <= 40 for n in warnings), warnings
         _assert_stored_once(db, sites, SITES, workers)
