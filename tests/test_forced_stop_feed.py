@@ -96,7 +96,7 @@ def test_a_forced_stop_of_a_feed_only_worker_loses_no_acknowledged_item(
                 proc.kill()
         log = first_log.read_text()
         assert "forcing unclean shutdown" in log
-        assert "Forced stop: finished the jsonlines feed" in log, log[-3000:]
+        assert "Forced stop: finished the jsonl feed" in log, log[-3000:]
         stopped = feed_items(first)  # (every line is JSON)
         assert stopped
         second, second_log = tmp_path / "second.jsonl", tmp_path / "second.log"
