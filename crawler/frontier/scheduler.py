@@ -43,6 +43,7 @@ from crawler.frontier.connection import (
     redis_location,
 )
 from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
+from crawler.frontier.feedstop import finish_local_feeds, warn_remote_feeds
 from crawler.frontier.forcedstop import (
     CLOSE_REDIS_WAIT,
     GIVE_BACK_TIMEOUT,
@@ -665,6 +666,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         slot.remove_request = remove_request  # type: ignore[union-attr]
         # A forced stop stops the reactor without closing the engine.
         self._unhook_forced_stop = before_reactor_stops(self._give_back_at_forced_stop)
+        warn_remote_feeds(self.crawler)
 
     def close(self, reason: str) -> None:
         """Give back unfinished leases, send the outbox, stop heartbeats.
@@ -743,7 +745,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         front of its queue with its delivery count unchanged. A reply lost or
         late is not sent again: the next call of any worker resolves it, or
         the leases expire (and count as a delivery) as after a crash.
+        Local feed exports are finished first, before the outbox's acks
+        are sent (:func:`~crawler.frontier.feedstop.finish_local_feeds`).
         """
+        finish_local_feeds(self.crawler)
         if not self._leases:
             return
         if self._heartbeat is not None and self._heartbeat.running:
