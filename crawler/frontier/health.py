@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.reactor import is_reactor_installed
+from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -130,15 +131,22 @@ class RedisHealth:
 
 
 def _scheduler(crawler: Crawler) -> Any:
-    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    """The engine's slot and its scheduler, (None, None) before the crawl
+    starts (Scrapy's ``Crawler.engine`` raises RuntimeError until then)."""
+    try:
+        engine = crawler.engine
+    except (AttributeError, RuntimeError):
+        return None, None
+    slot = getattr(engine, "_slot", None)
     return slot, getattr(slot, "scheduler", None)
 
 
 def spider_closing(crawler: Crawler) -> bool:
     """Whether the engine is closing the spider (a graceful stop, an idle
-    close, ``CloseSpider``)."""
+    close, ``CloseSpider``): its slot's ``closing`` is a Deferred (Scrapy's
+    ``scrapy.core.engine._Slot``; an engine stand-in, a ``Mock``, never is)."""
     slot, _ = _scheduler(crawler)
-    return slot is not None and getattr(slot, "closing", None) is not None
+    return isinstance(getattr(slot, "closing", None), Deferred)
 
 
 def may_call_redis(crawler: Crawler) -> bool:
