@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 import pytest
 import redis as redis_lib
 
-from crawler.frontier.health import RedisHealth
+from crawler.frontier.health import RedisHealth, redis_answered
+from tests.test_config_errors import password_redis  # noqa: F401 (a fixture)
 from tests.test_faults import proxy  # noqa: F401 (a fixture)
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
     from tests.faultproxy import FaultProxy
+    from tests.test_config_errors import PasswordRedisServer
 
 pytestmark = pytest.mark.faults
 
@@ -44,3 +46,22 @@ def test_a_probe_held_by_a_silent_redis_is_the_only_one_and_ends_the_outage_once
     assert not health.failing
     assert not answers  # (called on a running reactor only)
     client.close()
+
+
+def test_a_probe_that_redis_refuses_ends_the_outage_so_the_calls_meet_the_refusal(
+    password_redis: PasswordRedisServer,  # noqa: F811
+) -> None:
+    """A password rotated during an outage: the probe's refusal is an
+    answer, so the frontier's calls go ahead and stop the worker with a
+    configuration error instead of waiting for a probe that never passes."""
+    client = redis_lib.Redis(host=password_redis.host, port=password_redis.port,
+                             password="not-the-password", socket_timeout=1.0)
+    answers: list[None] = []
+    health = RedisHealth(client.ping, lambda: answers.append(None))
+    health.failed()
+    health.probe()
+    wait_for(lambda: health.answered, 5, "the refused probe to count as an answer")
+    assert redis_answered(redis_lib.AuthenticationError("invalid password"))
+    assert redis_answered(redis_lib.ResponseError("NOPERM"))
+    assert not redis_answered(redis_lib.ConnectionError("Connection refused"))
+    assert not redis_answered(redis_lib.TimeoutError("Timeout reading from socket"))

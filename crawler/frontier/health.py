@@ -25,6 +25,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy.utils.reactor import is_reactor_installed
 from twisted.internet.defer import Deferred
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RedisHealth", "may_call_redis", "note_redis_failure", "on_running_reactor",
-    "redis_is_failing", "spider_closing",
+    "redis_answered", "redis_is_failing", "spider_closing",
 ]
 
 logger = logging.getLogger(__name__)
@@ -118,9 +121,15 @@ class RedisHealth:
     def _run_probe(self) -> None:
         try:
             self._ping()
-        except Exception as exc:  # (any failure: Redis is not back)
-            logger.debug("Redis probe failed: %s", exc)
-            return
+        except Exception as exc:
+            if not redis_answered(exc):
+                logger.debug("Redis probe failed: %s", exc)
+                return
+            # Redis answered with a refusal (a password rotated, an ACL):
+            # the calls go ahead and meet it, a configuration error.
+            self._answered.set()
+            if is_reactor_installed() and _reactor().running:
+                _reactor().callFromThread(self._answered_cb)
         else:
             self._answered.set()
             if is_reactor_installed() and _reactor().running:
@@ -128,6 +137,15 @@ class RedisHealth:
         finally:
             self._next_probe = time.monotonic() + PROBE_INTERVAL
             self._probing.release()
+
+
+def redis_answered(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a Redis call, is an answer of Redis's (a
+    refusal: a wrong password, a missing permission, an error reply), not
+    the lack of one (a connection refused or reset, a timeout)."""
+    if isinstance(exc, AuthenticationError):  # (a ConnectionError in redis-py)
+        return True
+    return not isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
 
 
 def _scheduler(crawler: Crawler) -> Any:
