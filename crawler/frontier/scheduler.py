@@ -1664,7 +1664,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             left it in doubt (the writes stay queued); else the lease's
             result, or True when none was asked.
         """
-        if time.monotonic() < self._down_until or not may_call_redis(self.crawler):
+        if time.monotonic() < self._down_until or not self._may_call_redis():
             return None
         if self._in_doubt is not None and not self._resolve():
             return None
@@ -2144,6 +2144,25 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._down_until = 0.0
         self._unreachable = False
         self.redis_health.recovered()
+
+    def _may_call_redis(self) -> bool:
+        """:func:`~crawler.frontier.health.may_call_redis`; when the gate
+        holds the call because another component (the seed reader, the
+        robots.txt middleware) met an outage first, say so once, as
+        :meth:`_outage` does for the scheduler's own calls."""
+        if may_call_redis(self.crawler):
+            return True
+        if self._unreachable or not self.redis_health.failing:
+            return False
+        self._unreachable = True
+        self._backoff = max(self._backoff, 0.5)
+        self.stats.inc_value("frontier/redis/outages")
+        logger.warning(
+            "Redis unreachable (met by another component of this worker); %d writes "
+            "waiting; trying again once Redis answers a probe",
+            len(self._outbox), extra={"spider": self.spider},
+        )
+        return False
 
     def _ping(self) -> None:
         """``PING`` Redis (the probe of :class:`RedisHealth`, in its thread)."""
