@@ -22,6 +22,10 @@ from crawler.pipelines import MongoPipeline, SpillLoad, as_document, load_spill
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
+#: Seconds the in-process pipeline runs may take before a test fails as hung
+#: (1,200 items take a few seconds alone; 30 was not enough beside the rest
+#: of the suite on a loaded 2-core machine).
+HANG_GUARD = 120
 
 
 class _Spider(Spider):
@@ -59,7 +63,7 @@ def run_many(
         if close_early:
             for pipeline in pipelines:
                 await pipeline.close_spider()
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=HANG_GUARD)
         if not close_early:
             for pipeline in pipelines:
                 await pipeline.close_spider()
@@ -224,7 +228,7 @@ def test_writing_a_batch_again_stores_nothing_twice(
         await asyncio.to_thread(pipeline._write, batch)
         await asyncio.to_thread(pipeline._write, batch)
         await pipeline.close_spider()  # writes it a third time
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=HANG_GUARD)
 
     asyncio.run(go())
     assert db.quotes.count_documents({}) == 10
@@ -294,7 +298,7 @@ def test_spilled_items_are_loaded_once_however_often_the_file_is_loaded(
         ]
         await asyncio.sleep(0)
         await pipeline._spill()
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=HANG_GUARD)
         if pipeline._timer is not None:
             pipeline._timer.cancel()
         assert pipeline.client is not None
@@ -337,7 +341,7 @@ def test_two_upserts_out_of_order_keep_the_latest_last_seen_and_fields(
         await asyncio.sleep(0)
         assert await late.flush()
         assert await early.flush()
-        await asyncio.wait_for(asyncio.gather(*first, *second), timeout=30)
+        await asyncio.wait_for(asyncio.gather(*first, *second), timeout=HANG_GUARD)
         for pipeline in (early, late):
             await pipeline.close_spider()
 
