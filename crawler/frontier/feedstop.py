@@ -38,8 +38,13 @@ LOCAL_STORAGES = (FileFeedStorage, StdoutFeedStorage)
 
 
 def feed_exporter(crawler: Crawler) -> FeedExporter | None:
-    """The crawler's enabled ``FeedExporter`` (or a subclass), or None."""
-    manager = getattr(crawler, "extensions", None)
+    """The crawler's enabled ``FeedExporter`` (or a subclass), or None
+    (also before the crawl starts: Scrapy's ``Crawler.extensions`` raises
+    RuntimeError until then)."""
+    try:
+        manager = crawler.extensions
+    except (AttributeError, RuntimeError):
+        return None
     for extension in getattr(manager, "middlewares", ()):
         if isinstance(extension, FeedExporter):
             return extension
