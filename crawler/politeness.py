@@ -45,7 +45,12 @@ from crawler.frontier.connection import (
     get_redis,
     is_no_master,
 )
-from crawler.frontier.health import may_call_redis, note_redis_failure, spider_closing
+from crawler.frontier.health import (
+    PROBE_INTERVAL,
+    may_call_redis,
+    note_redis_failure,
+    spider_closing,
+)
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
 from crawler.frontier.slots import SitePolicy
@@ -446,15 +451,18 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
             if not may_call_redis(self.crawler):
                 # Redis down (health.py): no call that would block the
                 # reactor; once the spider closes, the request goes back.
+                # The gate reopens once a probe is answered (every
+                # PROBE_INTERVAL s while Redis fails): wait that long, not
+                # this loop's backoff, which is for its own failed calls.
                 if spider_closing(self.crawler):
                     return _Wait(self.retry_base, 0, "Redis unreachable at close")
-                backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(PROBE_INTERVAL)
                 continue
             try:
                 rules, stored = self._from_redis(site)
                 if rules is not None:
                     return rules
+                backoff = 0.0  # (Redis answered: a failure next starts over)
                 if self.redis.set(lock, "1", nx=True, px=self._lock_ms):
                     break
             except UNREACHABLE as exc:
