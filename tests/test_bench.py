@@ -18,6 +18,7 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 @pytest.mark.workers
+@pytest.mark.timeout(600)  # (about 220 s beside the suite; its subprocess has 600)
 def test_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     """The quick run prints a JSON summary with a row of every figure and writes the table."""
     report = tmp_path / "BENCHMARKS.md"
