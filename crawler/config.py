@@ -9,11 +9,15 @@ status (``crawler/commands/crawl.py``), instead of retrying for ever.
 * **Settings.** :data:`SETTINGS` is the one table of every setting the
   project adds, and of the Scrapy and scrapy-redis settings its components
   read: name -> allowed type and range, and what it means.
-  :func:`validate_settings` checks a crawler's settings against it before
-  the crawl starts (``scrapy crawl``, and :class:`crawler.addon.FrontierAddon`
-  for any other way of running a crawl) and raises :class:`SettingsError`,
-  whose lines read ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds
-  > 0``.
+  :func:`row_problems` and :func:`order_problems` check a crawler's
+  settings against it; :func:`crawler.checks.validate_settings` runs them
+  (with the checks only the frontier can make) before the crawl starts
+  (``scrapy crawl``, and :class:`crawler.addon.FrontierAddon` for any other
+  way of running a crawl) and raises :class:`SettingsError`, whose lines
+  read ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds > 0``.
+
+This module is the configuration layer: it imports nothing of the frontier
+(``.importlinter`` declares it), the frontier and everything above import it.
 * **Servers.** Components that meet a configuration error at a server
   (:mod:`crawler.frontier.connection` tells them for Redis,
   :mod:`crawler.pipelines` for MongoDB) report it with
@@ -35,6 +39,7 @@ import logging
 import math
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +55,8 @@ from scrapy.settings import BaseSettings, default_settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
 
-from crawler.frontier.intake import IntakeKeys
-from crawler.frontier.overrides import parse_site_settings
+from crawler.hashtags import intake_base
+from crawler.overrides import parse_download_slots, parse_site_settings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -68,9 +73,12 @@ __all__ = [
     "config_error_of",
     "is_unset",
     "masked_url",
+    "order_problems",
+    "row_problems",
     "scrub",
     "stop_on_config_error",
-    "validate_settings",
+    "warn_unknown_settings",
+    "worker_id",
 ]
 
 #: The finish reason (stat ``finish_reason``) of a crawl stopped by a
@@ -233,6 +241,12 @@ def scrub(text: str, secrets: list[str]) -> str:
         if len(secret) >= 4 and secret != _MASK:
             text = text.replace(secret, _MASK)
     return text
+
+
+def worker_id(settings: BaseSettings) -> str:
+    """This worker's id: ``FRONTIER_WORKER_ID``, or ``<hostname>:<pid>``
+    when it is empty (its default)."""
+    return settings.get("FRONTIER_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
 
 
 # -- fatal configuration errors ------------------------------------------------
@@ -423,7 +437,7 @@ def text(*, empty: bool = False, check: Callable[[str], object] | None = None,
     return Kind(words, check_text)
 
 
-def _json_dict(value: Any) -> dict[Any, Any]:
+def json_dict(value: Any) -> dict[Any, Any]:
     """What Scrapy's ``getdict`` reads: a dict, or a JSON object as text."""
     if isinstance(value, str):
         try:
@@ -443,7 +457,7 @@ def dictionary(check: Callable[[dict[Any, Any]], object] | None = None,
     """A dict (a JSON object when given as text), checked further by ``check``."""
 
     def check_dict(value: Any) -> None:
-        parsed = _json_dict(value)
+        parsed = json_dict(value)
         if check is not None:
             check(parsed)
 
@@ -508,7 +522,7 @@ def _check_dir_place(value: str) -> None:
 def _check_seed_key(value: str) -> None:
     _format_check("name")(value)
     try:
-        IntakeKeys.for_seed_list(value % {"name": "spider"})
+        intake_base(value % {"name": "spider"})
     except ValueError as exc:
         raise _Invalid(str(exc)) from None
 
@@ -524,8 +538,6 @@ def _site_check(kind: str) -> Callable[[dict[Any, Any]], object]:
 
 
 def _check_download_slots(value: dict[Any, Any]) -> None:
-    from crawler.frontier.slots import parse_download_slots  # noqa: PLC0415 (a cycle)
-
     try:
         parse_download_slots(value)
     except ValueError as exc:
@@ -621,7 +633,7 @@ class Setting:
                 shown = masked_url(value)
             else:
                 try:
-                    shown = _masked_json(_json_dict(value))
+                    shown = _masked_json(json_dict(value))
                 except ValueError:
                     shown = _MASK if _SECRET_PARAM.search(value) else value
         elif isinstance(value, str):
@@ -858,62 +870,6 @@ def _problem(name: str, row: Setting, value: Any, exc: BaseException) -> str:
     return f"{line} ({detail})" if detail else line
 
 
-def _check_cluster_url(settings: BaseSettings) -> str | None:
-    """With ``FRONTIER_REDIS_CLUSTER``: REDIS_URL names a node, database 0."""
-    url = settings.get("REDIS_URL") or ""
-    if not url:
-        return "FRONTIER_REDIS_CLUSTER=True: REDIS_URL must name a node of the cluster"
-    try:
-        db = int(parse_url(url).get("db") or 0)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError):
-        return None  # REDIS_URL's own row says it
-    if not db:
-        return None
-    return (f"REDIS_URL={masked_url(url)}: must use database 0 with FRONTIER_REDIS_CLUSTER "
-            "(a cluster has no other)")
-
-
-def _check_client(settings: BaseSettings) -> str | None:
-    """Build the Redis client as the crawl will (no I/O on one server) to
-    catch what redis-py refuses: an unknown option, a bad URL."""
-    # Imported here: crawler.frontier.connection imports this module.
-    from crawler.frontier.connection import cluster_enabled, get_redis  # noqa: PLC0415
-
-    url = settings.get("REDIS_URL")
-    try:
-        sentinel = parse_sentinel_url(url)
-    except ValueError:
-        return None  # REDIS_URL's own row says it
-    if sentinel is not None and cluster_enabled(settings):
-        return (f"REDIS_URL={masked_url(str(url))}: names Redis Sentinels, which "
-                "FRONTIER_REDIS_CLUSTER=True does not take (a cluster needs no sentinels)")
-    if cluster_enabled(settings):
-        return _check_cluster_url(settings)
-    try:
-        client = get_redis(settings)
-        try:
-            # redis-py takes options as they come and refuses an unknown
-            # one only when it makes a connection object (no I/O yet).
-            client.connection_pool.make_connection().disconnect()  # type: ignore[no-untyped-call]
-        finally:
-            client.close()
-    except (TypeError, ValueError, ImportError, AttributeError) as exc:
-        url = settings.get("REDIS_URL")
-        secrets = secrets_of(url)
-        try:
-            params = _json_dict(settings.get("REDIS_PARAMS") or {})
-        except ValueError:
-            params = {}
-        if isinstance(params.get("password"), str):
-            secrets.append(params["password"])
-        error = scrub(str(exc), secrets)
-        if params:
-            shown = SETTINGS["REDIS_PARAMS"].shown(params)
-            return f"REDIS_PARAMS={shown}: must be options redis-py takes (it says: {error})"
-        return f"REDIS_URL={masked_url(str(url or ''))}: must be a URL redis-py takes ({error})"
-    return None
-
-
 #: Pairs of settings (least, most) whose first must not exceed the second.
 ORDERED: tuple[tuple[str, str, float, float], ...] = (
     # (first, second, first's default, second's default)
@@ -925,7 +881,7 @@ ORDERED: tuple[tuple[str, str, float, float], ...] = (
 )
 
 
-def _order_problems(settings: BaseSettings) -> list[str]:
+def order_problems(settings: BaseSettings) -> list[str]:
     """One line per pair of :data:`ORDERED` out of order (each value alone
     passed its row's check)."""
     out = []
@@ -937,26 +893,18 @@ def _order_problems(settings: BaseSettings) -> list[str]:
     return out
 
 
-def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> None:
-    """Check ``settings`` against :data:`SETTINGS`; build no connection.
+def row_problems(settings: BaseSettings) -> list[str]:
+    """One error line per setting of :data:`SETTINGS` whose value its row
+    refuses; unset ones (None, or the text ``None`` where the default is
+    None) always pass.
 
-    Every setting of the table that is set is checked (None, unset, always
-    passes: Scrapy's getters read it as the component's default); a Redis
-    client is then built as the crawl will build it (no I/O on one server),
-    so that options redis-py refuses are found now; then the scrapy-redis
-    settings the frontier cannot honour are refused
-    (:func:`crawler.frontier.compat.refusals`). A setting with a
-    project prefix (:data:`OWN_PREFIXES`) that is not in the table is
-    logged as a warning (a typo, most likely) unless ``warn_unknown`` is
-    off.
-
-    :raises SettingsError: one line per bad setting, naming the setting, its
-        value (credentials masked) and what is allowed.
+    :returns: lines such as ``FRONTIER_SEED_BATCH=0: must be a whole number
+        >= 1`` (credentials masked), in the table's order; empty: all pass.
     """
     problems = []
     for name, row in SETTINGS.items():
         value = settings.get(name)
-        if value is None:  # unset: Scrapy's getters give the component's default
+        if value is None:  # unset: the default of the table (or Scrapy's)
             continue
         if row.kind.nullable and is_unset(settings, name):
             continue
@@ -964,21 +912,13 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
             row.kind.check(value)
         except (ValueError, TypeError, LookupError) as exc:
             problems.append(_problem(name, row, value, exc))
-    if not any(p.startswith(("REDIS_", "FRONTIER_REDIS_CLUSTER")) for p in problems):
-        client_problem = _check_client(settings)
-        if client_problem:
-            problems.append(client_problem)
-    if not problems:
-        problems = _order_problems(settings)
-    if not problems:
-        # Imported here: it loads the frontier's classes, which import this module.
-        from crawler.frontier.compat import refusals  # noqa: PLC0415
+    return problems
 
-        problems = refusals(settings)
-    if problems:
-        raise SettingsError(problems)
-    if not warn_unknown:
-        return
+
+def warn_unknown_settings(settings: BaseSettings) -> None:
+    """Log a WARNING for each setting of ``settings`` that looks like one
+    of the project's but is none (:func:`is_unknown`), naming the nearest
+    known setting."""
     for name in settings:
         if isinstance(name, str) and is_unknown(name):
             near = difflib.get_close_matches(name, SETTINGS, n=1, cutoff=0.6)

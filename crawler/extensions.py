@@ -17,7 +17,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.misc import load_object
 from twisted.internet.threads import deferToThread
 
-from crawler.config import masked_url
+from crawler.config import masked_url, worker_id
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.clock import configure as configure_clock
 from crawler.frontier.connection import get_redis, report_redis_failure
@@ -37,11 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["ClusterStats", "job_id", "stores_in_mongodb", "worker_id"]
-
-
-def worker_id(settings: BaseSettings) -> str:
-    """This worker's id: ``FRONTIER_WORKER_ID``, or ``<hostname>:<pid>``."""
-    return settings.get("FRONTIER_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
 
 
 def job_id(crawler: Crawler) -> str | None:

@@ -23,7 +23,8 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.log import get_scrapy_root_handler
 
-from crawler.extensions import job_id, worker_id
+from crawler.config import worker_id
+from crawler.extensions import job_id
 from crawler.keys import spider_name_of
 
 if TYPE_CHECKING:

@@ -59,7 +59,7 @@ metric                                                what
 
 Settings: ``METRICS_HOST`` (default ``127.0.0.1``), ``METRICS_PORT`` (default
 9410), and those of :mod:`crawler.status`; they are checked at start
-(:func:`crawler.config.validate_settings`): a bad one is reported in one line
+(:func:`crawler.checks.validate_settings`): a bad one is reported in one line
 (``Bad setting: METRICS_PORT='abc': ...``) and the exporter exits with status 2.
 A server that cannot be read is logged (a warning naming it, password masked,
 and the cause) when it fails and when it can be read again, not per scrape.
@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     from scrapy.utils.project import get_project_settings  # noqa: PLC0415
 
-    from crawler.config import SettingsError, validate_settings  # noqa: PLC0415
+    from crawler.checks import validate_settings  # noqa: PLC0415
+    from crawler.config import SettingsError  # noqa: PLC0415
 
     settings = get_project_settings()
     try:

@@ -19,7 +19,8 @@ from scrapy.utils.response import response_status_message
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.scheduler import RETRY_DELAY_META, REVISIT_META
 from crawler.frontier.signals import request_dead, request_fetched
-from crawler.frontier.sites import on_sites, site_of
+from crawler.frontier.sites import SEED_HOSTS_META as META_KEY
+from crawler.frontier.sites import on_sites, site_of, tag_seed
 from crawler.pipelines import (
     ItemIds,
     ItemSources,
@@ -47,21 +48,9 @@ __all__ = [
     "tag_seed",
 ]
 
-#: Request meta key holding the hosts a request's crawl may visit.
-META_KEY = "seed_hosts"
 #: Request meta key: the component that sent this request handles its
 #: failure itself (the robots.txt fetch), so no dead letter is made of it.
 DONT_DEAD_LETTER_META = "dont_dead_letter"
-
-
-def tag_seed(request: Request) -> Request:
-    """Mark ``request`` as a seed: its crawl stays on its own host.
-
-    Sets ``meta["seed_hosts"]`` to ``[site_of(request)]`` unless set.
-    """
-    if META_KEY not in request.meta:
-        request.meta[META_KEY] = [site_of(request)]
-    return request
 
 
 class SeedHostsMiddleware:

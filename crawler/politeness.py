@@ -48,7 +48,7 @@ from crawler.frontier.connection import (
 from crawler.frontier.health import may_call_redis, note_redis_failure, spider_closing
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
-from crawler.frontier.slots import SitePolicy
+from crawler.frontier.slots import RobotsGate, SitePolicy
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -236,7 +236,7 @@ class _Wait(NamedTuple):
     reason: str | None = None
 
 
-class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
+class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
     """Scrapy's RobotsTxtMiddleware with robots.txt fetched once per cluster,
     and its fetch's outcome handled as RFC 9309 section 2.3.1 says.
 

@@ -74,8 +74,8 @@ from twisted.python.threadpool import ThreadPool
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from crawler.config import SettingsError
-from crawler.extensions import job_id, worker_id
+from crawler.config import SettingsError, worker_id
+from crawler.extensions import job_id
 from crawler.keys import spider_name_of
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ from twisted.python.failure import Failure
 
 import tests.scheduler_harness as harness
 from crawler.addon import FrontierAddon
+from crawler.checks import validate_settings
 from crawler.commands.crawl import Command as CrawlCommand
 from crawler.config import (
     CONFIG_ERROR_REASON,
@@ -49,7 +50,6 @@ from crawler.config import (
     SettingsError,
     config_error_of,
     masked_url,
-    validate_settings,
 )
 from crawler.extensions import ClusterStats
 from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redis

@@ -17,13 +17,13 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
-from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.scheduler import REVISIT_META
 from crawler.frontier.serializer import entry_fields
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, NotDue, Revisit
 from crawler.middlewares import RevisitMiddleware
+from crawler.overrides import parse_site_settings
 from crawler.pipelines import MongoPipeline
 from devtools.replay import Page
 from tests import scheduler_harness as harness

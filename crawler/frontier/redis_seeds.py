@@ -45,7 +45,7 @@ from scrapy import Request, signals
 from scrapy_redis.spiders import RedisMixin
 from twisted.internet import task
 
-from crawler.extensions import worker_id
+from crawler.config import worker_id
 from crawler.frontier.intake import SeedIntake
 from crawler.frontier.seeds import BadSeed, check_url
 

@@ -16,8 +16,7 @@ from scrapy.spiders import CrawlSpider
 from scrapy_redis import spiders as scrapy_redis_spiders
 from scrapy_redis.spiders import RedisSpider
 
-from crawler.config import stop_on_config_error
-from crawler.extensions import worker_id
+from crawler.config import stop_on_config_error, worker_id
 from crawler.frontier.connection import (
     NOT_RUN,
     config_error_message,
@@ -28,7 +27,7 @@ from crawler.frontier.connection import (
 from crawler.frontier.health import may_call_redis, note_redis_failure, redis_is_failing
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
-from crawler.middlewares import tag_seed
+from crawler.frontier.sites import tag_seed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
