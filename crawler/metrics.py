@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     from scrapy.utils.project import get_project_settings  # noqa: PLC0415
 
     from crawler.checks import validate_settings  # noqa: PLC0415
-    from crawler.config import SettingsError  # noqa: PLC0415
+    from crawler.config import FrontierConfig, SettingsError  # noqa: PLC0415
 
     settings = get_project_settings()
     try:
@@ -301,18 +301,19 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:
             print(f"Bad setting: {line}", file=sys.stderr)
         return 2
+    config = FrontierConfig.from_settings(settings)
     parser = argparse.ArgumentParser(
         prog="python -m crawler.metrics", description="Prometheus exporter of the crawl"
     )
     parser.add_argument(
         "--host",
-        default=settings.get("METRICS_HOST", "127.0.0.1"),
+        default=config.metrics_host,
         help="address to bind (default: METRICS_HOST, 127.0.0.1)",
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=settings.getint("METRICS_PORT", 9410),
+        default=config.metrics_port,
         help="port to bind (default: METRICS_PORT, 9410)",
     )
     parser.add_argument(

@@ -16,6 +16,7 @@ from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.response import response_status_message
 
+from crawler.config import FrontierConfig
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.scheduler import RETRY_DELAY_META, REVISIT_META
 from crawler.frontier.signals import request_dead, request_fetched
@@ -80,7 +81,7 @@ class SeedHostsMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
-        if not crawler.settings.getbool("FRONTIER_STAY_ON_SEED_HOSTS", True):
+        if not FrontierConfig.of(crawler).stay_on_seed_hosts:
             raise NotConfigured("FRONTIER_STAY_ON_SEED_HOSTS is off")
         return cls(crawler)
 
@@ -225,10 +226,11 @@ class BackoffRetryMiddleware(RetryMiddleware):
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
-        self.base = settings.getfloat("FRONTIER_RETRY_BACKOFF_BASE", 1.0)
-        self.cap = settings.getfloat("FRONTIER_RETRY_BACKOFF_MAX", 60.0)
-        self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
-        self.after_max = settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 600.0)
+        config = FrontierConfig.from_settings(settings)
+        self.base = config.retry_backoff_base
+        self.cap = config.retry_backoff_max
+        self.jitter = config.retry_jitter
+        self.after_max = config.retry_after_max
 
     def process_response(self, request: Request, response: Response) -> Any:  # type: ignore[override]
         """Retry a response whose status is in ``RETRY_HTTP_CODES``, later."""
@@ -323,13 +325,13 @@ class ItemIdMiddleware:
         #: With revisits on, every item's source too (see ItemSources).
         self.sources = (
             ItemSources.of(crawler)
-            if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) > 0 else None
+            if FrontierConfig.of(crawler).revisit_after > 0 else None
         )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
-        if not crawler.settings.getbool("MONGO_ITEM_IDS_ENABLED", True):
+        if not FrontierConfig.of(crawler).mongo_item_ids_enabled:
             raise NotConfigured("MONGO_ITEM_IDS_ENABLED is off")
         return cls(crawler)
 
@@ -439,7 +441,7 @@ class RevisitMiddleware:
         """Build from ``crawler``; raise NotConfigured when revisits are off
         (their default: logged at DEBUG, where Scrapy would warn of every
         crawl that did not turn them on)."""
-        if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) <= 0:
+        if FrontierConfig.of(crawler).revisit_after <= 0:
             logger.debug("Disabled %s: FRONTIER_REVISIT_AFTER is 0", cls.__name__)
             raise NotConfigured
         return cls(crawler)

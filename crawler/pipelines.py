@@ -44,6 +44,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from crawler.config import (
+    FrontierConfig,
     close_at_open,
     masked_url,
     scrub,
@@ -476,7 +477,7 @@ class MongoPipeline:
         self._ids = ItemIds.of(crawler)
         #: Sources of items (revisits on), taken by process_item.
         self._sources = ItemSources.of(crawler)
-        self._revisits = crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) > 0
+        self._revisits = FrontierConfig.of(crawler).revisit_after > 0
         MongoPipeline._by_crawler[crawler] = self
         self._warned_minted = False
         self._indexed: set[tuple[str, tuple[str, ...]]] = set()
@@ -551,19 +552,19 @@ class MongoPipeline:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Read the ``MONGO_*`` settings; no connection is made here."""
-        settings = crawler.settings
-        uri = settings.get("MONGO_URI")
+        config = FrontierConfig.of(crawler)
+        uri = config.mongo_uri
         if not uri:
             raise NotConfigured("MONGO_URI is not set")
         return cls(
             crawler,
             uri,
-            settings.get("MONGO_DATABASE", "crawler"),
-            batch_size=settings.getint("MONGO_BATCH_SIZE", 500),
-            flush_interval=settings.getfloat("MONGO_FLUSH_INTERVAL", 0.25),
-            spill_after=settings.getint("MONGO_SPILL_AFTER", 10_000),
-            spill_dir=settings.get("MONGO_SPILL_DIR", "spill"),
-            dead_collection=settings.get("MONGO_DEAD_COLLECTION", "dead_items"),
+            config.mongo_database,
+            batch_size=config.mongo_batch_size,
+            flush_interval=config.mongo_flush_interval,
+            spill_after=config.mongo_spill_after,
+            spill_dir=config.mongo_spill_dir,
+            dead_collection=config.mongo_dead_collection,
         )
 
     async def open_spider(self) -> None:

@@ -47,7 +47,7 @@ from scrapy.exceptions import UsageError
 
 from crawler.addon import EnvironmentCommand, with_project_addons
 from crawler.checks import validate_settings
-from crawler.config import SettingsError
+from crawler.config import FrontierConfig, SettingsError
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.audit import audit_crawl
 from crawler.frontier.connection import get_redis, redis_location
@@ -695,7 +695,7 @@ class Command(EnvironmentCommand):
                 )
             if unset:
                 return
-            if kind == REVISIT and not self.settings.getfloat("FRONTIER_REVISIT_AFTER"):
+            if kind == REVISIT and not FrontierConfig.from_settings(self.settings).revisit_after:
                 sys.stderr.write(
                     "note: revisits are off in this project's settings "
                     "(FRONTIER_REVISIT_AFTER=0): the override applies to workers started "
@@ -736,7 +736,7 @@ class Command(EnvironmentCommand):
         sys.stdout.write(
             f"crawl {spider}: {state} ({was}; {key}) by {who} at {_when(time.time())}\n"
             f"{_CONTROL_EFFECT[state]}, within FRONTIER_CONTROL_INTERVAL "
-            f"({self.settings.getfloat('FRONTIER_CONTROL_INTERVAL', 1.0):g} s)\n"
+            f"({FrontierConfig.from_settings(self.settings).control_interval:g} s)\n"
         )
         sys.stdout.flush()
         self.exitcode = 0
@@ -760,7 +760,7 @@ class Command(EnvironmentCommand):
         redis = get_redis(self.settings)
         try:
             live = live_workers(
-                redis, spider, self.settings.getfloat("FRONTIER_WORKER_TIMEOUT", 30.0)
+                redis, spider, FrontierConfig.from_settings(self.settings).worker_timeout
             )
             if live:
                 raise UsageError(
@@ -877,14 +877,14 @@ class Command(EnvironmentCommand):
         ``FRONTIER_DELAY_MARGIN``): what :meth:`Frontier.set_delay` computes
         a site's pace with."""
         assert self.settings is not None
-        settings = self.settings
-        default = settings.get("FRONTIER_DELAY")
+        config = FrontierConfig.from_settings(self.settings)
+        default = config.delay
         if default is None:
-            default = settings.getfloat("DOWNLOAD_DELAY")
+            default = self.settings.getfloat("DOWNLOAD_DELAY")
         return Frontier(
             redis, spider, prefix=key[: -len(DELAY)],
-            default_delay=max(0.0, float(default)),
-            delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
+            default_delay=max(0.0, default),
+            delay_margin=config.delay_margin,
         )
 
     def _shards(self, redis: Any, spider: str) -> int:

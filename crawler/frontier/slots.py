@@ -41,7 +41,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from crawler.config import is_unset
+from crawler.config import setting_value
 from crawler.frontier.sites import check_slot, slot_of
 from crawler.overrides import parse_download_slots
 
@@ -113,15 +113,12 @@ class SitePolicy:
             a slot the frontier cannot keep, or has a delay or concurrency
             out of range (the message names the slot and what is allowed).
         """
-        delay = (
-            settings.getfloat("DOWNLOAD_DELAY")
-            if is_unset(settings, "FRONTIER_DELAY")
-            else settings.getfloat("FRONTIER_DELAY")
-        )
+        own_delay: float | None = setting_value(settings, "FRONTIER_DELAY")
+        own_concurrency: int | None = setting_value(settings, "FRONTIER_CONCURRENCY")
+        delay = settings.getfloat("DOWNLOAD_DELAY") if own_delay is None else own_delay
         concurrency = (
             settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
-            if is_unset(settings, "FRONTIER_CONCURRENCY")
-            else settings.getint("FRONTIER_CONCURRENCY")
+            if own_concurrency is None else own_concurrency
         )
         slots = settings.getdict("DOWNLOAD_SLOTS")
         delays, caps = parse_download_slots(slots)
@@ -167,7 +164,7 @@ def default_jitter(settings: BaseSettings) -> float:
         settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     ):
         return 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
-    return max(0.0, settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5))
+    return max(0.0, settings.getfloat("DOWNLOAD_DELAY_JITTER"))
 
 
 def slot_jitter(entry: dict[str, Any]) -> float | None:
