@@ -10,7 +10,6 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
-from pymongo.errors import PyMongoError
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -22,12 +21,12 @@ from crawler.frontier.scheduler import RETRY_DELAY_META, REVISIT_META
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import SEED_HOSTS_META as META_KEY
 from crawler.frontier.sites import on_sites, site_of, tag_seed
-from crawler.pipelines import (
+from crawler.storage import (
     ItemIds,
     ItemSources,
-    MongoPipeline,
     collection_of,
     derive_item_id,
+    store_of,
 )
 
 if TYPE_CHECKING:
@@ -295,12 +294,12 @@ class ItemIdMiddleware:
     gives the others the same stability. For each item of a callback's
     output that has no ``key`` and no ``_id`` of its own, in the order the
     callback yields them, it derives
-    :func:`~crawler.pipelines.derive_item_id` from the spider's name,
+    :func:`~crawler.storage.derive_item_id` from the spider's name,
     Scrapy's fingerprint of ``response.request``
     (``crawler.request_fingerprinter``), the item's collection and class,
     and its rank among that output's items of the same collection and class.
     :class:`~crawler.pipelines.MongoPipeline` stores the item under that
-    ``_id`` (through :class:`~crawler.pipelines.ItemIds`; the item itself is
+    ``_id`` (through :class:`~crawler.storage.ItemIds`; the item itself is
     not changed), so the second delivery updates the document the first one
     stored: ``first_seen`` kept, ``last_seen`` advanced.
 
@@ -413,9 +412,10 @@ class RevisitMiddleware:
 
     * **304 Not Modified** to such a conditional request: the callback is not
       run (``IgnoreRequest``); the documents the page yielded before (found
-      by their :data:`~crawler.pipelines.SOURCE_FIELD`) get ``last_seen``
-      and ``fetched_at`` raised to now (:meth:`MongoPipeline.touch`), and the
-      next revisit is scheduled with the same validators. When MongoDB fails
+      by their :data:`~crawler.storage.SOURCE_FIELD`) get ``last_seen``
+      and ``fetched_at`` raised to now (:meth:`crawler.storage.ItemStore.touch`
+      of the crawl's item store, such as ``MongoPipeline``), and the next
+      revisit is scheduled with the same validators. When the store fails
       for that update, the request becomes a dead letter (``scrapy
       deadletters requeue`` sends it again, conditionally).
     * **200** to a revisit: the callback runs as for any response, and the
@@ -488,19 +488,20 @@ class RevisitMiddleware:
         )
 
     async def _touch(self, request: Request) -> bool:
-        """Raise ``last_seen`` of what ``request``'s page yielded; False (and
-        a dead letter) when MongoDB failed."""
-        pipeline = MongoPipeline.of(self.crawler)
-        if pipeline is None:
+        """Raise ``last_seen`` of what ``request``'s page yielded, in the
+        crawl's item store (:func:`crawler.storage.store_of`; none: nothing
+        to do); False (and a dead letter) when the store failed."""
+        store = store_of(self.crawler)
+        if store is None:
             return True
         source = self.crawler.request_fingerprinter.fingerprint(request).hex()
         try:
-            changed = await asyncio.to_thread(pipeline.touch, source, CLOCK.utcnow())
-        except (PyMongoError, RuntimeError) as exc:
+            changed = await asyncio.to_thread(store.touch, source, CLOCK.utcnow())
+        except store.errors as exc:
             self.crawler.stats.inc_value("revisit/touch_failed")
             self.crawler.signals.send_catch_log(
                 request_dead, request=request,
-                reason=f"304 not recorded in MongoDB: {type(exc).__name__}: {exc}",
+                reason=f"304 not recorded in {store.name}: {type(exc).__name__}: {exc}",
                 error=repr(exc),
             )
             return False
