@@ -38,6 +38,7 @@ demo: redis-server $(VENV)/.runtime
 lint: $(VENV)/.dev
 	$(PY) -m ruff check crawler devtools bench tests
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 # Two processes, each test file in one of them (its servers and keys stay its own).
 # The tiers are pytest marks (tests/tiers.py); FAST selects the fast tier.

@@ -26,7 +26,8 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from crawler.config import SettingsError, validate_settings
+from crawler.checks import validate_settings
+from crawler.config import SettingsError
 from crawler.frontier.slots import FrontierDownloader
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ class FrontierAddon:
     :class:`MongoAddon` adds MongoDB storage.
 
     Then, as before any crawl, it checks every setting
-    (:func:`crawler.config.validate_settings`) and makes Scrapy's
+    (:func:`crawler.checks.validate_settings`) and makes Scrapy's
     per-process politeness settings hold for the cluster:
     ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN``, ``DOWNLOAD_SLOTS``,
     a spider's ``download_delay`` and ``max_concurrent_requests`` and

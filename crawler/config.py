@@ -9,11 +9,15 @@ status (``crawler/commands/crawl.py``), instead of retrying for ever.
 * **Settings.** :data:`SETTINGS` is the one table of every setting the
   project adds, and of the Scrapy and scrapy-redis settings its components
   read: name -> allowed type and range, and what it means.
-  :func:`validate_settings` checks a crawler's settings against it before
-  the crawl starts (``scrapy crawl``, and :class:`crawler.addon.FrontierAddon`
-  for any other way of running a crawl) and raises :class:`SettingsError`,
-  whose lines read ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds
-  > 0``.
+  :func:`row_problems` and :func:`order_problems` check a crawler's
+  settings against it; :func:`crawler.checks.validate_settings` runs them
+  (with the checks only the frontier can make) before the crawl starts
+  (``scrapy crawl``, and :class:`crawler.addon.FrontierAddon` for any other
+  way of running a crawl) and raises :class:`SettingsError`, whose lines
+  read ``FRONTIER_LEASE_TIMEOUT=-5: must be a number of seconds > 0``.
+
+This module is the configuration layer: it imports nothing of the frontier
+(``.importlinter`` declares it), the frontier and everything above import it.
 * **Servers.** Components that meet a configuration error at a server
   (:mod:`crawler.frontier.connection` tells them for Redis,
   :mod:`crawler.pipelines` for MongoDB) report it with
@@ -35,8 +39,9 @@ import logging
 import math
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -50,8 +55,8 @@ from scrapy.settings import BaseSettings, default_settings
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
 
-from crawler.frontier.intake import IntakeKeys
-from crawler.frontier.overrides import parse_site_settings
+from crawler.hashtags import intake_base
+from crawler.overrides import parse_download_slots, parse_site_settings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -60,17 +65,23 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CONFIG_ERROR_REASON",
+    "SCRAPYS",
     "SETTINGS",
     "ConfigurationError",
+    "FrontierConfig",
     "Setting",
     "SettingsError",
     "close_at_open",
     "config_error_of",
     "is_unset",
     "masked_url",
+    "order_problems",
+    "row_problems",
     "scrub",
+    "setting_value",
     "stop_on_config_error",
-    "validate_settings",
+    "warn_unknown_settings",
+    "worker_id",
 ]
 
 #: The finish reason (stat ``finish_reason``) of a crawl stopped by a
@@ -233,6 +244,14 @@ def scrub(text: str, secrets: list[str]) -> str:
         if len(secret) >= 4 and secret != _MASK:
             text = text.replace(secret, _MASK)
     return text
+
+
+def worker_id(settings: BaseSettings) -> str:
+    """This worker's id: ``FRONTIER_WORKER_ID``, or ``<hostname>:<pid>``
+    when it is empty (its default)."""
+    return str(setting_value(settings, "FRONTIER_WORKER_ID")) or (
+        f"{socket.gethostname()}:{os.getpid()}"
+    )
 
 
 # -- fatal configuration errors ------------------------------------------------
@@ -423,7 +442,7 @@ def text(*, empty: bool = False, check: Callable[[str], object] | None = None,
     return Kind(words, check_text)
 
 
-def _json_dict(value: Any) -> dict[Any, Any]:
+def json_dict(value: Any) -> dict[Any, Any]:
     """What Scrapy's ``getdict`` reads: a dict, or a JSON object as text."""
     if isinstance(value, str):
         try:
@@ -443,7 +462,7 @@ def dictionary(check: Callable[[dict[Any, Any]], object] | None = None,
     """A dict (a JSON object when given as text), checked further by ``check``."""
 
     def check_dict(value: Any) -> None:
-        parsed = _json_dict(value)
+        parsed = json_dict(value)
         if check is not None:
             check(parsed)
 
@@ -508,7 +527,7 @@ def _check_dir_place(value: str) -> None:
 def _check_seed_key(value: str) -> None:
     _format_check("name")(value)
     try:
-        IntakeKeys.for_seed_list(value % {"name": "spider"})
+        intake_base(value % {"name": "spider"})
     except ValueError as exc:
         raise _Invalid(str(exc)) from None
 
@@ -524,8 +543,6 @@ def _site_check(kind: str) -> Callable[[dict[Any, Any]], object]:
 
 
 def _check_download_slots(value: dict[Any, Any]) -> None:
-    from crawler.frontier.slots import parse_download_slots  # noqa: PLC0415 (a cycle)
-
     try:
         parse_download_slots(value)
     except ValueError as exc:
@@ -605,11 +622,17 @@ class Setting:
     :ivar kind: the allowed values (:class:`Kind`).
     :ivar meaning: one line, for the docs and the error.
     :ivar secret: the value may carry credentials (masked in messages).
+    :ivar default: the value when unset, for the project's own settings
+        (the one place it is written; :class:`FrontierConfig` reads it);
+        :data:`SCRAPYS` for Scrapy's and scrapy-redis's settings, whose
+        defaults are theirs (``scrapy.settings.default_settings``,
+        ``scrapy_redis.defaults``).
     """
 
     kind: Kind
     meaning: str
     secret: bool = False
+    default: Any = None
 
     #: The display of a value in an error line.
     MAX_SHOWN: ClassVar[int] = 200
@@ -621,7 +644,7 @@ class Setting:
                 shown = masked_url(value)
             else:
                 try:
-                    shown = _masked_json(_json_dict(value))
+                    shown = _masked_json(json_dict(value))
                 except ValueError:
                     shown = _MASK if _SECRET_PARAM.search(value) else value
         elif isinstance(value, str):
@@ -646,8 +669,13 @@ def _masked_json(value: dict[Any, Any]) -> str:
     return json.dumps(masked, default=repr)
 
 
-def _s(kind: Kind, meaning: str, *, secret: bool = False) -> Setting:
-    return Setting(kind, meaning, secret)
+#: :attr:`Setting.default` of a setting that is Scrapy's or scrapy-redis's:
+#: its default is theirs.
+SCRAPYS: Any = type("ScrapysDefault", (), {"__repr__": lambda self: "SCRAPYS"})()
+
+
+def _s(kind: Kind, meaning: str, *, secret: bool = False, default: Any = SCRAPYS) -> Setting:
+    return Setting(kind, meaning, secret, default)
 
 
 _ANY = Kind("any value", lambda value: None)
@@ -682,13 +710,17 @@ SETTINGS: dict[str, Setting] = {
                                   "(scrapy-redis)"),
     "REDIS_START_URLS_AS_ZSET": _s(FLAG, "read seeds from a sorted set (scrapy-redis); "
                                    "refused when on (crawler.frontier.compat)"),
-    "FRONTIER_REDIS_CLUSTER": _s(FLAG, "REDIS_URL names a node of a Redis Cluster"),
+    "FRONTIER_REDIS_CLUSTER": _s(FLAG, "REDIS_URL names a node of a Redis Cluster",
+        default=False),
     "FRONTIER_ALLOW_EVICTION": _s(FLAG, "run on a Redis that may evict keys, accepting lost "
-                                  "work (default False: refused)"),
+                                  "work (default False: refused)",
+        default=False),
     "MONGO_URI": _s(text(check=_check_mongo_uri, allowed="a mongodb:// or mongodb+srv:// URI"),
-                    "the MongoDB server that stores the items", secret=True),
+                    "the MongoDB server that stores the items (unset: no MongoDB pipeline)",
+                    secret=True, default=None),
     "MONGO_DATABASE": _s(text(check=_check_mongo_name("database", '/\\. "$')),
-                         "the MongoDB database of the items"),
+                         "the MongoDB database of the items",
+        default="crawler"),
     # --- scrapy-redis components (their names)
     "SCHEDULER_PERSIST": _s(FLAG, "keep the frontier when a worker closes"),
     "SCHEDULER_FLUSH_ON_START": _s(FLAG, "delete the frontier when a worker starts"),
@@ -753,98 +785,154 @@ SETTINGS: dict[str, Setting] = {
     "LOG_ENABLED": _s(FLAG, "log at all"),
     # --- frontier
     "FRONTIER_DELAY": _s(number(float, 0, unit="seconds", nullable=True),
-                         "seconds between requests to a site; None: DOWNLOAD_DELAY"),
+                         "seconds between requests to a site; None: DOWNLOAD_DELAY",
+        default=None),
     "FRONTIER_CONCURRENCY": _s(number(int, 1, nullable=True),
-                               "downloads at once per site; None: CONCURRENT_REQUESTS_PER_DOMAIN"),
-    "FRONTIER_DELAY_MARGIN": _s(number(float, 0), "fraction a site's delay is stretched by"),
+                               "downloads at once per site; None: CONCURRENT_REQUESTS_PER_DOMAIN",
+        default=None),
+    "FRONTIER_DELAY_MARGIN": _s(number(float, 0), "fraction a site's delay is stretched by",
+        default=0.1),
     "FRONTIER_SITE_DELAYS": _s(dictionary(_site_check("delay"),
                                           "a dict of site -> seconds >= 0"),
-                               "per-site delays"),
+                               "per-site delays",
+        default={}),
     "FRONTIER_SITE_CONCURRENCY": _s(dictionary(_site_check("conc"),
                                                "a dict of site -> whole number >= 1"),
-                                    "per-site concurrency"),
-    "FRONTIER_ROBOTS_TTL": _s(_SECONDS_POS, "seconds a stored robots.txt is used"),
+                                    "per-site concurrency",
+        default={}),
+    "FRONTIER_ROBOTS_TTL": _s(_SECONDS_POS, "seconds a stored robots.txt is used",
+        default=86400.0),
     "FRONTIER_ROBOTS_LOCK_SECONDS": _s(number(float, 1, unit="seconds"),
                                        "seconds a worker's lock on fetching "
-                                       "a robots.txt lives unless renewed"),
+                                       "a robots.txt lives unless renewed",
+        default=10.0),
     "FRONTIER_ROBOTS_RETRY_BASE": _s(_SECONDS_POS, "seconds before robots.txt is fetched "
-                                     "again after it was unreachable (doubling after that)"),
+                                     "again after it was unreachable (doubling after that)",
+        default=2.0),
     "FRONTIER_ROBOTS_RETRY_MAX": _s(_SECONDS_POS, "longest wait between two fetches of an "
-                                    "unreachable robots.txt"),
-    "FRONTIER_ADAPTIVE_ENABLED": _s(FLAG, "slow a site down on 429/503 and slow responses"),
-    "FRONTIER_ADAPTIVE_START": _s(_SECONDS_POS, "first extra delay of a slowed site"),
-    "FRONTIER_ADAPTIVE_MAX": _s(_SECONDS_POS, "largest extra delay of a slowed site"),
-    "FRONTIER_ADAPTIVE_LATENCY": _s(_SECONDS_POS, "latency that counts as slow"),
-    "FRONTIER_LEASE_TIMEOUT": _s(_SECONDS_POS, "seconds a lease lasts without a heartbeat"),
+                                    "unreachable robots.txt",
+        default=300.0),
+    "FRONTIER_ADAPTIVE_ENABLED": _s(FLAG, "slow a site down on 429/503 and slow responses",
+        default=True),
+    "FRONTIER_ADAPTIVE_START": _s(_SECONDS_POS, "first extra delay of a slowed site",
+        default=1.0),
+    "FRONTIER_ADAPTIVE_MAX": _s(_SECONDS_POS, "largest extra delay of a slowed site",
+        default=60.0),
+    "FRONTIER_ADAPTIVE_LATENCY": _s(_SECONDS_POS, "latency that counts as slow",
+        default=5.0),
+    "FRONTIER_LEASE_TIMEOUT": _s(_SECONDS_POS, "seconds a lease lasts without a heartbeat",
+        default=60.0),
     "FRONTIER_MAX_DELIVERIES": _s(_COUNT, "deliveries before a request is dead-lettered "
-                                  "(0: no limit)"),
-    "FRONTIER_SEED_BATCH": _s(_COUNT_POS, "most seeds moved into the frontier at once"),
-    "FRONTIER_LEASE_BATCH": _s(_COUNT_POS, "most requests one lease call takes"),
-    "FRONTIER_LOCAL_SEEN": _s(_COUNT, "fingerprints a worker remembers (0: off)"),
-    "FRONTIER_OUTBOX_DELAY": _s(_SECONDS, "seconds writes wait for the next lease call"),
-    "FRONTIER_MIN_REPLICAS": _s(_COUNT, "replicas that must acknowledge writes (WAIT)"),
+                                  "(0: no limit)",
+        default=5),
+    "FRONTIER_SEED_BATCH": _s(_COUNT_POS, "most seeds moved into the frontier at once",
+        default=1000),
+    "FRONTIER_LEASE_BATCH": _s(_COUNT_POS, "most requests one lease call takes",
+        default=16),
+    "FRONTIER_LOCAL_SEEN": _s(_COUNT, "fingerprints a worker remembers (0: off)",
+        default=100_000),
+    "FRONTIER_OUTBOX_DELAY": _s(_SECONDS, "seconds writes wait for the next lease call",
+        default=0.05),
+    "FRONTIER_MIN_REPLICAS": _s(_COUNT, "replicas that must acknowledge writes (WAIT)",
+        default=0),
     "FRONTIER_MIN_REPLICAS_TIMEOUT": _s(_SECONDS_POS, "seconds writes wait for "
-                                        "FRONTIER_MIN_REPLICAS replicas"),
-    "FRONTIER_IDLE_WAIT": _s(_SECONDS_POS, "seconds an idle worker blocks on the seed list"),
-    "FRONTIER_RETRY_BACKOFF_BASE": _s(_SECONDS, "seconds before the first retry"),
-    "FRONTIER_RETRY_BACKOFF_MAX": _s(_SECONDS, "longest wait before a retry"),
-    "FRONTIER_RETRY_JITTER": _s(number(float, 0, 1), "fraction a retry's wait is stretched by"),
-    "FRONTIER_RETRY_AFTER_MAX": _s(_SECONDS, "longest Retry-After obeyed"),
+                                        "FRONTIER_MIN_REPLICAS replicas",
+        default=1.0),
+    "FRONTIER_IDLE_WAIT": _s(_SECONDS_POS, "seconds an idle worker blocks on the seed list",
+        default=1.0),
+    "FRONTIER_RETRY_BACKOFF_BASE": _s(_SECONDS, "seconds before the first retry",
+        default=1.0),
+    "FRONTIER_RETRY_BACKOFF_MAX": _s(_SECONDS, "longest wait before a retry",
+        default=60.0),
+    "FRONTIER_RETRY_JITTER": _s(number(float, 0, 1), "fraction a retry's wait is stretched by",
+        default=0.1),
+    "FRONTIER_RETRY_AFTER_MAX": _s(_SECONDS, "longest Retry-After obeyed",
+        default=600.0),
     "FRONTIER_REVISIT_AFTER": _s(_SECONDS, "seconds after its fetch a page is requested again, "
-                                 "conditionally (0: never)"),
+                                 "conditionally (0: never)",
+        default=0.0),
     "FRONTIER_SITE_REVISITS": _s(dictionary(_site_check("revisit"),
                                             "a dict of site -> seconds >= 0"),
-                                 "per-site revisit intervals"),
-    "FRONTIER_STAY_ON_SEED_HOSTS": _s(FLAG, "follow links only on the seeds' hosts"),
+                                 "per-site revisit intervals",
+        default={}),
+    "FRONTIER_STAY_ON_SEED_HOSTS": _s(FLAG, "follow links only on the seeds' hosts",
+        default=True),
     "FRONTIER_SHARDS": _s(number(int, 1, 256, nullable=True),
                           "shards of the crawl's frontier, each its own Redis Cluster slot "
-                          "(every worker of a crawl the same); None: 16 on a cluster, else 1"),
+                          "(every worker of a crawl the same); None: 16 on a cluster, else 1",
+        default=None),
     "FRONTIER_FIFO_SLACK": _s(_SECONDS, "seconds a sharded crawl's "
-                              "first in, first out across shards may be off by"),
+                              "first in, first out across shards may be off by",
+        default=0.0),
     "FRONTIER_BLOOM_CAPACITY": _s(_COUNT_POS, "URLs the Bloom filter is sized for "
-                                  "(all shards together)"),
+                                  "(all shards together)",
+        default=10_000_000),
     "FRONTIER_BLOOM_ERROR_RATE": _s(number(float, 0, 1, low_open=True, high_open=True),
-                                    "false-positive rate of the Bloom filter"),
+                                    "false-positive rate of the Bloom filter",
+        default=0.001),
     # --- operations
-    "FRONTIER_STATS_ENABLED": _s(FLAG, "keep cluster-wide stats and heartbeats in Redis"),
-    "FRONTIER_HEARTBEAT_INTERVAL": _s(_SECONDS_POS, "seconds between a worker's heartbeats"),
+    "FRONTIER_STATS_ENABLED": _s(FLAG, "keep cluster-wide stats and heartbeats in Redis",
+        default=True),
+    "FRONTIER_HEARTBEAT_INTERVAL": _s(_SECONDS_POS, "seconds between a worker's heartbeats",
+        default=5.0),
     "FRONTIER_CLOCK_SKEW_WARN": _s(_SECONDS, "seconds of offset to the servers' clock "
-                                   "that are logged as a warning"),
+                                   "that are logged as a warning",
+        default=2.0),
     "FRONTIER_CONTROL_INTERVAL": _s(_SECONDS_POS, "seconds between two reads of the "
-                                    "crawl's state (pause, resume, stop)"),
+                                    "crawl's state (pause, resume, stop)",
+        default=1.0),
     "FRONTIER_WORKER_TIMEOUT": _s(_SECONDS_POS, "seconds after which a silent worker is dead "
-                                  "for the status"),
-    "FRONTIER_WORKER_ID": _s(text(empty=True), "this worker's id (empty: host:pid)"),
-    "FRONTIER_STATUS_MAX_PRIORITIES": _s(_COUNT_POS, "priorities the status reports per spider"),
+                                  "for the status",
+        default=30.0),
+    "FRONTIER_WORKER_ID": _s(text(empty=True), "this worker's id (empty: host:pid)",
+        default=""),
+    "FRONTIER_STATUS_MAX_PRIORITIES": _s(_COUNT_POS, "priorities the status reports per spider",
+        default=100),
     "FRONTIER_HOUSEKEEPING_INTERVAL": _s(_SECONDS, "seconds between two housekeeping runs "
-                                         "of a worker (0: none)"),
+                                         "of a worker (0: none)",
+        default=30.0),
     "FRONTIER_HOUSEKEEPING_BATCH": _s(_COUNT_POS, "sites looked at per housekeeping run, "
-                                       "over all shards"),
+                                       "over all shards",
+        default=200),
     "FRONTIER_WORKER_FORGET_AFTER": _s(_SECONDS, "seconds after its last heartbeat that a "
-                                       "worker's record is removed"),
+                                       "worker's record is removed",
+        default=86400.0),
     "FRONTIER_DEAD_LETTERS_MAX": _s(_COUNT, "newest dead letters kept, all shards "
-                                     "(0: no cap)"),
+                                     "(0: no cap)",
+        default=100_000),
     "FRONTIER_SITE_FORGET_AFTER": _s(_SECONDS, "seconds without work after which a site's "
-                                     "state is deleted"),
-    "METRICS_HOST": _s(text(), "address the Prometheus exporter binds"),
-    "METRICS_PORT": _s(number(int, 1, 65535), "port of the Prometheus exporter"),
-    "LOG_JSON_ENABLED": _s(FLAG, "log JSON lines"),
+                                     "state is deleted",
+        default=3600.0),
+    "METRICS_HOST": _s(text(), "address the Prometheus exporter binds",
+        default="127.0.0.1"),
+    "METRICS_PORT": _s(number(int, 1, 65535), "port of the Prometheus exporter",
+        default=9410),
+    "LOG_JSON_ENABLED": _s(FLAG, "log JSON lines",
+        default=False),
     # --- MongoDB pipeline
-    "MONGO_BATCH_SIZE": _s(_COUNT_POS, "documents per bulk write"),
-    "MONGO_FLUSH_INTERVAL": _s(_SECONDS_POS, "seconds before a partial batch is written"),
-    "MONGO_SPILL_AFTER": _s(_COUNT, "waiting documents before they spill to a file"),
+    "MONGO_BATCH_SIZE": _s(_COUNT_POS, "documents per bulk write",
+        default=500),
+    "MONGO_FLUSH_INTERVAL": _s(_SECONDS_POS, "seconds before a partial batch is written",
+        default=0.25),
+    "MONGO_SPILL_AFTER": _s(_COUNT, "waiting documents before they spill to a file",
+        default=10_000),
     "MONGO_SPILL_DIR": _s(text(check=_check_dir_place, allowed="a directory the worker can "
-                               "create and write in"), "directory of the spill files"),
+                               "create and write in"), "directory of the spill files",
+        default="spill"),
     "MONGO_DEAD_COLLECTION": _s(text(check=_check_dead_collection),
-                                "collection of items MongoDB rejects"),
-    "MONGO_ITEM_IDS_ENABLED": _s(FLAG, "derive the _id of items without a key"),
+                                "collection of items MongoDB rejects",
+        default="dead_items"),
+    "MONGO_ITEM_IDS_ENABLED": _s(FLAG, "derive the _id of items without a key",
+        default=True),
     # --- WARC archive (crawler.warc)
     "DEFAULT_REQUEST_HEADERS": _s(dictionary(), "headers of every request (a revisit is "
                                   "stored without those left at these values)"),
     "USER_AGENT": _s(text(empty=True), "User-Agent header (named in the warcinfo records)"),
-    "WARC_DIR": _s(text(empty=True), "directory of the WARC files (empty: none written)"),
+    "WARC_DIR": _s(text(empty=True), "directory of the WARC files (empty: none written)",
+        default=""),
     "WARC_MAX_SIZE": _s(number(int, 1, unit="bytes"), "bytes after which a WARC file is "
-                        "closed and the next one started"),
+                        "closed and the next one started",
+        default=1_000_000_000),
 }
 
 
@@ -858,105 +946,40 @@ def _problem(name: str, row: Setting, value: Any, exc: BaseException) -> str:
     return f"{line} ({detail})" if detail else line
 
 
-def _check_cluster_url(settings: BaseSettings) -> str | None:
-    """With ``FRONTIER_REDIS_CLUSTER``: REDIS_URL names a node, database 0."""
-    url = settings.get("REDIS_URL") or ""
-    if not url:
-        return "FRONTIER_REDIS_CLUSTER=True: REDIS_URL must name a node of the cluster"
-    try:
-        db = int(parse_url(url).get("db") or 0)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError):
-        return None  # REDIS_URL's own row says it
-    if not db:
-        return None
-    return (f"REDIS_URL={masked_url(url)}: must use database 0 with FRONTIER_REDIS_CLUSTER "
-            "(a cluster has no other)")
-
-
-def _check_client(settings: BaseSettings) -> str | None:
-    """Build the Redis client as the crawl will (no I/O on one server) to
-    catch what redis-py refuses: an unknown option, a bad URL."""
-    # Imported here: crawler.frontier.connection imports this module.
-    from crawler.frontier.connection import cluster_enabled, get_redis  # noqa: PLC0415
-
-    url = settings.get("REDIS_URL")
-    try:
-        sentinel = parse_sentinel_url(url)
-    except ValueError:
-        return None  # REDIS_URL's own row says it
-    if sentinel is not None and cluster_enabled(settings):
-        return (f"REDIS_URL={masked_url(str(url))}: names Redis Sentinels, which "
-                "FRONTIER_REDIS_CLUSTER=True does not take (a cluster needs no sentinels)")
-    if cluster_enabled(settings):
-        return _check_cluster_url(settings)
-    try:
-        client = get_redis(settings)
-        try:
-            # redis-py takes options as they come and refuses an unknown
-            # one only when it makes a connection object (no I/O yet).
-            client.connection_pool.make_connection().disconnect()  # type: ignore[no-untyped-call]
-        finally:
-            client.close()
-    except (TypeError, ValueError, ImportError, AttributeError) as exc:
-        url = settings.get("REDIS_URL")
-        secrets = secrets_of(url)
-        try:
-            params = _json_dict(settings.get("REDIS_PARAMS") or {})
-        except ValueError:
-            params = {}
-        if isinstance(params.get("password"), str):
-            secrets.append(params["password"])
-        error = scrub(str(exc), secrets)
-        if params:
-            shown = SETTINGS["REDIS_PARAMS"].shown(params)
-            return f"REDIS_PARAMS={shown}: must be options redis-py takes (it says: {error})"
-        return f"REDIS_URL={masked_url(str(url or ''))}: must be a URL redis-py takes ({error})"
-    return None
-
-
 #: Pairs of settings (least, most) whose first must not exceed the second.
-ORDERED: tuple[tuple[str, str, float, float], ...] = (
-    # (first, second, first's default, second's default)
-    ("FRONTIER_ROBOTS_RETRY_BASE", "FRONTIER_ROBOTS_RETRY_MAX", 2.0, 300.0),
-    ("FRONTIER_RETRY_BACKOFF_BASE", "FRONTIER_RETRY_BACKOFF_MAX", 1.0, 60.0),
-    ("FRONTIER_ADAPTIVE_START", "FRONTIER_ADAPTIVE_MAX", 1.0, 60.0),
-    ("FRONTIER_HEARTBEAT_INTERVAL", "FRONTIER_WORKER_TIMEOUT", 5.0, 30.0),
-    ("FRONTIER_WORKER_TIMEOUT", "FRONTIER_WORKER_FORGET_AFTER", 30.0, 86400.0),
+ORDERED: tuple[tuple[str, str], ...] = (
+    ("FRONTIER_ROBOTS_RETRY_BASE", "FRONTIER_ROBOTS_RETRY_MAX"),
+    ("FRONTIER_RETRY_BACKOFF_BASE", "FRONTIER_RETRY_BACKOFF_MAX"),
+    ("FRONTIER_ADAPTIVE_START", "FRONTIER_ADAPTIVE_MAX"),
+    ("FRONTIER_HEARTBEAT_INTERVAL", "FRONTIER_WORKER_TIMEOUT"),
+    ("FRONTIER_WORKER_TIMEOUT", "FRONTIER_WORKER_FORGET_AFTER"),
 )
 
 
-def _order_problems(settings: BaseSettings) -> list[str]:
+def order_problems(settings: BaseSettings) -> list[str]:
     """One line per pair of :data:`ORDERED` out of order (each value alone
     passed its row's check)."""
     out = []
-    for low, high, low_default, high_default in ORDERED:
-        a = settings.getfloat(low, low_default)
-        b = settings.getfloat(high, high_default)
+    for low, high in ORDERED:
+        a = float(setting_value(settings, low))
+        b = float(setting_value(settings, high))
         if a > b:
             out.append(f"{low}={a:g} and {high}={b:g}: {low} must not exceed {high}")
     return out
 
 
-def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> None:
-    """Check ``settings`` against :data:`SETTINGS`; build no connection.
+def row_problems(settings: BaseSettings) -> list[str]:
+    """One error line per setting of :data:`SETTINGS` whose value its row
+    refuses; unset ones (None, or the text ``None`` where the default is
+    None) always pass.
 
-    Every setting of the table that is set is checked (None, unset, always
-    passes: Scrapy's getters read it as the component's default); a Redis
-    client is then built as the crawl will build it (no I/O on one server),
-    so that options redis-py refuses are found now; then the scrapy-redis
-    settings the frontier cannot honour are refused
-    (:func:`crawler.frontier.compat.refusals`). A setting with a
-    project prefix (:data:`OWN_PREFIXES`) that is not in the table is
-    logged as a warning (a typo, most likely) unless ``warn_unknown`` is
-    off.
-
-    :raises SettingsError: one line per bad setting, naming the setting, its
-        value (credentials masked) and what is allowed.
+    :returns: lines such as ``FRONTIER_SEED_BATCH=0: must be a whole number
+        >= 1`` (credentials masked), in the table's order; empty: all pass.
     """
     problems = []
     for name, row in SETTINGS.items():
         value = settings.get(name)
-        if value is None:  # unset: Scrapy's getters give the component's default
+        if value is None:  # unset: the default of the table (or Scrapy's)
             continue
         if row.kind.nullable and is_unset(settings, name):
             continue
@@ -964,21 +987,13 @@ def validate_settings(settings: BaseSettings, *, warn_unknown: bool = True) -> N
             row.kind.check(value)
         except (ValueError, TypeError, LookupError) as exc:
             problems.append(_problem(name, row, value, exc))
-    if not any(p.startswith(("REDIS_", "FRONTIER_REDIS_CLUSTER")) for p in problems):
-        client_problem = _check_client(settings)
-        if client_problem:
-            problems.append(client_problem)
-    if not problems:
-        problems = _order_problems(settings)
-    if not problems:
-        # Imported here: it loads the frontier's classes, which import this module.
-        from crawler.frontier.compat import refusals  # noqa: PLC0415
+    return problems
 
-        problems = refusals(settings)
-    if problems:
-        raise SettingsError(problems)
-    if not warn_unknown:
-        return
+
+def warn_unknown_settings(settings: BaseSettings) -> None:
+    """Log a WARNING for each setting of ``settings`` that looks like one
+    of the project's but is none (:func:`is_unknown`), naming the nearest
+    known setting."""
     for name in settings:
         if isinstance(name, str) and is_unknown(name):
             near = difflib.get_close_matches(name, SETTINGS, n=1, cutoff=0.6)
@@ -1000,3 +1015,180 @@ def is_unknown(name: str) -> bool:
     return "_" in name and word not in _TYPO_WORDS and bool(
         difflib.get_close_matches(word, _TYPO_WORDS, n=1, cutoff=0.8)
     )
+
+
+# -- the typed configuration -----------------------------------------------------
+
+
+def setting_value(settings: BaseSettings, name: str) -> Any:
+    """The value of the project's own setting ``name`` in ``settings``, typed
+    as its row of :data:`SETTINGS` says: the row's default when unset (None,
+    or, where the default is None, the text ``None`` or empty), else the
+    value read as the default's type (``getbool``, ``getint``,
+    ``getfloat``, ``getdict``, or text).
+
+    Values are read as Scrapy's getters read them; their checks are
+    :func:`row_problems`' (a worker refuses bad ones before it starts).
+
+    :raises KeyError: ``name`` is not in :data:`SETTINGS` or is Scrapy's
+        or scrapy-redis's (read those with Scrapy's getters: their
+        defaults are theirs).
+    """
+    row = SETTINGS[name]
+    default = row.default
+    if default is SCRAPYS:
+        raise KeyError(f"{name} is Scrapy's or scrapy-redis's: read it with Scrapy's getters")
+    value = settings.get(name)
+    if value is None or (row.kind.nullable and is_unset(settings, name)):
+        return dict(default) if isinstance(default, dict) else default
+    read: Callable[[str], Any]
+    if isinstance(default, bool):
+        read = settings.getbool
+    elif isinstance(default, dict):
+        read = settings.getdict
+    elif isinstance(default, int) or (
+        default is None and row.kind.allowed.startswith("a whole")
+    ):
+        read = settings.getint
+    elif isinstance(default, float) or row.kind.allowed.startswith("a number"):
+        read = settings.getfloat
+    else:  # text
+        read = lambda _name: str(value)  # noqa: E731
+    return read(name)
+
+
+def _c(name: str) -> Any:
+    """A :class:`FrontierConfig` field for the setting ``name``: its default
+    is the row's (:attr:`Setting.default`)."""
+    default = SETTINGS[name].default
+    meta = {"setting": name}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """The project's own settings, read once and typed.
+
+    Built with :meth:`from_settings` (or :meth:`of`, once per crawler);
+    each field is one setting of :data:`SETTINGS`, named in its metadata
+    (``dataclasses.fields(FrontierConfig)[i].metadata["setting"]``), with
+    the row's default. Seconds are floats, counts ints; a field whose
+    default is None (``delay``, ``concurrency``, ``shards``) is None when
+    unset: the component works it out (``DOWNLOAD_DELAY``,
+    ``CONCURRENT_REQUESTS_PER_DOMAIN``, 16 on a cluster or 1).
+
+    Scrapy's and scrapy-redis's settings are not here: they are read with
+    Scrapy's getters, with their own defaults.
+    """
+
+    # connections
+    redis_cluster: bool = _c("FRONTIER_REDIS_CLUSTER")
+    allow_eviction: bool = _c("FRONTIER_ALLOW_EVICTION")
+    mongo_uri: str | None = _c("MONGO_URI")
+    mongo_database: str = _c("MONGO_DATABASE")
+    # politeness
+    delay: float | None = _c("FRONTIER_DELAY")
+    concurrency: int | None = _c("FRONTIER_CONCURRENCY")
+    delay_margin: float = _c("FRONTIER_DELAY_MARGIN")
+    site_delays: dict[str, Any] = field(
+        default_factory=dict, metadata={"setting": "FRONTIER_SITE_DELAYS"}
+    )
+    site_concurrency: dict[str, Any] = field(
+        default_factory=dict, metadata={"setting": "FRONTIER_SITE_CONCURRENCY"}
+    )
+    robots_ttl: float = _c("FRONTIER_ROBOTS_TTL")
+    robots_lock_seconds: float = _c("FRONTIER_ROBOTS_LOCK_SECONDS")
+    robots_retry_base: float = _c("FRONTIER_ROBOTS_RETRY_BASE")
+    robots_retry_max: float = _c("FRONTIER_ROBOTS_RETRY_MAX")
+    adaptive_enabled: bool = _c("FRONTIER_ADAPTIVE_ENABLED")
+    adaptive_start: float = _c("FRONTIER_ADAPTIVE_START")
+    adaptive_max: float = _c("FRONTIER_ADAPTIVE_MAX")
+    adaptive_latency: float = _c("FRONTIER_ADAPTIVE_LATENCY")
+    # leases, batches, writes
+    lease_timeout: float = _c("FRONTIER_LEASE_TIMEOUT")
+    max_deliveries: int = _c("FRONTIER_MAX_DELIVERIES")
+    seed_batch: int = _c("FRONTIER_SEED_BATCH")
+    lease_batch: int = _c("FRONTIER_LEASE_BATCH")
+    local_seen: int = _c("FRONTIER_LOCAL_SEEN")
+    outbox_delay: float = _c("FRONTIER_OUTBOX_DELAY")
+    min_replicas: int = _c("FRONTIER_MIN_REPLICAS")
+    min_replicas_timeout: float = _c("FRONTIER_MIN_REPLICAS_TIMEOUT")
+    idle_wait: float = _c("FRONTIER_IDLE_WAIT")
+    # retries, revisits, scope
+    retry_backoff_base: float = _c("FRONTIER_RETRY_BACKOFF_BASE")
+    retry_backoff_max: float = _c("FRONTIER_RETRY_BACKOFF_MAX")
+    retry_jitter: float = _c("FRONTIER_RETRY_JITTER")
+    retry_after_max: float = _c("FRONTIER_RETRY_AFTER_MAX")
+    revisit_after: float = _c("FRONTIER_REVISIT_AFTER")
+    site_revisits: dict[str, Any] = field(
+        default_factory=dict, metadata={"setting": "FRONTIER_SITE_REVISITS"}
+    )
+    stay_on_seed_hosts: bool = _c("FRONTIER_STAY_ON_SEED_HOSTS")
+    # scale
+    shards: int | None = _c("FRONTIER_SHARDS")
+    fifo_slack: float = _c("FRONTIER_FIFO_SLACK")
+    bloom_capacity: int = _c("FRONTIER_BLOOM_CAPACITY")
+    bloom_error_rate: float = _c("FRONTIER_BLOOM_ERROR_RATE")
+    # operations
+    stats_enabled: bool = _c("FRONTIER_STATS_ENABLED")
+    heartbeat_interval: float = _c("FRONTIER_HEARTBEAT_INTERVAL")
+    clock_skew_warn: float = _c("FRONTIER_CLOCK_SKEW_WARN")
+    control_interval: float = _c("FRONTIER_CONTROL_INTERVAL")
+    worker_timeout: float = _c("FRONTIER_WORKER_TIMEOUT")
+    worker_id: str = _c("FRONTIER_WORKER_ID")
+    status_max_priorities: int = _c("FRONTIER_STATUS_MAX_PRIORITIES")
+    housekeeping_interval: float = _c("FRONTIER_HOUSEKEEPING_INTERVAL")
+    housekeeping_batch: int = _c("FRONTIER_HOUSEKEEPING_BATCH")
+    worker_forget_after: float = _c("FRONTIER_WORKER_FORGET_AFTER")
+    dead_letters_max: int = _c("FRONTIER_DEAD_LETTERS_MAX")
+    site_forget_after: float = _c("FRONTIER_SITE_FORGET_AFTER")
+    metrics_host: str = _c("METRICS_HOST")
+    metrics_port: int = _c("METRICS_PORT")
+    log_json_enabled: bool = _c("LOG_JSON_ENABLED")
+    # MongoDB pipeline
+    mongo_batch_size: int = _c("MONGO_BATCH_SIZE")
+    mongo_flush_interval: float = _c("MONGO_FLUSH_INTERVAL")
+    mongo_spill_after: int = _c("MONGO_SPILL_AFTER")
+    mongo_spill_dir: str = _c("MONGO_SPILL_DIR")
+    mongo_dead_collection: str = _c("MONGO_DEAD_COLLECTION")
+    mongo_item_ids_enabled: bool = _c("MONGO_ITEM_IDS_ENABLED")
+    # WARC archive
+    warc_dir: str = _c("WARC_DIR")
+    warc_max_size: int = _c("WARC_MAX_SIZE")
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> FrontierConfig:
+        """Read every field from ``settings`` (:func:`setting_value`).
+
+        No check is made here: the worker checks its settings before it
+        starts (:func:`crawler.checks.validate_settings`).
+
+        :raises ValueError: a value Scrapy's getters cannot read as its
+            type (a setting that was never checked).
+        """
+        return cls(**{
+            f.name: setting_value(settings, f.metadata["setting"]) for f in fields(cls)
+        })
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> FrontierConfig:
+        """The configuration of ``crawler``: read once its settings are
+        frozen (as they are from the crawl's start), then the same object
+        for every component; read again each call before that."""
+        settings = crawler.settings
+        if not settings.frozen:
+            return cls.from_settings(settings)
+        config = _configs.get(crawler)
+        if config is None:
+            config = _configs[crawler] = cls.from_settings(settings)
+        return config
+
+    @property
+    def worker(self) -> str:
+        """This worker's id: :attr:`worker_id`, or ``<hostname>:<pid>``."""
+        return self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+
+
+_configs: WeakKeyDictionary[Crawler, FrontierConfig] = WeakKeyDictionary()

@@ -44,7 +44,7 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.threads import deferToThread
 
-from crawler.config import close_at_open, stop_on_config_error
+from crawler.config import FrontierConfig, close_at_open, stop_on_config_error
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.health import redis_is_failing
 from crawler.keys import control_key, spider_name_of
@@ -167,7 +167,7 @@ class CrawlControl:
 
         :raises NotConfigured: ``FRONTIER_CONTROL_INTERVAL`` <= 0.
         """
-        interval = crawler.settings.getfloat("FRONTIER_CONTROL_INTERVAL", 1.0)
+        interval = FrontierConfig.of(crawler).control_interval
         if interval <= 0:
             raise NotConfigured("FRONTIER_CONTROL_INTERVAL must be positive")
         # The spider instance's name is taken again at open (spider_opened).

@@ -17,7 +17,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.misc import load_object
 from twisted.internet.threads import deferToThread
 
-from crawler.config import masked_url
+from crawler.config import FrontierConfig, masked_url, worker_id
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.clock import configure as configure_clock
 from crawler.frontier.connection import get_redis, report_redis_failure
@@ -37,11 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["ClusterStats", "job_id", "stores_in_mongodb", "worker_id"]
-
-
-def worker_id(settings: BaseSettings) -> str:
-    """This worker's id: ``FRONTIER_WORKER_ID``, or ``<hostname>:<pid>``."""
-    return settings.get("FRONTIER_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
 
 
 def job_id(crawler: Crawler) -> str | None:
@@ -157,9 +152,10 @@ class ClusterStats:
             heartbeat interval is not positive.
         """
         settings = crawler.settings
-        if not settings.getbool("FRONTIER_STATS_ENABLED", True):
+        config = FrontierConfig.of(crawler)
+        if not config.stats_enabled:
             raise NotConfigured("FRONTIER_STATS_ENABLED is off")
-        interval = settings.getfloat("FRONTIER_HEARTBEAT_INTERVAL", 5.0)
+        interval = config.heartbeat_interval
         if interval <= 0:
             raise NotConfigured("FRONTIER_HEARTBEAT_INTERVAL must be positive")
         configure_clock(settings)
@@ -167,7 +163,7 @@ class ClusterStats:
             crawler,
             get_redis(settings),
             CrawlKeys.for_spider(spider_name_of(crawler), settings),  # again at open
-            worker_id(settings),
+            config.worker,
             interval,
         )
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)

@@ -23,7 +23,8 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.log import get_scrapy_root_handler
 
-from crawler.extensions import job_id, worker_id
+from crawler.config import FrontierConfig, worker_id
+from crawler.extensions import job_id
 from crawler.keys import spider_name_of
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class JsonLogging:
     environment every line is JSON (see :func:`install_from_environment`).
 
     Settings: ``LOG_JSON_ENABLED`` (default False; NotConfigured when off),
-    ``FRONTIER_WORKER_ID`` (see :func:`crawler.extensions.worker_id`).
+    ``FRONTIER_WORKER_ID`` (see :func:`crawler.config.worker_id`).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -131,7 +132,7 @@ class JsonLogging:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Install the formatter; raise NotConfigured when switched off."""
-        if not crawler.settings.getbool("LOG_JSON_ENABLED"):
+        if not FrontierConfig.of(crawler).log_json_enabled:
             raise NotConfigured  # off by default: nothing to warn about
         ext = cls(crawler)
         install(ext.fields())

@@ -80,7 +80,7 @@ from binascii import crc_hqx
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from crawler.config import is_unset
+from crawler.config import setting_value
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -209,9 +209,10 @@ def shard_count(settings: BaseSettings) -> int:
     :raises ValueError: ``FRONTIER_SHARDS`` is no whole number (the settings
         check, :mod:`crawler.config`, names it first).
     """
-    if is_unset(settings, "FRONTIER_SHARDS"):
-        return CLUSTER_SHARDS if settings.getbool("FRONTIER_REDIS_CLUSTER", False) else 1
-    return max(1, settings.getint("FRONTIER_SHARDS"))
+    shards: int | None = setting_value(settings, "FRONTIER_SHARDS")
+    if shards is None:
+        return CLUSTER_SHARDS if setting_value(settings, "FRONTIER_REDIS_CLUSTER") else 1
+    return max(1, shards)
 
 
 def recorded_shards(redis: Any, spider: str, configured: int = 1) -> int:

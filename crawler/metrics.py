@@ -59,7 +59,7 @@ metric                                                what
 
 Settings: ``METRICS_HOST`` (default ``127.0.0.1``), ``METRICS_PORT`` (default
 9410), and those of :mod:`crawler.status`; they are checked at start
-(:func:`crawler.config.validate_settings`): a bad one is reported in one line
+(:func:`crawler.checks.validate_settings`): a bad one is reported in one line
 (``Bad setting: METRICS_PORT='abc': ...``) and the exporter exits with status 2.
 A server that cannot be read is logged (a warning naming it, password masked,
 and the cause) when it fails and when it can be read again, not per scrape.
@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     from scrapy.utils.project import get_project_settings  # noqa: PLC0415
 
-    from crawler.config import SettingsError, validate_settings  # noqa: PLC0415
+    from crawler.checks import validate_settings  # noqa: PLC0415
+    from crawler.config import FrontierConfig, SettingsError  # noqa: PLC0415
 
     settings = get_project_settings()
     try:
@@ -300,18 +301,19 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:
             print(f"Bad setting: {line}", file=sys.stderr)
         return 2
+    config = FrontierConfig.from_settings(settings)
     parser = argparse.ArgumentParser(
         prog="python -m crawler.metrics", description="Prometheus exporter of the crawl"
     )
     parser.add_argument(
         "--host",
-        default=settings.get("METRICS_HOST", "127.0.0.1"),
+        default=config.metrics_host,
         help="address to bind (default: METRICS_HOST, 127.0.0.1)",
     )
     parser.add_argument(
         "--port",
         type=int,
-        default=settings.getint("METRICS_PORT", 9410),
+        default=config.metrics_port,
         help="port to bind (default: METRICS_PORT, 9410)",
     )
     parser.add_argument(

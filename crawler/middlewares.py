@@ -10,22 +10,23 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
-from pymongo.errors import PyMongoError
 from scrapy import Request
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.response import response_status_message
 
+from crawler.config import FrontierConfig
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.scheduler import RETRY_DELAY_META, REVISIT_META
 from crawler.frontier.signals import request_dead, request_fetched
-from crawler.frontier.sites import on_sites, site_of
-from crawler.pipelines import (
+from crawler.frontier.sites import SEED_HOSTS_META as META_KEY
+from crawler.frontier.sites import on_sites, site_of, tag_seed
+from crawler.storage import (
     ItemIds,
     ItemSources,
-    MongoPipeline,
     collection_of,
     derive_item_id,
+    store_of,
 )
 
 if TYPE_CHECKING:
@@ -47,21 +48,9 @@ __all__ = [
     "tag_seed",
 ]
 
-#: Request meta key holding the hosts a request's crawl may visit.
-META_KEY = "seed_hosts"
 #: Request meta key: the component that sent this request handles its
 #: failure itself (the robots.txt fetch), so no dead letter is made of it.
 DONT_DEAD_LETTER_META = "dont_dead_letter"
-
-
-def tag_seed(request: Request) -> Request:
-    """Mark ``request`` as a seed: its crawl stays on its own host.
-
-    Sets ``meta["seed_hosts"]`` to ``[site_of(request)]`` unless set.
-    """
-    if META_KEY not in request.meta:
-        request.meta[META_KEY] = [site_of(request)]
-    return request
 
 
 class SeedHostsMiddleware:
@@ -91,7 +80,7 @@ class SeedHostsMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
-        if not crawler.settings.getbool("FRONTIER_STAY_ON_SEED_HOSTS", True):
+        if not FrontierConfig.of(crawler).stay_on_seed_hosts:
             raise NotConfigured("FRONTIER_STAY_ON_SEED_HOSTS is off")
         return cls(crawler)
 
@@ -236,10 +225,11 @@ class BackoffRetryMiddleware(RetryMiddleware):
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
-        self.base = settings.getfloat("FRONTIER_RETRY_BACKOFF_BASE", 1.0)
-        self.cap = settings.getfloat("FRONTIER_RETRY_BACKOFF_MAX", 60.0)
-        self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
-        self.after_max = settings.getfloat("FRONTIER_RETRY_AFTER_MAX", 600.0)
+        config = FrontierConfig.from_settings(settings)
+        self.base = config.retry_backoff_base
+        self.cap = config.retry_backoff_max
+        self.jitter = config.retry_jitter
+        self.after_max = config.retry_after_max
 
     def process_response(self, request: Request, response: Response) -> Any:  # type: ignore[override]
         """Retry a response whose status is in ``RETRY_HTTP_CODES``, later."""
@@ -304,12 +294,12 @@ class ItemIdMiddleware:
     gives the others the same stability. For each item of a callback's
     output that has no ``key`` and no ``_id`` of its own, in the order the
     callback yields them, it derives
-    :func:`~crawler.pipelines.derive_item_id` from the spider's name,
+    :func:`~crawler.storage.derive_item_id` from the spider's name,
     Scrapy's fingerprint of ``response.request``
     (``crawler.request_fingerprinter``), the item's collection and class,
     and its rank among that output's items of the same collection and class.
     :class:`~crawler.pipelines.MongoPipeline` stores the item under that
-    ``_id`` (through :class:`~crawler.pipelines.ItemIds`; the item itself is
+    ``_id`` (through :class:`~crawler.storage.ItemIds`; the item itself is
     not changed), so the second delivery updates the document the first one
     stored: ``first_seen`` kept, ``last_seen`` advanced.
 
@@ -334,13 +324,13 @@ class ItemIdMiddleware:
         #: With revisits on, every item's source too (see ItemSources).
         self.sources = (
             ItemSources.of(crawler)
-            if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) > 0 else None
+            if FrontierConfig.of(crawler).revisit_after > 0 else None
         )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
-        if not crawler.settings.getbool("MONGO_ITEM_IDS_ENABLED", True):
+        if not FrontierConfig.of(crawler).mongo_item_ids_enabled:
             raise NotConfigured("MONGO_ITEM_IDS_ENABLED is off")
         return cls(crawler)
 
@@ -422,9 +412,10 @@ class RevisitMiddleware:
 
     * **304 Not Modified** to such a conditional request: the callback is not
       run (``IgnoreRequest``); the documents the page yielded before (found
-      by their :data:`~crawler.pipelines.SOURCE_FIELD`) get ``last_seen``
-      and ``fetched_at`` raised to now (:meth:`MongoPipeline.touch`), and the
-      next revisit is scheduled with the same validators. When MongoDB fails
+      by their :data:`~crawler.storage.SOURCE_FIELD`) get ``last_seen``
+      and ``fetched_at`` raised to now (:meth:`crawler.storage.ItemStore.touch`
+      of the crawl's item store, such as ``MongoPipeline``), and the next
+      revisit is scheduled with the same validators. When the store fails
       for that update, the request becomes a dead letter (``scrapy
       deadletters requeue`` sends it again, conditionally).
     * **200** to a revisit: the callback runs as for any response, and the
@@ -450,7 +441,7 @@ class RevisitMiddleware:
         """Build from ``crawler``; raise NotConfigured when revisits are off
         (their default: logged at DEBUG, where Scrapy would warn of every
         crawl that did not turn them on)."""
-        if crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) <= 0:
+        if FrontierConfig.of(crawler).revisit_after <= 0:
             logger.debug("Disabled %s: FRONTIER_REVISIT_AFTER is 0", cls.__name__)
             raise NotConfigured
         return cls(crawler)
@@ -497,19 +488,20 @@ class RevisitMiddleware:
         )
 
     async def _touch(self, request: Request) -> bool:
-        """Raise ``last_seen`` of what ``request``'s page yielded; False (and
-        a dead letter) when MongoDB failed."""
-        pipeline = MongoPipeline.of(self.crawler)
-        if pipeline is None:
+        """Raise ``last_seen`` of what ``request``'s page yielded, in the
+        crawl's item store (:func:`crawler.storage.store_of`; none: nothing
+        to do); False (and a dead letter) when the store failed."""
+        store = store_of(self.crawler)
+        if store is None:
             return True
         source = self.crawler.request_fingerprinter.fingerprint(request).hex()
         try:
-            changed = await asyncio.to_thread(pipeline.touch, source, CLOCK.utcnow())
-        except (PyMongoError, RuntimeError) as exc:
+            changed = await asyncio.to_thread(store.touch, source, CLOCK.utcnow())
+        except store.errors as exc:
             self.crawler.stats.inc_value("revisit/touch_failed")
             self.crawler.signals.send_catch_log(
                 request_dead, request=request,
-                reason=f"304 not recorded in MongoDB: {type(exc).__name__}: {exc}",
+                reason=f"304 not recorded in {store.name}: {type(exc).__name__}: {exc}",
                 error=repr(exc),
             )
             return False

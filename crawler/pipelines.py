@@ -15,14 +15,13 @@ version of a document older than the stored one never overwrites its fields
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import re
 import socket
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -40,10 +39,10 @@ from pymongo.errors import (
     OperationFailure,
     PyMongoError,
 )
-from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from crawler.config import (
+    FrontierConfig,
     close_at_open,
     masked_url,
     scrub,
@@ -51,6 +50,14 @@ from crawler.config import (
     stop_on_config_error,
 )
 from crawler.frontier.clock import CLOCK
+from crawler.storage import (
+    SOURCE_FIELD,
+    ItemIds,
+    ItemSources,
+    collection_of,
+    derive_item_id,
+    register_store,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -74,6 +81,9 @@ __all__ = [
     "mongo_config_error",
 ]
 
+#: The settings' defaults (:data:`crawler.config.SETTINGS`), for the
+#: constructor's keyword arguments.
+_DEFAULTS = FrontierConfig()
 #: MongoDB's error code for a unique index violation.
 DUPLICATE_KEY = 11000
 #: The key an item without a natural key is stored by.
@@ -92,11 +102,6 @@ _REFUSAL_IN_TEXT = re.compile(r"'code': (18|13|334), 'codeName': '\w+'")
 #: starts, and the first write finds out.
 OPEN_CHECK_WAIT = 3.0
 
-#: The field of a stored document that holds the fingerprint (hex) of the
-#: request whose response last yielded it, with revisits on
-#: (``FRONTIER_REVISIT_AFTER`` > 0): a 304 to that request's revisit raises
-#: those documents' ``last_seen`` (:meth:`MongoPipeline.touch`).
-SOURCE_FIELD = "_src"
 #: Seconds :meth:`MongoPipeline.touch` keeps its list of the collections
 #: that have an index on :data:`SOURCE_FIELD`.
 SOURCE_COLLECTIONS_TTL = 60.0
@@ -166,114 +171,6 @@ def mongo_config_error(exc: BaseException, database: str = "") -> str | None:
         return (f"not authorized ({text}): the user of MONGO_URI needs the readWrite "
                 f"role on the database{where} (MONGO_DATABASE)")
     return None
-
-
-def collection_of(item: Any, spider_name: str) -> str:
-    """The collection ``item`` is stored in: its class's ``collection``
-    attribute, else the spider's name."""
-    return getattr(item, "collection", None) or spider_name
-
-
-def derive_item_id(
-    spider: str, fingerprint: bytes, collection: str, item_class: str, ordinal: int
-) -> str:
-    """The ``_id`` of an item without a natural key, the same at every delivery.
-
-    :param spider: the spider's name.
-    :param fingerprint: Scrapy's request fingerprint of the request whose
-        response yielded the item (``crawler.request_fingerprinter``, 20 bytes).
-    :param collection: the item's collection (:func:`collection_of`).
-    :param item_class: the item's class, ``module.QualName`` (``builtins.dict``).
-    :param ordinal: the item's rank among the items of its collection and
-        class (that need an id) which that response's callback yielded,
-        from 0.
-    :returns: 32 lowercase hex digits (128 bits of SHA-256 over the above):
-        a string, not an ObjectId, so that it never passes for a time.
-    """
-    digest = hashlib.sha256()
-    for part in (spider.encode(), fingerprint, collection.encode(), item_class.encode()):
-        digest.update(len(part).to_bytes(4, "big") + part)
-    digest.update(ordinal.to_bytes(8, "big"))
-    return digest.hexdigest()[:32]
-
-
-class ItemIds:
-    """Ids derived for items without a natural key, from the spider
-    middleware to the pipeline.
-
-    :class:`~crawler.middlewares.ItemIdMiddleware` sees each item with the
-    response that yielded it, and :meth:`put` s the id it derives;
-    :class:`MongoPipeline` :meth:`pop` s it when the item reaches it. The
-    item itself is left as it is (no undeclared field is added to an Item
-    or a dataclass, no ``_id`` key to a dict, so feed exports do not change).
-
-    Ids are held by the identity of the item (``id(item)``), with a
-    reference to the item, so an id can never go to another object that
-    happens to get the same address. Entries leave when the pipeline takes
-    them, or when the item is dropped or fails in an earlier pipeline
-    (``item_dropped``, ``item_error`` signals); an item that a later spider
-    middleware swallows leaves its entry behind, so at most ``capacity``
-    entries are kept, the oldest forgotten first (:meth:`put` says how
-    many). An item whose id was forgotten, or that an earlier pipeline
-    replaced with a new object, reaches the pipeline without an id and gets
-    a fresh ObjectId (stat ``mongo/ids/minted``): a redelivery would then
-    store it again.
-
-    One instance per crawler: :meth:`of`.
-    """
-
-    #: Default most entries kept (items between the middleware and the pipeline).
-    CAPACITY: ClassVar[int] = 100_000
-    _by_crawler: ClassVar[WeakKeyDictionary[Crawler, ItemIds]] = WeakKeyDictionary()
-
-    def __init__(self, capacity: int = CAPACITY) -> None:
-        self.capacity = capacity
-        self._ids: OrderedDict[int, tuple[Any, str]] = OrderedDict()
-
-    @classmethod
-    def of(cls, crawler: Crawler) -> ItemIds:
-        """The crawler's instance, made (and hooked to its signals) on first use."""
-        ids = cls._by_crawler.get(crawler)
-        if ids is None:
-            ids = cls._by_crawler[crawler] = cls()
-            crawler.signals.connect(ids.discard, signal=signals.item_dropped)
-            crawler.signals.connect(ids.discard, signal=signals.item_error)
-        return ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def put(self, item: Any, ident: str) -> int:
-        """Hold ``ident`` for ``item``; return how many old entries were forgotten."""
-        self._ids[id(item)] = (item, ident)
-        self._ids.move_to_end(id(item))
-        forgotten = 0
-        while len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
-            forgotten += 1
-        return forgotten
-
-    def pop(self, item: Any) -> str | None:
-        """The id held for ``item`` (and forget it), or None."""
-        entry = self._ids.get(id(item))
-        if entry is None or entry[0] is not item:
-            return None
-        del self._ids[id(item)]
-        return entry[1]
-
-    def discard(self, item: Any, **_: Any) -> None:
-        """Forget ``item``'s id (a signal handler: the item went no further)."""
-        self.pop(item)
-
-
-class ItemSources(ItemIds):
-    """Fingerprints (hex) of the requests whose responses yielded items,
-    from :class:`~crawler.middlewares.ItemIdMiddleware` to the pipeline,
-    which stores each in its document's :data:`SOURCE_FIELD` (revisits on).
-    Held as :class:`ItemIds` holds ids; one instance per crawler: :meth:`of`.
-    """
-
-    _by_crawler: ClassVar[WeakKeyDictionary[Crawler, ItemIds]] = WeakKeyDictionary()
 
 
 def _not_newer(last: datetime) -> dict[str, Any]:
@@ -359,7 +256,8 @@ class _Pending:
 
 
 class MongoPipeline:
-    """Store items in MongoDB with batched bulk writes.
+    """Store items in MongoDB with batched bulk writes: an item store
+    (:class:`crawler.storage.ItemStore`, registered for its crawler).
 
     An item class names its collection and natural key with the class
     attributes ``collection`` (str) and ``key`` (tuple of field names), as
@@ -452,11 +350,11 @@ class MongoPipeline:
         uri: str,
         database: str,
         *,
-        batch_size: int = 500,
-        flush_interval: float = 0.25,
-        spill_after: int = 10_000,
-        spill_dir: str = "spill",
-        dead_collection: str = "dead_items",
+        batch_size: int = _DEFAULTS.mongo_batch_size,
+        flush_interval: float = _DEFAULTS.mongo_flush_interval,
+        spill_after: int = _DEFAULTS.mongo_spill_after,
+        spill_dir: str = _DEFAULTS.mongo_spill_dir,
+        dead_collection: str = _DEFAULTS.mongo_dead_collection,
     ) -> None:
         self.crawler = crawler
         self.uri = uri
@@ -476,8 +374,9 @@ class MongoPipeline:
         self._ids = ItemIds.of(crawler)
         #: Sources of items (revisits on), taken by process_item.
         self._sources = ItemSources.of(crawler)
-        self._revisits = crawler.settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0) > 0
+        self._revisits = FrontierConfig.of(crawler).revisit_after > 0
         MongoPipeline._by_crawler[crawler] = self
+        register_store(crawler, self)
         self._warned_minted = False
         self._indexed: set[tuple[str, tuple[str, ...]]] = set()
         #: Collections whose last batch was mostly keys stored already.
@@ -491,6 +390,10 @@ class MongoPipeline:
         self._config_error: str | None = None
 
     _by_crawler: ClassVar[WeakKeyDictionary[Crawler, MongoPipeline]] = WeakKeyDictionary()
+    #: What the store is, in messages (:class:`crawler.storage.ItemStore`).
+    name: ClassVar[str] = "MongoDB"
+    #: What :meth:`touch` raises when MongoDB failed.
+    errors: ClassVar[tuple[type[BaseException], ...]] = (PyMongoError, RuntimeError)
 
     @classmethod
     def of(cls, crawler: Crawler) -> MongoPipeline | None:
@@ -551,19 +454,19 @@ class MongoPipeline:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Read the ``MONGO_*`` settings; no connection is made here."""
-        settings = crawler.settings
-        uri = settings.get("MONGO_URI")
+        config = FrontierConfig.of(crawler)
+        uri = config.mongo_uri
         if not uri:
             raise NotConfigured("MONGO_URI is not set")
         return cls(
             crawler,
             uri,
-            settings.get("MONGO_DATABASE", "crawler"),
-            batch_size=settings.getint("MONGO_BATCH_SIZE", 500),
-            flush_interval=settings.getfloat("MONGO_FLUSH_INTERVAL", 0.25),
-            spill_after=settings.getint("MONGO_SPILL_AFTER", 10_000),
-            spill_dir=settings.get("MONGO_SPILL_DIR", "spill"),
-            dead_collection=settings.get("MONGO_DEAD_COLLECTION", "dead_items"),
+            config.mongo_database,
+            batch_size=config.mongo_batch_size,
+            flush_interval=config.mongo_flush_interval,
+            spill_after=config.mongo_spill_after,
+            spill_dir=config.mongo_spill_dir,
+            dead_collection=config.mongo_dead_collection,
         )
 
     async def open_spider(self) -> None:

@@ -38,7 +38,7 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
 
-from crawler.config import stop_on_config_error
+from crawler.config import FrontierConfig, stop_on_config_error
 from crawler.frontier.connection import (
     config_error_message,
     drop_connections,
@@ -53,7 +53,7 @@ from crawler.frontier.health import (
 )
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
-from crawler.frontier.slots import SitePolicy
+from crawler.frontier.slots import RobotsGate, SitePolicy
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -241,7 +241,7 @@ class _Wait(NamedTuple):
     reason: str | None = None
 
 
-class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
+class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
     """Scrapy's RobotsTxtMiddleware with robots.txt fetched once per cluster,
     and its fetch's outcome handled as RFC 9309 section 2.3.1 says.
 
@@ -311,32 +311,33 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         settings = crawler.settings
+        config = FrontierConfig.of(crawler)
         self._redis: Redis | None = None
-        self.ttl = settings.getfloat("FRONTIER_ROBOTS_TTL", 86400.0)
+        self.ttl = config.robots_ttl
         #: Seconds this worker uses a site's rules without reading Redis
         #: again at most: half of FRONTIER_SITE_FORGET_AFTER, so that a site
         #: whose state housekeeping deleted (its robots.txt and Crawl-delay
         #: among it) has its robots.txt fetched again when it gets new work,
         #: instead of being served by a local copy with no Crawl-delay and
         #: no rules in the frontier.
-        self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
-        self.margin = settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1)
+        self.local_max = config.site_forget_after / 2
+        self.margin = config.delay_margin
         #: The sites' delay without an override, whole ms (FRONTIER_DELAY,
         #: else DOWNLOAD_DELAY: SitePolicy), as lease.lua gets it.
         self.default_delay_ms = round(SitePolicy.from_settings(settings).delay * 1000)
         #: Slots (not hosts) whose robots.txt gate this worker opened, with
         #: time.monotonic() until which it trusts that it is open.
         self._gates: dict[str, float] = {}
-        self.retry_base = settings.getfloat("FRONTIER_ROBOTS_RETRY_BASE", 2.0)
-        self.retry_max = settings.getfloat("FRONTIER_ROBOTS_RETRY_MAX", 300.0)
-        self.jitter = settings.getfloat("FRONTIER_RETRY_JITTER", 0.1)
+        self.retry_base = config.robots_retry_base
+        self.retry_max = config.robots_retry_max
+        self.jitter = config.retry_jitter
         if not self.retry_base > 0:
             raise ValueError(
                 f"FRONTIER_ROBOTS_RETRY_BASE must be a number of seconds above 0, "
                 f"not {self.retry_base!r}"
             )
         #: Seconds the robots.txt lock lives unless renewed.
-        self.lock_seconds = settings.getfloat("FRONTIER_ROBOTS_LOCK_SECONDS", 10.0)
+        self.lock_seconds = config.robots_lock_seconds
         if not self.lock_seconds >= 1:
             raise ValueError(
                 f"FRONTIER_ROBOTS_LOCK_SECONDS must be a number of seconds of at least 1, "
@@ -829,14 +830,14 @@ class AdaptiveSlowdownMiddleware:
     """
 
     def __init__(self, crawler: Crawler) -> None:
-        settings = crawler.settings
+        config = FrontierConfig.of(crawler)
         self.crawler = crawler
         self._redis: Redis | None = None
-        self.start = settings.getfloat("FRONTIER_ADAPTIVE_START", 1.0) * 1000
-        self.max = settings.getfloat("FRONTIER_ADAPTIVE_MAX", 60.0) * 1000
-        self.latency = settings.getfloat("FRONTIER_ADAPTIVE_LATENCY", 5.0)
+        self.start = config.adaptive_start * 1000
+        self.max = config.adaptive_max * 1000
+        self.latency = config.adaptive_latency
         #: Seconds this worker trusts its copy of a site's delay unread.
-        self.local_max = settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0) / 2
+        self.local_max = config.site_forget_after / 2
         #: site -> (extra delay this worker last wrote, ms; time.monotonic() then)
         self._slow: dict[str, tuple[float, float]] = {}
         self._sweep_at = RULES_SWEEP_MIN
@@ -851,7 +852,7 @@ class AdaptiveSlowdownMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; NotConfigured when switched off."""
-        if not crawler.settings.getbool("FRONTIER_ADAPTIVE_ENABLED", True):
+        if not FrontierConfig.of(crawler).adaptive_enabled:
             raise NotConfigured("FRONTIER_ADAPTIVE_ENABLED is off")
         return cls(crawler)
 

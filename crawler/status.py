@@ -60,7 +60,7 @@ from pymongo.errors import PyMongoError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from crawler import items as items_module
-from crawler.config import masked_url
+from crawler.config import FrontierConfig, masked_url
 from crawler.control import RUNNING, parse_state
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.connection import get_redis, redis_location
@@ -425,18 +425,19 @@ class StatusReader:
             from scrapy.spiderloader import get_spider_loader  # noqa: PLC0415
 
             spiders = sorted(get_spider_loader(settings).list())
-        uri = settings.get("MONGO_URI")
+        config = FrontierConfig.from_settings(settings)
+        uri = config.mongo_uri
         mongo: MongoClient[dict[str, Any]] | None = None
         if uri:
             mongo = MongoClient(uri, connect=False, serverSelectionTimeoutMS=3000, tz_aware=True)
         return cls(
             get_redis(settings),
             mongo,
-            settings.get("MONGO_DATABASE", "crawler"),
+            config.mongo_database,
             spiders,
             settings=settings,
-            worker_timeout=settings.getfloat("FRONTIER_WORKER_TIMEOUT", 30.0),
-            max_priorities=settings.getint("FRONTIER_STATUS_MAX_PRIORITIES", 100),
+            worker_timeout=config.worker_timeout,
+            max_priorities=config.status_max_priorities,
             redis_at=redis_location(settings),
             mongo_at=mongo_location(settings) or "MongoDB",
         )

@@ -12,7 +12,7 @@ Files, one series per worker, in ``WARC_DIR``::
 
     <spider>-<worker id>-<start, UTC yyyymmddHHMMSS>-<serial, 00000>.warc.gz
 
-(the worker id of :func:`crawler.extensions.worker_id`, ``host:pid`` by
+(the worker id of :func:`crawler.config.worker_id`, ``host:pid`` by
 default, with characters other than letters, digits, ``.``, ``_`` and
 ``-`` replaced by ``_``). A file is written as ``NAME.warc.gz.open`` and
 renamed to ``NAME.warc.gz`` when it is closed, as Heritrix does: a file
@@ -74,8 +74,8 @@ from twisted.python.threadpool import ThreadPool
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from crawler.config import SettingsError
-from crawler.extensions import job_id, worker_id
+from crawler.config import FrontierConfig, SettingsError
+from crawler.extensions import job_id
 from crawler.keys import spider_name_of
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ __all__ = [
 ]
 
 #: Default of ``WARC_MAX_SIZE``: 1 GB (10**9 bytes), as Heritrix.
-DEFAULT_MAX_SIZE = 1_000_000_000
+DEFAULT_MAX_SIZE = FrontierConfig().warc_max_size
 #: Suffix of a file still being written (or left by a killed worker).
 OPEN_SUFFIX = ".open"
 #: Response headers that describe the transfer the download handler undid.
@@ -400,14 +400,15 @@ class WarcWriterMiddleware:
             written is no crawl to run).
         """
         settings = crawler.settings
-        directory = settings.get("WARC_DIR") or ""
+        config = FrontierConfig.of(crawler)
+        directory = config.warc_dir
         if not str(directory).strip():
             # (off by default: no WARNING, which Scrapy logs for a reason given)
             logger.debug("WARC archive off: WARC_DIR is not set")
             raise NotConfigured
-        max_size = settings.getint("WARC_MAX_SIZE", DEFAULT_MAX_SIZE)
+        max_size = config.warc_max_size
         spider = spider_name_of(crawler)  # the instance's, at open (spider_opened)
-        worker = worker_id(settings)
+        worker = config.worker
         info = {
             "software": _versions(),
             "format": "WARC File Format 1.1",

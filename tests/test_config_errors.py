@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -41,15 +42,18 @@ from twisted.python.failure import Failure
 
 import tests.scheduler_harness as harness
 from crawler.addon import FrontierAddon
+from crawler.checks import validate_settings
 from crawler.commands.crawl import Command as CrawlCommand
 from crawler.config import (
     CONFIG_ERROR_REASON,
+    OWN_PREFIXES,
+    SCRAPYS,
     SETTINGS,
     ConfigurationError,
+    FrontierConfig,
     SettingsError,
     config_error_of,
     masked_url,
-    validate_settings,
 )
 from crawler.extensions import ClusterStats
 from crawler.frontier.connection import FAIL_FAST_PARAMS, config_error, get_redis
@@ -455,6 +459,91 @@ def test_every_setting_read_in_crawler_is_in_the_validation_table() -> None:
             "MONGO_URI", "CONCURRENT_REQUESTS"} <= read  # the scan finds them
     missing = sorted(read - set(SETTINGS))
     assert missing == [], f"add these settings to crawler.config.SETTINGS: {missing}"
+
+
+# -- defaults: one table, read once ---------------------------------------------------
+
+README = PROJECT_DIR / "README.md"
+
+
+def _own_settings() -> dict[str, Any]:
+    """The project's own settings of the table, with their defaults."""
+    return {name: row.default for name, row in SETTINGS.items()
+            if row.default is not SCRAPYS}
+
+
+def test_every_setting_of_ours_has_its_default_in_the_table_and_a_field_in_the_config() -> None:
+    own = _own_settings()
+    ours_by_prefix = {name for name in SETTINGS if name.startswith(OWN_PREFIXES)}
+    assert ours_by_prefix <= set(own), sorted(ours_by_prefix - set(own))
+    fields = {f.metadata["setting"]: f.name for f in dataclasses.fields(FrontierConfig)}
+    assert set(fields) == set(own)
+    defaults = FrontierConfig()
+    assert {name: getattr(defaults, field) for name, field in fields.items()} == own
+    assert FrontierConfig.from_settings(Settings()) == defaults
+
+
+def _readme_defaults() -> dict[str, str]:
+    """Setting -> the default the README's "## Settings" table gives, as
+    written (the first backticked word of the default cell that is the
+    setting's by position)."""
+    text = README.read_text()
+    section = text[text.index("\n## Settings\n"):]
+    section = section[: section.index("\n## ", 1)]
+    found: dict[str, str] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        names_cell, default_cell = line.split(" | ")[:2]
+        names = re.findall(r"`([A-Z][A-Z0-9_]+)`", names_cell)
+        shown = re.findall(r"`([^`]*)`", default_cell)
+        assert len(shown) >= len(names), line
+        found.update(zip(names, shown[: len(names)], strict=True))
+    return found
+
+
+def test_the_readme_settings_table_gives_every_setting_of_ours_with_the_table_s_default() -> None:
+    readme = _readme_defaults()
+    own = _own_settings()
+    assert sorted(set(own) - set(readme)) == []
+    for name, default in own.items():
+        shown = readme[name]
+        try:
+            value = ast.literal_eval(shown)
+        except (ValueError, SyntaxError):
+            value = shown  # text written bare: `spill`, `127.0.0.1`
+        assert value == default, f"README: {name} = {shown}, SETTINGS: {default!r}"
+    # Scrapy's own settings the table names keep Scrapy's defaults.
+    for name in set(readme) & {"DOWNLOAD_DELAY", "CONCURRENT_REQUESTS_PER_DOMAIN"}:
+        assert ast.literal_eval(readme[name]) == getattr(default_settings, name)
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "field", "read"),
+    [("FRONTIER_LEASE_BATCH", " 4 ", "lease_batch", 4),
+     ("FRONTIER_LEASE_TIMEOUT", "2.5", "lease_timeout", 2.5),
+     ("FRONTIER_STATS_ENABLED", "false", "stats_enabled", False),
+     ("FRONTIER_SHARDS", "None", "shards", None),
+     ("FRONTIER_SHARDS", "4", "shards", 4),
+     ("FRONTIER_DELAY", "0.5", "delay", 0.5),
+     ("FRONTIER_SITE_DELAYS", '{"a.example": 2}', "site_delays", {"a.example": 2}),
+     ("MONGO_SPILL_DIR", "/tmp/x", "mongo_spill_dir", "/tmp/x"),
+     ("METRICS_PORT", "9500", "metrics_port", 9500)],
+)
+def test_the_config_reads_a_setting_given_as_text_as_its_default_s_type(
+    name: str, given: str, field: str, read: Any
+) -> None:
+    settings = Settings()
+    settings.set(name, given, priority="cmdline")
+    assert getattr(FrontierConfig.from_settings(settings), field) == read
+
+
+def test_the_config_is_read_once_per_crawler_once_its_settings_are_frozen() -> None:
+    crawler = get_crawler(Spider, {"FRONTIER_LEASE_BATCH": 7})
+    crawler.settings.freeze()
+    config = FrontierConfig.of(crawler)
+    assert config.lease_batch == 7
+    assert FrontierConfig.of(crawler) is config
 
 
 # -- REDIS_PARAMS: merged, not replaced ----------------------------------------------

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request
 
-from crawler.frontier.overrides import (
+from crawler.frontier.sites import site_of
+from crawler.overrides import (
     MAX_CONCURRENCY,
     MAX_DELAY_SECONDS,
     parse_concurrency,
@@ -23,7 +24,6 @@ from crawler.frontier.overrides import (
     parse_site_settings,
     stored_value_ok,
 )
-from crawler.frontier.sites import site_of
 
 if TYPE_CHECKING:
     import redis

@@ -17,14 +17,15 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
-from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.scheduler import REVISIT_META
 from crawler.frontier.serializer import entry_fields
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import site_of
 from crawler.frontier.store import Commit, Frontier, NotDue, Revisit
 from crawler.middlewares import RevisitMiddleware
+from crawler.overrides import parse_site_settings
 from crawler.pipelines import MongoPipeline
+from crawler.storage import register_store
 from devtools.replay import Page
 from tests import scheduler_harness as harness
 from tests.faultproxy import FaultProxy
@@ -311,7 +312,10 @@ def test_a_commit_carrying_revisits_whose_reply_was_lost_runs_once(
 # -- the middleware, alone -------------------------------------------------------------
 
 
-class _FailingPipeline:
+class _FailingPipeline(MongoPipeline):
+    def __init__(self) -> None:  # never opened: only touch() is called
+        pass
+
     def touch(self, source: str, when: Any) -> int:
         raise ServerSelectionTimeoutError("MongoDB down (test)")
 
@@ -367,7 +371,7 @@ def test_a_304_to_a_request_that_was_not_conditional_is_left_to_scrapy() -> None
 
 def test_a_304_that_mongodb_could_not_record_becomes_a_dead_letter() -> None:
     mw, sent = _middleware()
-    MongoPipeline._by_crawler[mw.crawler] = _FailingPipeline()  # type: ignore[assignment]
+    register_store(mw.crawler, _FailingPipeline())
     revisit = Request("https://a.example/p", meta={REVISIT_META: {"etag": '"e1"'}})
     mw.process_request(revisit)
     with pytest.raises(IgnoreRequest):

@@ -27,8 +27,8 @@ from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 from scrapy_redis.spiders import RedisSpider
 
+from crawler.checks import validate_settings
 from crawler.commands.frontier import clear_frontier
-from crawler.config import validate_settings
 from crawler.control import CrawlControl
 from crawler.extensions import ClusterStats
 from crawler.frontier.bloom import BloomDupeFilter

@@ -19,12 +19,12 @@ from redis.sentinel import MasterNotFoundError
 from scrapy import Request, Spider
 from scrapy.settings import Settings
 
+from crawler.checks import validate_settings
 from crawler.config import (
     SentinelUrl,
     SettingsError,
     masked_url,
     parse_sentinel_url,
-    validate_settings,
 )
 from crawler.frontier.connection import config_error_message, get_redis
 from crawler.frontier.store import Frontier

@@ -5,7 +5,7 @@ The project's commands module (``COMMANDS_MODULE``) overrides Scrapy's
 ``crawl`` with this subclass (scrapyd's jobs run it too). It runs the crawl
 as Scrapy's does, and adds:
 
-* **Settings are checked first** (:func:`crawler.config.validate_settings`)
+* **Settings are checked first** (:func:`crawler.checks.validate_settings`)
   in a project that switches the frontier on (:func:`frontier_enabled`),
   once the spider's ``custom_settings`` and the ``-s`` options are merged and
   before anything is built: a bad value is reported in one line per setting,
@@ -46,13 +46,13 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.misc import load_object
 
 from crawler.addon import FrontierAddon
+from crawler.checks import validate_settings
 from crawler.config import (
     ConfigurationError,
     SettingsError,
     config_error_of,
     scrub,
     secrets_of,
-    validate_settings,
 )
 from crawler.frontier.connection import cluster_enabled, get_redis, redis_location
 from crawler.frontier.scheduler import FrontierScheduler

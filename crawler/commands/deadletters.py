@@ -355,7 +355,7 @@ class Command(EnvironmentCommand):
                 if not self._list(frontier, opts) and not opts.json:
                     print(f"no dead letters of {spider}")
             elif action == "requeue":
-                adjust = self.settings.getint("RETRY_PRIORITY_ADJUST", DEFAULT_PRIORITY_ADJUST)
+                adjust = self.settings.getint("RETRY_PRIORITY_ADJUST")
                 kept = 0
                 for done in requeue_each(frontier, opts.limit, adjust):
                     requeued += done

@@ -9,7 +9,7 @@ shared frontier holds (see :mod:`crawler.status` for the figures and
 ``--unset`` instead of the value) and ``overrides [SPIDER ...]`` set, remove
 and list the per-site politeness overrides that workers read at every lease
 (the hashes ``{<spider>}:delay`` and ``{<spider>}:conc``, see
-:mod:`crawler.frontier.overrides`).
+:mod:`crawler.overrides`).
 
 ``pause SPIDER``, ``resume SPIDER`` and ``stop SPIDER`` set the crawl's state
 in ``{<spider>}:control``, which every worker of the crawl follows within
@@ -46,13 +46,25 @@ from rich.text import Text
 from scrapy.exceptions import UsageError
 
 from crawler.addon import EnvironmentCommand, with_project_addons
-from crawler.config import SettingsError, validate_settings
+from crawler.checks import validate_settings
+from crawler.config import FrontierConfig, SettingsError
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
 from crawler.frontier.audit import audit_crawl
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.eviction import missing_message
 from crawler.frontier.intake import IntakeKeys
-from crawler.frontier.overrides import (
+from crawler.frontier.shards import FrontierShards
+from crawler.frontier.store import Frontier, frontier_prefix
+from crawler.keys import (
+    CrawlKeys,
+    created_key,
+    recorded_shards,
+    shard_count,
+    shard_prefixes,
+    shards_key,
+    site_prefix,
+)
+from crawler.overrides import (
     CONCURRENCY,
     DELAY,
     MAX_CONCURRENCY,
@@ -65,17 +77,6 @@ from crawler.frontier.overrides import (
     parse_revisit,
     parse_site,
     stored_value_ok,
-)
-from crawler.frontier.shards import FrontierShards
-from crawler.frontier.store import Frontier, frontier_prefix
-from crawler.keys import (
-    CrawlKeys,
-    created_key,
-    recorded_shards,
-    shard_count,
-    shard_prefixes,
-    shards_key,
-    site_prefix,
 )
 from crawler.status import FINISHED, IDLE, ClusterStatus, SpiderStatus, StatusReader
 
@@ -167,7 +168,7 @@ class Override:
     :ivar kind: ``"delay"`` (``value`` in ms) or ``"conc"``.
     :ivar raw: the stored value, as Redis holds it.
     :ivar ok: whether the lease script accepts it
-        (:func:`~crawler.frontier.overrides.stored_value_ok`); when not, it
+        (:func:`~crawler.overrides.stored_value_ok`); when not, it
         uses the default for the site.
     """
 
@@ -304,7 +305,7 @@ def check_spider(settings: BaseSettings, name: str) -> str:
     :raises UsageError: it has not (exit status 2): a typo would read an
         empty crawl, or write keys no worker reads. The message lists the
         spiders the project has. Also when a setting is bad
-        (:func:`crawler.config.validate_settings`), as ``scrapy crawl``
+        (:func:`crawler.checks.validate_settings`), as ``scrapy crawl``
         refuses it: a command would act on keys the crawl does not use.
         The settings are checked as a crawl sees them, with the project's
         add-ons of this package applied
@@ -694,7 +695,7 @@ class Command(EnvironmentCommand):
                 )
             if unset:
                 return
-            if kind == REVISIT and not self.settings.getfloat("FRONTIER_REVISIT_AFTER"):
+            if kind == REVISIT and not FrontierConfig.from_settings(self.settings).revisit_after:
                 sys.stderr.write(
                     "note: revisits are off in this project's settings "
                     "(FRONTIER_REVISIT_AFTER=0): the override applies to workers started "
@@ -735,7 +736,7 @@ class Command(EnvironmentCommand):
         sys.stdout.write(
             f"crawl {spider}: {state} ({was}; {key}) by {who} at {_when(time.time())}\n"
             f"{_CONTROL_EFFECT[state]}, within FRONTIER_CONTROL_INTERVAL "
-            f"({self.settings.getfloat('FRONTIER_CONTROL_INTERVAL', 1.0):g} s)\n"
+            f"({FrontierConfig.from_settings(self.settings).control_interval:g} s)\n"
         )
         sys.stdout.flush()
         self.exitcode = 0
@@ -759,7 +760,7 @@ class Command(EnvironmentCommand):
         redis = get_redis(self.settings)
         try:
             live = live_workers(
-                redis, spider, self.settings.getfloat("FRONTIER_WORKER_TIMEOUT", 30.0)
+                redis, spider, FrontierConfig.from_settings(self.settings).worker_timeout
             )
             if live:
                 raise UsageError(
@@ -876,14 +877,14 @@ class Command(EnvironmentCommand):
         ``FRONTIER_DELAY_MARGIN``): what :meth:`Frontier.set_delay` computes
         a site's pace with."""
         assert self.settings is not None
-        settings = self.settings
-        default = settings.get("FRONTIER_DELAY")
+        config = FrontierConfig.from_settings(self.settings)
+        default = config.delay
         if default is None:
-            default = settings.getfloat("DOWNLOAD_DELAY")
+            default = self.settings.getfloat("DOWNLOAD_DELAY")
         return Frontier(
             redis, spider, prefix=key[: -len(DELAY)],
-            default_delay=max(0.0, float(default)),
-            delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
+            default_delay=max(0.0, default),
+            delay_margin=config.delay_margin,
         )
 
     def _shards(self, redis: Any, spider: str) -> int:

@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.exceptions import WatchError
 
 from crawler.frontier.eviction import NOEVICTION, evicted_keys, eviction_policy, missing_message
-from crawler.frontier.overrides import CONCURRENCY, DELAY, REVISIT, stored_value_ok
 from crawler.frontier.store import _lease_entry, chunk_entries, holder_of
 from crawler.keys import created_key, shards_key
+from crawler.overrides import CONCURRENCY, DELAY, REVISIT, stored_value_ok
 
 if TYPE_CHECKING:
     from redis import Redis

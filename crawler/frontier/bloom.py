@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from crawler.config import FrontierConfig
 from crawler.frontier.connection import get_redis
 from crawler.frontier.dupefilter import FrontierDupeFilter
 from crawler.frontier.shards import shard_bloom
@@ -235,10 +236,11 @@ class BloomDupeFilter(FrontierDupeFilter):
         :raises ValueError: a ``FRONTIER_BLOOM_*`` setting is out of range.
         """
         settings = crawler.settings
+        config = FrontierConfig.of(crawler)
         bloom = BloomFilter.for_capacity(
             frontier_prefix(name) + "bloom",
-            settings.getint("FRONTIER_BLOOM_CAPACITY", 10_000_000),
-            settings.getfloat("FRONTIER_BLOOM_ERROR_RATE", 0.001),
+            config.bloom_capacity,
+            config.bloom_error_rate,
         )
         logger.debug(
             "Bloom filter %s: %d shard(s) of %d bits, %d hashes, %.2f bytes per URL",

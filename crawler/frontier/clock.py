@@ -28,10 +28,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from crawler.config import SETTINGS, setting_value
+
 logger = logging.getLogger(__name__)
 
 #: Default of ``FRONTIER_CLOCK_SKEW_WARN``: seconds of offset that are logged.
-SKEW_WARN = 2.0
+SKEW_WARN: float = SETTINGS["FRONTIER_CLOCK_SKEW_WARN"].default
 
 
 class Clock:
@@ -119,5 +121,5 @@ CLOCK = Clock()
 
 
 def configure(settings: Any) -> None:
-    """Read ``FRONTIER_CLOCK_SKEW_WARN`` (seconds, default 2.0) into :data:`CLOCK`."""
-    CLOCK.warn_after = settings.getfloat("FRONTIER_CLOCK_SKEW_WARN", SKEW_WARN)
+    """Read ``FRONTIER_CLOCK_SKEW_WARN`` (seconds) into :data:`CLOCK`."""
+    CLOCK.warn_after = float(setting_value(settings, "FRONTIER_CLOCK_SKEW_WARN"))

@@ -161,7 +161,7 @@ def refusals(settings: BaseSettings) -> list[str]:
     :data:`OUR_SCHEDULER` or a subclass): settings that schedule with
     Scrapy's own scheduler (no add-on applied yet, say) get none, since
     Scrapy's ``DUPEFILTER_CLASS`` default is right for it. The scheduler
-    reports these at start, as does :func:`crawler.config.validate_settings`.
+    reports these at start, as does :func:`crawler.checks.validate_settings`.
     """
     if not uses_frontier_scheduler(settings):
         return []

@@ -79,6 +79,7 @@ from crawler.config import (
     parse_sentinel_url,
     scrub,
     secrets_of,
+    setting_value,
     stop_on_config_error,
 )
 
@@ -175,7 +176,7 @@ def drop_connections(server: Any) -> None:
 
 def cluster_enabled(settings: BaseSettings) -> bool:
     """Whether ``REDIS_URL`` names a Redis Cluster (``FRONTIER_REDIS_CLUSTER``)."""
-    return settings.getbool("FRONTIER_REDIS_CLUSTER", False)
+    return bool(setting_value(settings, "FRONTIER_REDIS_CLUSTER"))
 
 
 def no_retries() -> Retry:

@@ -79,6 +79,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
+from crawler.config import FrontierConfig
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.connection import (
     NOT_RUN,
@@ -510,17 +511,18 @@ class FrontierHousekeeping:
         :raises NotConfigured: ``FRONTIER_HOUSEKEEPING_INTERVAL`` is 0.
         """
         settings = crawler.settings
-        interval = settings.getfloat("FRONTIER_HOUSEKEEPING_INTERVAL", 30.0)
+        config = FrontierConfig.of(crawler)
+        interval = config.housekeeping_interval
         if interval <= 0:
             raise NotConfigured("FRONTIER_HOUSEKEEPING_INTERVAL is 0")
         housekeeper = Housekeeper(
             get_redis(settings),
             spider_name_of(crawler),  # the instance's, at open (spider_opened)
             shards=shard_count(settings),
-            worker_forget_after=settings.getfloat("FRONTIER_WORKER_FORGET_AFTER", 86400.0),
-            dead_max=settings.getint("FRONTIER_DEAD_LETTERS_MAX", 100_000),
-            site_forget_after=settings.getfloat("FRONTIER_SITE_FORGET_AFTER", 3600.0),
-            batch=settings.getint("FRONTIER_HOUSEKEEPING_BATCH", 200),
+            worker_forget_after=config.worker_forget_after,
+            dead_max=config.dead_letters_max,
+            site_forget_after=config.site_forget_after,
+            batch=config.housekeeping_batch,
         )
         ext = cls(crawler, housekeeper, interval)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)

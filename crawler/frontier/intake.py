@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from redis.crc import key_slot
+from crawler.hashtags import intake_base
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -75,17 +75,6 @@ SET_POLL = 0.2
 
 #: Most stale batches one :meth:`SeedIntake.reclaim_stale` round looks at.
 RECLAIM_LIMIT = 100
-
-
-def _hash_tag(key: str) -> str | None:
-    """The hash tag Redis Cluster hashes for ``key``, or None (whole key)."""
-    start = key.find("{")
-    if start < 0:
-        return None
-    end = key.find("}", start + 1)
-    if end <= start + 1:
-        return None
-    return key[start + 1 : end]
 
 
 def _text(value: bytes | str) -> str:
@@ -117,17 +106,7 @@ class IntakeKeys:
         :raises ValueError: ``seeds`` has no usable hash tag and a ``}``, so
             no other key can share its Redis Cluster slot.
         """
-        if _hash_tag(seeds) is not None:
-            base = f"{seeds}:intake"
-        elif "}" not in seeds:
-            base = f"{{{seeds}}}:intake"
-        else:
-            raise ValueError(
-                f"seed list key {seeds!r}: with a '}}' and no hash tag, no intake key "
-                "can share its Redis Cluster slot; rename it (REDIS_START_URLS_KEY)"
-            )
-        if key_slot(base.encode()) != key_slot(seeds.encode()):  # pragma: no cover
-            raise ValueError(f"intake key {base!r} is not in the slot of {seeds!r}")
+        base = intake_base(seeds)
         return cls(seeds, base, f"{base}:", base.removesuffix(":intake") + ":start_urls_seeded")
 
 

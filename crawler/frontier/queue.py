@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy_redis.queue import Base
 
+from crawler.config import FrontierConfig
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.replicas import ReplicaWait
 from crawler.frontier.shards import FrontierShards
@@ -74,6 +75,7 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         settings = spider.crawler.settings
+        config = FrontierConfig.of(spider.crawler)
         #: Each site's delay and concurrency, from Scrapy's settings.
         self.policy = SitePolicy.from_settings(settings)
         if self.policy.jitter and (self.policy.delay or self.policy.slot_delays):
@@ -90,15 +92,15 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
             shard_count(settings),
             default_delay=self.policy.delay,
             default_concurrency=self.policy.concurrency,
-            lease_timeout=settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0),
-            max_deliveries=settings.getint("FRONTIER_MAX_DELIVERIES", 5),
-            delay_margin=settings.getfloat("FRONTIER_DELAY_MARGIN", 0.1),
+            lease_timeout=config.lease_timeout,
+            max_deliveries=config.max_deliveries,
+            delay_margin=config.delay_margin,
             robots_gate=self.policy.robots_gate,
             jitter=self.policy.jitter,
             site_jitter=self.policy.slot_jitter,
             bloom=bloom,
-            revisit_after=max(0.0, settings.getfloat("FRONTIER_REVISIT_AFTER", 0.0)),
-            replica_wait=ReplicaWait.from_settings(settings),
+            revisit_after=max(0.0, config.revisit_after),
+            replica_wait=ReplicaWait.from_config(config),
         )
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
         self._method_names: dict[Callable[..., Any], str] = {}

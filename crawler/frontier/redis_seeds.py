@@ -45,7 +45,7 @@ from scrapy import Request, signals
 from scrapy_redis.spiders import RedisMixin
 from twisted.internet import task
 
-from crawler.extensions import worker_id
+from crawler.config import FrontierConfig, worker_id
 from crawler.frontier.intake import SeedIntake
 from crawler.frontier.seeds import BadSeed, check_url
 
@@ -102,8 +102,7 @@ class DurableSeeds:
             hasattr(spider, name) for name in ("fetch_data", "next_requests", "redis_key")
         ):
             return None
-        seeds = cls(spider, scheduler.after_commit,
-                    spider.crawler.settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0))
+        seeds = cls(spider, scheduler.after_commit, FrontierConfig.of(spider.crawler).lease_timeout)
         own_next = spider.next_requests  # type: ignore[attr-defined]
         own_make = spider.make_request_from_data  # type: ignore[attr-defined]
         ours = type(spider).make_request_from_data is RedisMixin.make_request_from_data  # type: ignore[attr-defined]

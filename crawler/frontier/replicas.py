@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
+from crawler.config import FrontierConfig
+
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
@@ -58,14 +60,17 @@ class ReplicaWait:
     timeout_ms: int
 
     @classmethod
-    def from_settings(cls, settings: BaseSettings) -> ReplicaWait | None:
+    def from_config(cls, config: FrontierConfig) -> ReplicaWait | None:
         """From ``FRONTIER_MIN_REPLICAS`` and ``FRONTIER_MIN_REPLICAS_TIMEOUT``
         (seconds); None when the first is 0."""
-        replicas = settings.getint("FRONTIER_MIN_REPLICAS", 0)
-        if replicas <= 0:
+        if config.min_replicas <= 0:
             return None
-        timeout = settings.getfloat("FRONTIER_MIN_REPLICAS_TIMEOUT", 1.0)
-        return cls(replicas, max(1, round(timeout * 1000)))
+        return cls(config.min_replicas, max(1, round(config.min_replicas_timeout * 1000)))
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> ReplicaWait | None:
+        """:meth:`from_config` of ``settings``' :class:`~crawler.config.FrontierConfig`."""
+        return cls.from_config(FrontierConfig.from_settings(settings))
 
     def queue(self, pipe: Any) -> None:
         """Queue ``WAIT`` on the redis-py pipeline ``pipe``, after its writes."""

@@ -22,8 +22,7 @@ from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
 from twisted.internet.threads import deferToThread
 
-from crawler.config import close_at_open, is_unset, stop_on_config_error
-from crawler.extensions import worker_id
+from crawler.config import close_at_open, is_unset, stop_on_config_error, worker_id
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.compat import (
     DEFAULT_DUPEFILTER_CLASS,

@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING
 
 from scrapy.utils.httpobj import urlparse_cached
 
+# SLOT_META and check_slot are the configuration's (DOWNLOAD_SLOTS' keys are
+# checked with them), re-exported here beside slot_of.
+from crawler.overrides import SLOT_MAX_CHARS, SLOT_META, check_slot
+
 if TYPE_CHECKING:
     from collections.abc import Collection
     from urllib.parse import ParseResult
@@ -19,13 +23,21 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.http import Response
 
-__all__ = ["SLOT_META", "check_slot", "on_sites", "site_of", "slot_of"]
+__all__ = [
+    "SEED_HOSTS_META",
+    "SLOT_MAX_CHARS",
+    "SLOT_META",
+    "check_slot",
+    "on_sites",
+    "site_of",
+    "slot_of",
+    "tag_seed",
+]
 
-#: The meta key Scrapy's downloader reads a request's download slot from
-#: (``scrapy.core.downloader.Downloader.DOWNLOAD_SLOT``).
-SLOT_META = "download_slot"
-#: Longest slot name :func:`check_slot` accepts, characters.
-SLOT_MAX_CHARS = 1000
+#: Request meta key: the hosts (sites) a request's crawl stays on, those of
+#: the seed it descends from (:func:`tag_seed`;
+#: ``crawler.middlewares.SeedHostsMiddleware`` keeps it).
+SEED_HOSTS_META = "seed_hosts"
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: Network locations whose site is remembered; the memo is emptied when full.
@@ -94,20 +106,12 @@ def slot_of(request: Request, named: Collection[str] = ()) -> str:
     return site_of(request)
 
 
-def check_slot(slot: object) -> str:
-    """``slot``, a ``meta["download_slot"]``, if the frontier can keep it.
+def tag_seed(request: Request) -> Request:
+    """Mark ``request`` as a seed: its crawl stays on its own host.
 
-    :raises ValueError: not a str, longer than :data:`SLOT_MAX_CHARS`, or
-        holding a tab, a line break or a NUL (the frontier's entries
-        separate fields with them); the message says so.
+    Sets ``meta["seed_hosts"]`` (:data:`SEED_HOSTS_META`) to
+    ``[site_of(request)]`` unless set; returns ``request``.
     """
-    if not isinstance(slot, str):
-        raise ValueError(
-            f"meta[{SLOT_META!r}] must be text (a slot name), not {type(slot).__name__}"
-        )
-    if len(slot) > SLOT_MAX_CHARS or any(c in slot for c in "\t\r\n\0"):
-        raise ValueError(
-            f"meta[{SLOT_META!r}] {slot[:80]!r} is not a slot name the frontier can keep: "
-            f"at most {SLOT_MAX_CHARS} characters, without tabs, line breaks or NUL"
-        )
-    return slot
+    if SEED_HOSTS_META not in request.meta:
+        request.meta[SEED_HOSTS_META] = [site_of(request)]
+    return request

@@ -41,9 +41,9 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from crawler.config import is_unset
-from crawler.frontier.overrides import parse_concurrency, parse_delay
+from crawler.config import setting_value
 from crawler.frontier.sites import check_slot, slot_of
+from crawler.overrides import parse_download_slots
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -52,11 +52,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrontierDownloader", "SitePolicy", "shared_robots_enabled"]
+__all__ = ["FrontierDownloader", "RobotsGate", "SitePolicy", "shared_robots_enabled"]
 
-#: The class path of the robots.txt middleware that opens the frontier's
-#: robots.txt gate (it stores each site's robots.txt in Redis).
+#: The class path of the project's robots.txt middleware, a
+#: :class:`RobotsGate` (it stores each site's robots.txt in Redis).
 SHARED_ROBOTS = "crawler.politeness.SharedRobotsTxtMiddleware"
+
+
+class RobotsGate:
+    """What a downloader middleware is when it tells the frontier each
+    site's robots.txt state (fetched, pending, unreachable): the frontier
+    then serves a site one request at a time until its robots.txt is known
+    (:attr:`SitePolicy.robots_gate`).
+
+    The frontier defines it and a middleware above it subclasses it
+    (:data:`SHARED_ROBOTS`), so the frontier imports no middleware. It adds
+    no behaviour.
+    """
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ class SitePolicy:
         (``jitter``, or the deprecated ``randomize_delay``: 0.5 or 0).
     :ivar robots_gate: the frontier serves a site one request at a time
         until its robots.txt is known: ``ROBOTSTXT_OBEY`` with
-        :data:`SHARED_ROBOTS` (or a subclass) enabled.
+        a :class:`RobotsGate` enabled (:data:`SHARED_ROBOTS`).
     """
 
     delay: float
@@ -101,15 +113,12 @@ class SitePolicy:
             a slot the frontier cannot keep, or has a delay or concurrency
             out of range (the message names the slot and what is allowed).
         """
-        delay = (
-            settings.getfloat("DOWNLOAD_DELAY")
-            if is_unset(settings, "FRONTIER_DELAY")
-            else settings.getfloat("FRONTIER_DELAY")
-        )
+        own_delay: float | None = setting_value(settings, "FRONTIER_DELAY")
+        own_concurrency: int | None = setting_value(settings, "FRONTIER_CONCURRENCY")
+        delay = settings.getfloat("DOWNLOAD_DELAY") if own_delay is None else own_delay
         concurrency = (
             settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
-            if is_unset(settings, "FRONTIER_CONCURRENCY")
-            else settings.getint("FRONTIER_CONCURRENCY")
+            if own_concurrency is None else own_concurrency
         )
         slots = settings.getdict("DOWNLOAD_SLOTS")
         delays, caps = parse_download_slots(slots)
@@ -145,34 +154,6 @@ class SitePolicy:
         return slot_of(request, self.named_slots)
 
 
-def parse_download_slots(slots: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """``DOWNLOAD_SLOTS`` as the frontier's overrides: (slot -> delay in
-    ms, slot -> concurrency), for the entries that set them
-    (``jitter`` and ``randomize_delay`` are read by
-    :meth:`SitePolicy.from_settings`).
-
-    :raises ValueError: as :meth:`SitePolicy.from_settings`.
-    """
-    delays: dict[str, int] = {}
-    caps: dict[str, int] = {}
-    for name, entry in slots.items():
-        where = f"DOWNLOAD_SLOTS[{name!r}]"
-        try:
-            slot = check_slot(name)
-            if not isinstance(entry, dict):
-                raise ValueError(
-                    f"must be a dict such as {{'delay': 1.5, 'concurrency': 1}}, "
-                    f"not {type(entry).__name__}"
-                )
-            if entry.get("delay") is not None:
-                delays[slot] = parse_delay(entry["delay"])
-            if entry.get("concurrency") is not None:
-                caps[slot] = parse_concurrency(entry["concurrency"])
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    return delays, caps
-
-
 def default_jitter(settings: BaseSettings) -> float:
     """The jitter of a site's delay as Scrapy's downloader reads it
     (``scrapy.core.downloader._default_jitter``, whose deprecation warning
@@ -183,7 +164,7 @@ def default_jitter(settings: BaseSettings) -> float:
         settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     ):
         return 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
-    return max(0.0, settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5))
+    return max(0.0, settings.getfloat("DOWNLOAD_DELAY_JITTER"))
 
 
 def slot_jitter(entry: dict[str, Any]) -> float | None:
@@ -197,16 +178,15 @@ def slot_jitter(entry: dict[str, Any]) -> float | None:
 
 
 def shared_robots_enabled(settings: BaseSettings) -> bool:
-    """Whether a downloader middleware of ``settings`` is
-    :data:`SHARED_ROBOTS` or a subclass of it (enabled: not ``None``)."""
-    from crawler.politeness import SharedRobotsTxtMiddleware  # noqa: PLC0415 (a cycle)
-
+    """Whether an enabled (not ``None``) downloader middleware of
+    ``settings`` is a :class:`RobotsGate` (:data:`SHARED_ROBOTS` or a
+    subclass of it)."""
     for path in build_component_list(settings.getwithbase("DOWNLOADER_MIDDLEWARES")):
         try:
             component = load_object(path) if isinstance(path, str) else path
         except (ImportError, ValueError, NameError, AttributeError):
             continue
-        if isinstance(component, type) and issubclass(component, SharedRobotsTxtMiddleware):
+        if isinstance(component, type) and issubclass(component, RobotsGate):
             return True
     return False
 

@@ -16,8 +16,7 @@ from scrapy.spiders import CrawlSpider
 from scrapy_redis import spiders as scrapy_redis_spiders
 from scrapy_redis.spiders import RedisSpider
 
-from crawler.config import stop_on_config_error
-from crawler.extensions import worker_id
+from crawler.config import FrontierConfig, stop_on_config_error
 from crawler.frontier.connection import (
     NOT_RUN,
     config_error_message,
@@ -28,7 +27,7 @@ from crawler.frontier.connection import (
 from crawler.frontier.health import may_call_redis, note_redis_failure, redis_is_failing
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
-from crawler.middlewares import tag_seed
+from crawler.frontier.sites import tag_seed
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -169,13 +168,14 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         environment.
         """
         settings = self.crawler.settings
-        self.idle_wait = settings.getfloat("FRONTIER_IDLE_WAIT", 1.0)
-        self.seed_batch = max(1, settings.getint("FRONTIER_SEED_BATCH", 1000))
-        self.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
+        config = FrontierConfig.of(self.crawler)
+        self.idle_wait = config.idle_wait
+        self.seed_batch = max(1, config.seed_batch)
+        self.lease_timeout = config.lease_timeout
         # scrapy-redis's setting, read by its setup_redis when the spider is built.
         self.max_idle_time = settings.getint("MAX_IDLE_TIME_BEFORE_CLOSE")
         # One holder per process: batch keys are never reused.
-        self.holder = f"{worker_id(settings)}#{os.urandom(4).hex()}"
+        self.holder = f"{config.worker}#{os.urandom(4).hex()}"
 
     def _opened(self, spider: FrontierSpider) -> None:
         """Read the settings the add-ons set, and say where seeds come from."""
