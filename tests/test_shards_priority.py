@@ -2,7 +2,7 @@
 
 * Priority across shards, through a worker: a priority-9 request pushed by
   this worker is leased first whatever shard it lands in, also when a peek
-  at the shards (:meth:`FrontierScheduler._peek_stale`) runs before the
+  at the shards (:meth:`ShardRouter.peek_stale`) runs before the
   round trip that commits it (the first round trip of a worker fed its
   seeds, or a callback's push between two peeks); and through ``scrapy
   crawl`` with seeds pushed as the README says.
