@@ -195,7 +195,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
     first of them when no lease call comes sooner (one call per shard with
     ``FRONTIER_SHARDS`` > 1, and an ack waits for the calls of other shards
-    that carry requests queued before it: :meth:`_batches`). A batch of
+    that carry requests queued before it: :meth:`Outbox.batches`). A batch of
     seeds is therefore queued atomically, a lease is acknowledged only with
     or after the requests its callback yielded (a worker killed with writes
     unsent loses the ack with the requests, and its lease is crawled
@@ -593,7 +593,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
         socket timeouts: past it, what was not sent is left out. Nothing
         is lost: a lease is acknowledged only in or after the commits that
-        queue the requests its page yielded (:meth:`_batches`), so an
+        queue the requests its page yielded (:meth:`Outbox.batches`), so an
         unsent ack and its requests go together, the lease expires and the
         page is crawled again (its items, already stored, are stored again
         in place).
