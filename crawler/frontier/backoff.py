@@ -37,7 +37,8 @@ from crawler.frontier.connection import (
 from crawler.frontier.health import RedisHealth, may_call_redis
 from crawler.frontier.replicas import NotReplicated
 
-logger = logging.getLogger(__name__)
+#: The scheduler's logger: its parts log as it does.
+logger = logging.getLogger("crawler.frontier.scheduler")
 
 __all__ = ["CONFIG_ERROR_PAUSE", "OUTAGE_BACKOFF_CAP", "UNREACHABLE", "Backoff"]
 

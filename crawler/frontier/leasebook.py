@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from crawler.frontier.queue import LeasedPriorityQueue
     from crawler.frontier.store import Lease, NotDue
 
-logger = logging.getLogger(__name__)
+#: The scheduler's logger: its parts log as it does.
+logger = logging.getLogger("crawler.frontier.scheduler")
 
 __all__ = ["REVISIT_META", "LeaseBook"]
 

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
     from scrapy import Request
 
-logger = logging.getLogger(__name__)
+#: The scheduler's logger: its parts log as it does.
+logger = logging.getLogger("crawler.frontier.scheduler")
 
 __all__ = ["Op", "Outbox"]
 

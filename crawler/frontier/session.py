@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from crawler.frontier.replicas import ReplicaWait
     from crawler.frontier.shards import FrontierShards
 
-logger = logging.getLogger(__name__)
+#: The scheduler's logger: its parts log as it does.
+logger = logging.getLogger("crawler.frontier.scheduler")
 
 __all__ = ["InDoubt", "Session", "SessionHost"]
 
