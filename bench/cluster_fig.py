@@ -78,7 +78,7 @@ def _shards(server: Any, shards: int) -> FrontierShards:
 def _send(
     shards: FrontierShards, batches: dict[int, Commit], lease: tuple[int, list[str]]
 ) -> list[Any]:
-    """The scheduler's round trip (``FrontierScheduler._send``): each
+    """The scheduler's round trip (``Session.send``): each
     shard's commit and the lease call, one pipeline per node, the lease's
     last; returns the lease's reply."""
     wanted = [i for i in batches if i != lease[0]] + [lease[0]]

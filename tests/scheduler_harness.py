@@ -110,9 +110,9 @@ def stop_opened() -> None:
         if scheduler._beater is not None:  # the heartbeat thread: no beat after the test
             scheduler._beater.stop(timeout=5)
             scheduler._beater = None
-        if scheduler._flush_call is not None:  # its outbox timer: no write after the test
-            scheduler._flush_call.cancel()
-            scheduler._flush_call = None
+        if scheduler.outbox.flush_call is not None:  # its outbox timer: no write after the test
+            scheduler.outbox.flush_call.cancel()
+            scheduler.outbox.flush_call = None
     loop = reactor_loop()
     if not loop.is_running():
         loop.run_until_complete(asyncio.sleep(0))

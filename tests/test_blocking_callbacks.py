@@ -77,7 +77,7 @@ def test_the_heartbeat_thread_keeps_leases_while_the_reactor_does_not_turn(
     beater = scheduler._beater
     assert beater is not None
     assert sorted(id_ for ids in beater.held().values() for id_ in ids) == sorted(
-        scheduler._leases.values()
+        scheduler.book.leases.values()
     )
     start = beater.beats
     wait_for(lambda: beater.beats >= start + 5, 10, "five beats (over 1.5 leases)", 0.05)

@@ -264,7 +264,7 @@ def test_a_slot_moved_under_a_worker_is_found_by_moved_and_nothing_is_lost() -> 
             old = next(n for n in rc.get_primaries() if n.name == before)
             errors = rc.get_redis_connection(old).info("errorstats")
             assert errors.get("errorstat_MOVED", {}).get("count", 0) >= 2, errors  # commit, lease
-            assert not scheduler._outbox and scheduler._in_doubt is None
+            assert not scheduler.outbox.ops and scheduler.session.in_doubt is None
             harness.finish(scheduler, got)
             assert scheduler.next_request() is None
             assert scheduler.queue.shards.audit() == {}
@@ -315,6 +315,6 @@ def test_one_master_forgot_the_commit_script_the_lease_of_its_shard_is_sent_agai
             harness.finish(scheduler, r)
         assert scheduler.next_request() is None
         assert scheduler.queue.shards.audit() == {}
-        assert not scheduler._outbox and scheduler._in_doubt is None
+        assert not scheduler.outbox.ops and scheduler.session.in_doubt is None
     finally:
         rc.close()

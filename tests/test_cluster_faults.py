@@ -222,7 +222,7 @@ def test_a_slot_the_cluster_does_not_serve_is_an_outage_waited_out_with_backoff(
         try:
             assert scheduler.enqueue_request(Request(f"https://{site}/1"))
             assert not scheduler.flush_outbox()
-            assert scheduler._down_until > time.monotonic()
+            assert scheduler.session.down_until > time.monotonic()
             assert crawler.stats.get_value("frontier/redis/outages") == 1
             assert not crawler.stats.get_value("frontier/redis/refused")
             busy = owner.info("errorstats").get("errorstat_CLUSTERDOWN", {}).get("count", 0)
@@ -234,7 +234,7 @@ def test_a_slot_the_cluster_does_not_serve_is_an_outage_waited_out_with_backoff(
         finally:
             owner.execute_command("CLUSTER ADDSLOTS", slot)
         cluster.wait_ready()
-        scheduler._down_until = 0.0  # (the backoff's end)
+        scheduler.session.down_until = 0.0  # (the backoff's end)
         assert scheduler.flush_outbox()
         got = harness.wait_for_request(scheduler, 3.0)
         assert got.url == f"https://{site}/1"
@@ -365,8 +365,8 @@ def test_commits_that_ran_beside_one_the_cluster_did_not_serve_end_no_outage(
                 scheduler.enqueue_request(Request(f"https://{down_site}/{n}"))
                 scheduler.enqueue_request(Request(f"https://{others[n]}/"))
                 assert not scheduler.flush_outbox()
-                backoffs.append(scheduler._backoff)
-                scheduler._down_until = 0.0  # (the backoff's end)
+                backoffs.append(scheduler.session.backoff)
+                scheduler.session.down_until = 0.0  # (the backoff's end)
         finally:
             owner.execute_command("CLUSTER ADDSLOTS", slot)
         assert backoffs == [0.5, 1.0, 2.0]
@@ -448,14 +448,15 @@ def test_an_ack_is_never_committed_while_the_master_of_its_pages_child_is_down(
         first._download_ended(leased)
         assert first.enqueue_request(Request(child))
         first.crawler.engine._slot.remove_request(leased)
-        assert [op.kind for op in first._outbox] == ["slots", "pushes", "acks"]
+        assert [op.kind for op in first.outbox.ops] == ["slots", "pushes", "acks"]
         down_port = rc.get_node_from_key(
             site_prefix("pages", child_site, CLUSTER_SHARDS) + "count").port
         node = next(n for n in cluster.nodes if n.port == down_port)
         node.stop()
         try:
             assert not first.flush_outbox()  # the page's master ran its commit
-            assert first._in_doubt is not None and "acks" in [op.kind for op in first._outbox]
+            assert first.session.in_doubt is not None
+            assert "acks" in [op.kind for op in first.outbox.ops]
         finally:
             node.start()
         # (the worker is killed: its outbox is never sent)

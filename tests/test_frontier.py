@@ -285,7 +285,7 @@ def test_a_repeat_of_what_this_worker_recorded_is_dropped_without_redis(
     scheduler, crawler = open_scheduler(redis_url)
     assert scheduler.enqueue_request(Request("https://a.example/x?a=1&b=2"))
     assert not scheduler.enqueue_request(Request("https://a.example/x?b=2&a=1"))
-    assert len(scheduler._outbox) == 1  # the repeat never reached the outbox
+    assert len(scheduler.outbox.ops) == 1  # the repeat never reached the outbox
     assert scheduler.enqueue_request(Request("https://a.example/x?a=1&b=2", dont_filter=True))
     assert scheduler.flush_outbox()
     assert crawler.stats.get_value("dupefilter/filtered") == 1
@@ -413,5 +413,5 @@ def test_the_local_memory_is_dropped_on_an_outage(redis_url: str) -> None:
     scheduler, _ = open_scheduler(redis_url)
     scheduler.enqueue_request(Request("https://a.example/x"))
     assert scheduler._seen
-    scheduler._outage(ConnectionError("gone"))
+    scheduler.session.outage(ConnectionError("gone"))
     assert not scheduler._seen

@@ -348,7 +348,7 @@ def test_leases_given_back_do_not_count_as_failed_deliveries(rds: redis.Redis) -
 def _lose_replies(scheduler: FrontierScheduler, times: int = 1) -> list[int]:
     """Make the next ``times`` round trips run in Redis and then lose their
     reply, as a connection dropped after the call was sent would."""
-    send = scheduler._send
+    send = scheduler.session.send
     lost = [0]
 
     def send_and_lose(*args: Any) -> Any:
@@ -358,7 +358,7 @@ def _lose_replies(scheduler: FrontierScheduler, times: int = 1) -> list[int]:
             raise RedisConnectionError("reply lost (test)")
         return result
 
-    scheduler._send = send_and_lose  # type: ignore[method-assign]
+    scheduler.session.send = send_and_lose  # type: ignore[method-assign]
     return lost
 
 
@@ -381,7 +381,7 @@ def test_leases_whose_reply_was_lost_are_found_out_not_leased_again(
     assert scheduler.next_request() is None  # the reply was lost
     leased = _total(rds, shards, lambda p: rds.zcard(p + "leases"))
     assert leased > 0  # but the call ran
-    scheduler._down_until = 0.0  # Redis answers again
+    scheduler.session.down_until = 0.0  # Redis answers again
     got = lease_all(scheduler)
     assert sorted(r.url for r in got) == urls
     # found out, not leased twice
@@ -404,7 +404,7 @@ def test_a_commit_whose_reply_was_lost_is_not_sent_again(
     _lose_replies(scheduler)
     assert not scheduler.flush_outbox()
     assert done == []  # not known to be in Redis yet
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     assert scheduler.flush_outbox()  # found out: it ran
     assert done == [1]
     # queued once, not twice
@@ -417,15 +417,15 @@ def test_a_commit_lost_before_it_reached_redis_is_sent_once_found_out(
 ) -> None:
     scheduler, _ = harness.open_scheduler(redis_url, _Spider)
     scheduler.enqueue_request(Request("https://a.example/x", dont_filter=True))
-    send = scheduler._send
+    send = scheduler.session.send
 
     def fail_before_sending(*args: Any) -> Any:
-        scheduler._send = send  # type: ignore[method-assign]
+        scheduler.session.send = send  # type: ignore[method-assign]
         raise RedisConnectionError("connection refused (test)")
 
-    scheduler._send = fail_before_sending  # type: ignore[method-assign]
+    scheduler.session.send = fail_before_sending  # type: ignore[method-assign]
     assert not scheduler.flush_outbox()
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     assert scheduler.flush_outbox()
     assert int(rds.get("{t}:count") or 0) == 1
 
@@ -499,7 +499,7 @@ def test_a_lease_whose_ack_is_refused_stays_extended_until_the_ack_is_in(
     until = seconds * 1000 + micros // 1000 + 3000  # a lease and a half
 
     def beaten() -> bool:  # a heartbeat every quarter of a lease
-        scheduler._down_until = 0.0
+        scheduler.session.down_until = 0.0
         scheduler._beat()
         seconds, micros = rds.time()
         return seconds * 1000 + micros // 1000 > until
@@ -508,7 +508,7 @@ def test_a_lease_whose_ack_is_refused_stays_extended_until_the_ack_is_in(
     other = Frontier(rds, "ack", lease_timeout=2)
     assert isinstance(other.lease_many(["other#x:0"]), NotDue)  # not handed out again
     rds.delete("{ack}:dupefilter")
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     assert scheduler.flush_outbox()
     assert rds.zcard("{ack}:leases") == 0
 
@@ -563,8 +563,8 @@ def test_a_call_that_outlives_the_socket_timeout_is_found_out_never_resent(
     busy = _stall(stall, "{t}:busy", 900_000)
     assert not scheduler.flush_outbox()  # timed out: in doubt
     busy.join()
-    assert scheduler._in_doubt is not None
-    scheduler._down_until = 0.0
+    assert scheduler.session.in_doubt is not None
+    scheduler.session.down_until = 0.0
     assert scheduler.flush_outbox()  # found out: it ran
     assert int(client.get("{t}:count") or 0) == 1  # queued once
     assert scheduler.queue.frontier.audit() == {}
@@ -614,19 +614,19 @@ def test_the_heartbeat_during_an_outages_backoff_keeps_the_leases_and_ends_it(
         [request] = lease_all(scheduler)
         [lease_id] = [m.decode() for m in rds.zrange("{beat}:leases", 0, -1)]
         with proxy.outage():
-            scheduler._outage(RedisConnectionError("gone"))
-            scheduler._backoff = 16.0  # (a long outage's, doubled since)
-            scheduler._outage(RedisConnectionError("gone"))
-            down_until = scheduler._down_until
+            scheduler.session.outage(RedisConnectionError("gone"))
+            scheduler.session.backoff = 16.0  # (a long outage's, doubled since)
+            scheduler.session.outage(RedisConnectionError("gone"))
+            down_until = scheduler.session.down_until
             assert down_until > time.monotonic() + 25
             scheduler._beat()  # Redis still down: nothing changes
-            assert scheduler._down_until == down_until
+            assert scheduler.session.down_until == down_until
             assert crawler.stats.get_value("frontier/redis/outages") == 1
         seconds, micros = rds.time()
         now_ms = seconds * 1000 + micros // 1000
         rds.zadd("{beat}:leases", {lease_id: now_ms + 1000}, xx=True)  # about to expire
         scheduler._beat()  # Redis is back, the backoff not over
-        assert scheduler._down_until == 0.0
+        assert scheduler.session.down_until == 0.0
         assert rds.zscore("{beat}:leases", lease_id) >= now_ms + 25_000  # extended
         assert crawler.stats.get_value("frontier/redis/outages") == 1
         finish(scheduler, request)
@@ -645,13 +645,13 @@ def test_a_heartbeat_that_meets_noscript_is_an_outage_not_a_refusal(
 
     scheduler, crawler = harness.open_scheduler(redis_url, _BeatSpider)
     with caplog.at_level("WARNING", logger="crawler.frontier.scheduler"):
-        scheduler._failed(NoScriptError("No matching script. Please use EVAL."))
+        scheduler.session.failed(NoScriptError("No matching script. Please use EVAL."))
     assert crawler.stats.get_value("frontier/redis/refused") is None
     assert crawler.stats.get_value("frontier/redis/outages") == 1
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     rds.script_flush()  # (as a restart: Redis keeps no scripts)
     rds.zrem("{beat}:alive", scheduler.holder)
     scheduler._beat()  # the backoff runs: a probe; it loads the scripts again
-    assert scheduler._down_until == 0.0
+    assert scheduler.session.down_until == 0.0
     assert rds.zscore("{beat}:alive", scheduler.holder) is not None
     assert crawler.stats.get_value("frontier/redis/outages") == 1

@@ -263,7 +263,7 @@ def test_a_last_chance_whose_lease_reply_was_lost_is_found_out_and_still_held_al
 
     _lose_replies(scheduler)
     assert scheduler.next_request() is None  # the reply was lost; the call ran
-    scheduler._down_until = 0.0  # Redis answers again
+    scheduler.session.down_until = 0.0  # Redis answers again
     last = scheduler.next_request()
     assert last is not None and last.url == "https://a.example/last"
     assert [e.split(b"#")[1] for e in rds.hvals("{t}:ldata")] == [b"3"]  # leased once
@@ -506,10 +506,10 @@ def test_the_named_call_whose_reply_is_lost_still_takes_the_last_chance_alone(
     assert scheduler.stats.get_value("frontier/last_chance/drains") == 1
     for r in got:
         harness.finish(scheduler, r)
-    assert scheduler._drained_for is not None
+    assert scheduler.book.drained_for is not None
     _lose_replies(scheduler)
     assert scheduler.next_request() is None
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     last = scheduler.next_request()
     assert last is not None and last.url == "https://a.example/last"
     assert scheduler.next_request() is None  # nothing beside it

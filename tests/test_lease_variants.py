@@ -132,7 +132,7 @@ def test_a_priority_9_request_queued_while_the_worker_holds_a_buffer_comes_next(
     assert scheduler.flush_outbox()
     first = scheduler.next_request()
     assert first is not None
-    buffered = len(scheduler._ready)
+    buffered = len(scheduler.book.ready)
     scheduler.enqueue_request(Request("https://s70.example/", priority=9))
     got = [first.url] + [r.url for r in _serve_all(scheduler)]
     assert got.index("https://s70.example/") <= buffered + 1, got.index("https://s70.example/")

@@ -224,7 +224,7 @@ def test_a_commit_whose_reply_was_lost_says_its_duplicates_are_not_known(
         scheduler.enqueue_request(Request("https://a.example/y"))
         assert not scheduler.flush_outbox()  # ran, but its reply was lost
         assert rule.acted == 1
-        scheduler._down_until = 0.0  # retry now rather than after the backoff
+        scheduler.session.down_until = 0.0  # retry now rather than after the backoff
         caplog.set_level(logging.INFO, logger="crawler.frontier")
         assert scheduler.flush_outbox()  # found out that it ran
 

@@ -57,12 +57,12 @@ def test_resent_lease_whose_reply_is_lost(
     assert rule.acted == 1
     assert len(proxy.commands(script=lease)) - before_l == 2
     assert len(proxy.commands(script=commit)) - before_c == 2  # NOSCRIPT + resent
-    doubt = scheduler._in_doubt
+    doubt = scheduler.session.in_doubt
     assert doubt is not None and doubt.lease_ids
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     request = harness.wait_for_request(scheduler, 3.0)
     assert request.url == "https://late.example/a"
-    assert not scheduler._outbox and scheduler._in_doubt is None
+    assert not scheduler.outbox.ops and scheduler.session.in_doubt is None
     harness.finish(scheduler, request)
     assert scheduler.next_request() is None
     assert scheduler.queue.shards.audit() == {}
@@ -91,7 +91,7 @@ def test_resent_lease_loops_once(
     assert len(proxy.commands(script=lease)) - before_l == 2
     assert len(proxy.commands(script=commit)) - before_c == 2
     assert result is None
-    assert scheduler._outbox and scheduler._in_doubt is None
+    assert scheduler.outbox.ops and scheduler.session.in_doubt is None
     scheduler.queue.shards.load_scripts = orig  # type: ignore[method-assign]
     request = harness.wait_for_request(scheduler, 3.0)
     assert request.url == "https://late.example/a"

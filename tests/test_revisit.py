@@ -290,7 +290,7 @@ def test_a_commit_carrying_revisits_whose_reply_was_lost_runs_once(
         assert not scheduler.flush_outbox()  # ran, but its reply was lost
         assert rule.acted == 1
         [(fp, due)] = rds.zrange("{t}:revisits", 0, -1, withscores=True)
-        scheduler._down_until = 0.0  # Redis answers again
+        scheduler.session.down_until = 0.0  # Redis answers again
         assert scheduler.flush_outbox()  # found out that it ran: not sent again
 
         sent = [

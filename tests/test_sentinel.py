@@ -197,15 +197,15 @@ def test_with_min_replicas_writes_are_not_done_while_the_replica_is_down(
         scheduler.enqueue_request(Request(u))
     scheduler.crawler.engine._slot.remove_request(first)  # its ack
     assert not scheduler.flush_outbox()
-    assert scheduler._outbox, "the writes were counted done without a replica"
+    assert scheduler.outbox.ops, "the writes were counted done without a replica"
     master = group.master.client()
     # (they ran on the master: the ack and the three pushes)
     assert master.zcard("{sn}:leases") == 0
     assert master.scard("{sn}:dupefilter") == 4
     assert crawler.stats.get_value("frontier/redis/not_replicated") >= 1
-    scheduler._down_until = 0.0  # (no backoff: the writes are still not done)
+    scheduler.session.down_until = 0.0  # (no backoff: the writes are still not done)
     assert scheduler.next_request() is None
-    assert scheduler._in_doubt is not None
+    assert scheduler.session.in_doubt is not None
 
     group.restart_as_replica(group.replica, group.master)
     started = time.monotonic()
@@ -282,7 +282,7 @@ def test_with_min_replicas_writes_the_promoted_replica_lacks_are_sent_again() ->
 
 def _retry_now(scheduler: Any) -> bool:
     """Skip the scheduler's backoff (the test waits on the event instead)."""
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     return True
 
 

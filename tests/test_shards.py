@@ -19,7 +19,7 @@ from scrapy import Request, Spider
 from scrapy.settings import Settings
 
 from crawler.config import config_error_of
-from crawler.frontier import scheduler as scheduler_module
+from crawler.frontier import router as router_module
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.store import Push
 from crawler.keys import CrawlKeys, shard_of, shard_prefixes, slot_warning
@@ -417,7 +417,7 @@ def peek_always(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every shard is stale at once: each next_request with an empty buffer
     peeks at all the shards before its lease call (no waiting for the
     second of EMPTY_SHARD_RECHECK)."""
-    monkeypatch.setattr(scheduler_module, "EMPTY_SHARD_RECHECK", 0.0)
+    monkeypatch.setattr(router_module, "EMPTY_SHARD_RECHECK", 0.0)
 
 
 def is_peek(command: Command, holder: str) -> bool:

@@ -103,14 +103,14 @@ def test_a_round_trip_of_commits_to_every_shard_and_a_lease_whose_reply_is_lost(
     scheduler = _open(proxy.url)
     # Acks in every shard and new requests for every shard, in one outbox.
     leased, later = _writes_for_every_shard(scheduler)
-    shards_written = {op.shard for op in scheduler._outbox}
+    shards_written = {op.shard for op in scheduler.outbox.ops}
     assert shards_written == set(range(SHARDS))
     rule = proxy.lose_replies(script=(LUA / "lease.lua").read_text(), mode=mode, hold=5)
     assert scheduler.next_request() is None  # lost
     assert rule.acted == 1
-    assert scheduler._in_doubt is not None
-    assert len(scheduler._in_doubt.commits) == SHARDS
-    scheduler._down_until = 0.0
+    assert scheduler.session.in_doubt is not None
+    assert len(scheduler.session.in_doubt.commits) == SHARDS
+    scheduler.session.down_until = 0.0
     got = harness.lease_all(scheduler)
     rest = leased[len(leased) // 2:]
     # nothing queued twice, nothing acked twice; the leases found out
@@ -136,21 +136,21 @@ def test_a_lost_round_trip_where_one_shards_commit_was_refused(
     broken = shard_prefixes("sf", SHARDS)[2] + "count"
     saved = rds.get(broken)
     rds.set(broken, "x")
-    scheduler._turn = 0
+    scheduler.router.turn = 0
     rule = proxy.lose_replies(script=(LUA / "lease.lua").read_text())
     assert scheduler.next_request() is None
     assert rule.acted == 1
-    doubt = scheduler._in_doubt
+    doubt = scheduler.session.in_doubt
     assert doubt is not None and doubt.lease_shard != 2
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     got = harness.lease_all(scheduler)  # found out; shard 2's commit refused again
-    assert scheduler._in_doubt is None
-    assert {op.shard for op in scheduler._outbox} == {2}
+    assert scheduler.session.in_doubt is None
+    assert {op.shard for op in scheduler.outbox.ops} == {2}
     if saved is None:
         rds.delete(broken)
     else:
         rds.set(broken, saved)
-    scheduler._down_until = 0.0
+    scheduler.session.down_until = 0.0
     assert scheduler.flush_outbox()
     for request in [*leased[len(leased) // 2:], *got]:
         harness.finish(scheduler, request)
@@ -178,7 +178,7 @@ def test_scripts_forgotten_before_a_round_trip_of_every_shard_each_call_runs_onc
     commit = (LUA / "commit.lua").read_text()
     before = len(proxy.commands(script=commit))
     got = harness.lease_all(scheduler)
-    assert scheduler._in_doubt is None and not scheduler._outbox
+    assert scheduler.session.in_doubt is None and not scheduler.outbox.ops
     sent = proxy.commands(script=commit)[before:]
     # each shard's commit once, plus once more for the ones that met NOSCRIPT
     assert len(sent) == SHARDS * (1 if kept == "commit.lua" else 2)
@@ -212,7 +212,7 @@ def test_a_lease_that_ran_before_a_resent_commit_is_sent_again(
     rds.script_load(lib + (LUA / "lease.lua").read_text())
     request = scheduler.next_request()
     assert request is not None and request.url == "https://late.example/a"
-    assert not scheduler._outbox and scheduler._in_doubt is None
+    assert not scheduler.outbox.ops and scheduler.session.in_doubt is None
     harness.finish(scheduler, request)
     assert scheduler.queue.shards.audit() == {}
 
@@ -384,7 +384,7 @@ def _page_with_a_child_elsewhere(scheduler: FrontierScheduler, shards: int) -> t
     scheduler._download_ended(leased)
     assert scheduler.enqueue_request(Request(child))
     scheduler.crawler.engine._slot.remove_request(leased)
-    assert [(op.kind, op.shard) for op in scheduler._outbox] == [
+    assert [(op.kind, op.shard) for op in scheduler.outbox.ops] == [
         ("slots", 0), ("pushes", shards - 1), ("acks", 0)]
     return page, child
 
@@ -403,7 +403,7 @@ def test_an_ack_is_never_committed_while_its_pages_request_for_another_shard_is_
     saved = rds.get(broken)
     rds.set(broken, "x")  # commit.lua on shard 1 refuses before it writes
     assert not first.flush_outbox()
-    assert [op.kind for op in first._outbox] == ["pushes", "acks"]
+    assert [op.kind for op in first.outbox.ops] == ["pushes", "acks"]
     assert first.stats.get_value("frontier/redis/refused") == 1
     # (the worker is killed: its outbox is never sent)
     if saved is None:
@@ -427,10 +427,10 @@ def test_an_ack_goes_one_round_trip_after_its_pages_requests_for_another_shard(
     shard all in one. The outbox is then empty and the child queued."""
     scheduler, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_SHARDS=shards)
     _, child = _page_with_a_child_elsewhere(scheduler, shards)
-    seq = scheduler._seq
+    seq = scheduler.session.seq
     assert scheduler.flush_outbox()
-    assert not scheduler._outbox and scheduler._acks_held == 0
-    assert scheduler._seq == seq + shards  # round trips of commits
+    assert not scheduler.outbox.ops and scheduler.outbox.acks_held == 0
+    assert scheduler.session.seq == seq + shards  # round trips of commits
     assert scheduler.stats.get_value("frontier/leases/acked") == 1
     got = harness.wait_for_request(scheduler, 3.0)
     assert got.url == child

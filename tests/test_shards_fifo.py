@@ -174,7 +174,7 @@ def _drain(scheduler: FrontierScheduler) -> list[Request]:
     while misses < 20:
         request = scheduler.next_request()
         if request is None:
-            scheduler._down_until = 0.0
+            scheduler.session.down_until = 0.0
             misses += 1
             continue
         misses = 0
@@ -240,7 +240,7 @@ def test_a_lost_commit_reply_then_first_in_first_out_goes_on(
     for site in sites:
         scheduler.enqueue_request(Request(f"https://{site}/"))
         while not scheduler.flush_outbox():
-            scheduler._down_until = 0.0
+            scheduler.session.down_until = 0.0
     assert rule.acted == 1
     got = _hosts(_drain(scheduler))
     assert sorted(got) == sorted(sites)
@@ -295,7 +295,8 @@ def test_scripts_forgotten_then_first_in_first_out_goes_on(
         assert scheduler.flush_outbox()
     got = _serve(scheduler, served)
     # (what the worker learnt of the shards is a second old: peeked at)
-    scheduler._shard_best_at = [0.0] * shards
+    for view in scheduler.router.views:
+        view.best_at = 0.0
     rds.script_flush()
     got += _serve(scheduler, len(sites) - served)
     assert scheduler.next_request() is None
@@ -336,7 +337,7 @@ def _play_lossy(url: str, shards: int, ops: list[tuple[Any, ...]]) -> list[str]:
 
     def flush() -> None:
         for _ in range(50):
-            scheduler._down_until = 0.0
+            scheduler.session.down_until = 0.0
             if scheduler.flush_outbox():
                 return
         raise AssertionError("the outbox was never sent")
@@ -349,7 +350,7 @@ def _play_lossy(url: str, shards: int, ops: list[tuple[Any, ...]]) -> list[str]:
             continue
         misses = 0
         while len(got) < op[2] and misses < 100:
-            scheduler._down_until = 0.0
+            scheduler.session.down_until = 0.0
             request = scheduler.next_request()
             if request is None:
                 misses += 1

@@ -2,7 +2,7 @@
 
 * Priority across shards, through a worker: a priority-9 request pushed by
   this worker is leased first whatever shard it lands in, also when a peek
-  at the shards (:meth:`FrontierScheduler._peek_stale`) runs before the
+  at the shards (:meth:`ShardRouter.peek_stale`) runs before the
   round trip that commits it (the first round trip of a worker fed its
   seeds, or a callback's push between two peeks); and through ``scrapy
   crawl`` with seeds pushed as the README says.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request, Spider
 
-from crawler.frontier import scheduler as scheduler_module
+from crawler.frontier import router as router_module
 from crawler.keys import shard_of
 from tests import scheduler_harness as harness
 from tests.test_shards import served_sites
@@ -73,7 +73,7 @@ def test_a_priority_9_request_pushed_mid_crawl_on_any_shard_is_leased_next(
     """Mid-crawl, a callback's priority-9 request on each shard in turn:
     a peek at the shards (every lease call here: the recheck is 0) between
     its push and the commit carrying it must not make the worker forget it."""
-    monkeypatch.setattr(scheduler_module, "EMPTY_SHARD_RECHECK", 0.0)
+    monkeypatch.setattr(router_module, "EMPTY_SHARD_RECHECK", 0.0)
     scheduler, _ = harness.open_scheduler(
         redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=1
     )

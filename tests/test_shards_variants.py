@@ -12,7 +12,7 @@ import pytest
 from scrapy import Request, Spider
 
 from crawler.config import config_error_of
-from crawler.frontier import scheduler as scheduler_module
+from crawler.frontier import router as router_module
 from crawler.frontier.store import Frontier, Push
 from crawler.keys import shard_of
 from devtools.replay import Page
@@ -228,7 +228,7 @@ def test_a_stale_shard_peeked_at_is_served_first_when_its_site_joined_first(
     before this worker queues four on shard 0. The peek at the stale shard
     tells when its site joined: it is served first, and this worker's batch
     on shard 0 (16 wanted) holds the four."""
-    monkeypatch.setattr(scheduler_module, "EMPTY_SHARD_RECHECK", 0.0)
+    monkeypatch.setattr(router_module, "EMPTY_SHARD_RECHECK", 0.0)
     scheduler, crawler = harness.open_scheduler(
         redis_url, _Spider, FRONTIER_SHARDS=2, CONCURRENT_REQUESTS=16
     )

@@ -1,20 +1,34 @@
-"""The shared scheduler: scrapy-redis's Scheduler with leases and an outbox."""
+"""The shared scheduler: scrapy-redis's Scheduler with leases and an outbox.
+
+:class:`FrontierScheduler` is the class Scrapy loads (``SCHEDULER``): a thin
+adapter between Scrapy's engine and signals and four parts, as Scrapy's own
+scheduler delegates to its queues:
+
+* :class:`~crawler.frontier.outbox.Outbox`: writes queued, then sent in
+  batches (one commit per shard);
+* :class:`~crawler.frontier.session.Session`: round trips, never a call
+  sent twice, lost replies found out, Redis's health and the backoff
+  (:mod:`crawler.frontier.backoff`);
+* :class:`~crawler.frontier.router.ShardRouter`: which shard the next lease
+  call goes to, and where its batch stops;
+* :class:`~crawler.frontier.leasebook.LeaseBook`: the leases held, their
+  buffer, acks, freed slots, give-backs and the last-chance rule.
+
+The adapter keeps what is Scrapy's: opening and closing, ``enqueue_request``
+(encoding, the local dupefilter memory), ``next_request`` (waking the
+engine), heartbeats, eviction checks, revisits and dead letters.
+"""
 
 from __future__ import annotations
 
-import collections
 import importlib
-import itertools
 import json
 import logging
-import math
 import os
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, Spider, signals
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -24,6 +38,11 @@ from twisted.internet.threads import deferToThread
 
 from crawler.config import close_at_open, is_unset, stop_on_config_error, worker_id
 from crawler.frontier import serializer as json_serializer
+from crawler.frontier.backoff import (
+    CONFIG_ERROR_PAUSE,
+    OUTAGE_BACKOFF_CAP,
+    UNREACHABLE,
+)
 from crawler.frontier.compat import (
     DEFAULT_DUPEFILTER_CLASS,
     DEFAULT_QUEUE_CLASS,
@@ -32,8 +51,6 @@ from crawler.frontier.compat import (
     refusals,
 )
 from crawler.frontier.connection import (
-    CLUSTER_BUSY,
-    NOT_RUN,
     cluster_enabled,
     config_error_message,
     drop_connections,
@@ -49,20 +66,21 @@ from crawler.frontier.forcedstop import (
     before_reactor_stops,
     run_bounded,
 )
-from crawler.frontier.health import RedisHealth, may_call_redis
+from crawler.frontier.health import may_call_redis
 from crawler.frontier.heartbeat import HeartbeatThread
 from crawler.frontier.intake import IntakeKeys
+from crawler.frontier.leasebook import REVISIT_META, LeaseBook
+from crawler.frontier.outbox import Op, Outbox
 from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.redis_seeds import DurableSeeds
-from crawler.frontier.replicas import NotReplicated, ReplicaWait
+from crawler.frontier.router import EMPTY_SHARD_RECHECK, ShardRouter
+from crawler.frontier.session import Session
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import request_dead, request_fetched
 from crawler.frontier.sites import SLOT_META, slot_of
 from crawler.frontier.store import (
     PRIORITY_LIMIT,
-    Commit,
     Committed,
-    Frontier,
     Lease,
     NotDue,
     Push,
@@ -84,16 +102,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RETRY_DELAY_META", "REVISIT_META", "FrontierScheduler"]
+__all__ = [
+    "CONFIG_ERROR_PAUSE", "EMPTY_SHARD_RECHECK", "OUTAGE_BACKOFF_CAP", "RETRY_DELAY_META",
+    "REVISIT_META", "UNREACHABLE", "FrontierScheduler",
+]
 
 #: Request meta key: seconds to hold the request in the retry set before it
 #: is queued again (set by :class:`crawler.middlewares.BackoffRetryMiddleware`).
 RETRY_DELAY_META = "frontier_retry_delay"
-#: Request meta key of a revisit (``FRONTIER_REVISIT_AFTER``): the
-#: validators of the last response, ``{"etag": str, "modified": str}`` (each
-#: optional), sent as ``If-None-Match`` / ``If-Modified-Since``
-#: (:class:`crawler.middlewares.RevisitMiddleware`).
-REVISIT_META = "frontier_revisit"
 #: Meta keys of one download that a revisit does not carry over.
 _NOT_REVISITED = frozenset({
     "download_latency", "download_slot", "retry_times", RETRY_DELAY_META,
@@ -101,19 +117,6 @@ _NOT_REVISITED = frozenset({
 })
 #: Conditional headers of the last revisit: the next one sends its own.
 _CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
-#: Longest pause, in seconds, between attempts to reach Redis during an outage.
-OUTAGE_BACKOFF_CAP = 30.0
-#: Seconds after which a shard found without queued work is asked again (the
-#: requests other workers queue there since are found within this time).
-EMPTY_SHARD_RECHECK = 1.0
-
-#: Seconds a worker stopped by a configuration error waits before any other
-#: frontier call (it closes meanwhile).
-CONFIG_ERROR_PAUSE = 3600.0
-#: Errors a Redis client raises when Redis cannot be reached or answered
-#: too late (redis-py's cluster client raises RedisClusterException, which
-#: is no RedisError).
-UNREACHABLE = (RedisError, RedisClusterException)
 
 
 #: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
@@ -145,47 +148,6 @@ def first_priority(
     retries = whole_number(meta.get("retry_times")) or 0
     adjust = whole_number(meta.get("priority_adjust"))
     return priority - retries * (priority_adjust if adjust is None else adjust)
-
-
-@dataclass
-class _Op:
-    """A Redis write waiting in the outbox.
-
-    ``kind`` names the :class:`~crawler.frontier.store.Commit` list that
-    ``item`` goes to: ``pushes`` (a :class:`Push`), ``retries`` (a
-    :class:`Retry`), ``dead`` (JSON bytes), ``slots``, ``acks`` or
-    ``givebacks`` (a lease id), ``revisits`` (a :class:`Revisit`);
-    ``after_commit`` ops carry only ``done``.
-    """
-
-    kind: str
-    item: Any = None
-    #: Called once the commit that carried every write queued before this
-    #: op is known to be in Redis (``after_commit``).
-    done: Callable[[], object] | None = None
-    #: The request a ``pushes`` op queues, kept until its commit is
-    #: answered: the reply says, per push, whether the shared dupefilter
-    #: filtered it, and a filtered request is logged as Scrapy logs one.
-    request: Request | None = None
-    #: The frontier shard the write goes to (its request's site's).
-    shard: int = 0
-
-
-@dataclass
-class _InDoubt:
-    """A round trip whose reply was lost: each of its calls may or may not
-    have run.
-
-    :ivar seq: the sequence number its commits carried (None: no commit).
-    :ivar commits: the outbox ops of each shard's commit, by shard.
-    :ivar lease_ids: the lease ids it asked for.
-    :ivar lease_shard: the shard the lease call went to.
-    """
-
-    seq: int | None
-    commits: dict[int, list[_Op]]
-    lease_ids: list[str]
-    lease_shard: int = 0
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -232,7 +194,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
     first of them when no lease call comes sooner (one call per shard with
     ``FRONTIER_SHARDS`` > 1, and an ack waits for the calls of other shards
-    that carry requests queued before it: :meth:`_batches`). A batch of
+    that carry requests queued before it: :meth:`Outbox.batches`). A batch of
     seeds is therefore queued atomically, a lease is acknowledged only with
     or after the requests its callback yielded (a worker killed with writes
     unsent loses the ack with the requests, and its lease is crawled
@@ -360,82 +322,39 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return scheduler
 
     def _setup_state(self) -> None:
-        self._leases: dict[Request, str] = {}
-        #: With revisits on: each leased request's entry as queued and its
-        #: site; a revisit is built from it, not from the request as the
-        #: downloader middlewares left it (their headers and meta are
-        #: this download's, e.g. USER_AGENT, cookies).
-        self._entries: dict[Request, tuple[bytes, str]] = {}
-        self._lease_ids = itertools.count()
-        self._outbox: list[_Op] = []
-        self._flush_call: Any = None
+        #: The parts (see the module's docstring).
+        self.outbox = Outbox(self.outbox_delay, self.flush_outbox, lambda: self.session.down_until)
+        self.session = Session(self.server, self.crawler, self.holder, self.outbox, self)
+        self.router = ShardRouter(self.holder, self.session, self.outbox, self._housekeeping)
+        self.book = LeaseBook(
+            self.holder, self.outbox, self.stats, self._dead_entry, self._publish_held
+        )
+        #: Gates synchronous Redis calls on the running reactor's thread
+        #: during an outage and once the spider is closing (health.py).
+        self.redis_health = self.session.redis_health
         #: The engine's wake-up for the next due request (_wake_when_due).
         self._wake_call: Any = None
         self._wake_at: float | None = None
-        self._down_until = 0.0
-        self._backoff = 0.0
-        #: Gates synchronous Redis calls on the running reactor's thread
-        #: during an outage and once the spider is closing (health.py).
-        self.redis_health = RedisHealth(self._ping, self._redis_answered)
+        #: ``time.monotonic()`` when the next lease call may find work (None:
+        #: none was queued when last asked).
+        self._due_at: float | None = None
         self._heartbeat: Any = None
         #: Marks the worker live and extends its leases from a thread, with
         #: a Redis client of its own, while a callback blocks the reactor.
         self._beater: HeartbeatThread | None = None
         self._unhook_forced_stop: Callable[[], None] = lambda: None
-        self._due_at: float | None = None
-        self._ready: collections.deque[Request] = collections.deque()
+        #: Fingerprints this worker recorded in the shared dupefilter, oldest
+        #: first (``FRONTIER_LOCAL_SEEN``).
         self._seen: dict[bytes, None] = {}
-        self._seq = 0
-        self._unreachable = False
-        self._in_doubt: _InDoubt | None = None
-        #: A CLUSTERDOWN or TRYAGAIN of the last round trip (the call did
-        #: not run; once more after the slot map is refreshed, then an outage).
-        self._busy: ResponseError | None = None
-        #: Acks the last :meth:`_batches` held back (see there).
-        self._acks_held = 0
-        #: A configuration error stops the crawl: no Redis call until it closes.
-        self._config_stopped = False
         #: Why leasing stopped: Redis evicted keys or may evict them (the
         #: crawl is closing); None while it has not.
         self.evicted: str | None = None
         #: The eviction check running in a thread (:meth:`_watch_evictions`).
         self._eviction_call: Any = None
         self._problems: set[str] = set()
-        #: Lease id -> the shard it was taken from.
-        self._lease_shards: dict[str, int] = {}
-        #: The lease of a request on its last chance (one death short of
-        #: FRONTIER_MAX_DELIVERIES), leased alone: nothing more is leased
-        #: while it is held, so that if it kills the worker it dies alone.
-        self._alone: str | None = None
-        #: A shard whose lease call put back a request's last chance because
-        #: this worker held leases: nothing more is leased until it holds
-        #: none, then that shard is asked first (:meth:`_holding_back`).
-        self._drain_shard: int | None = None
-        #: That shard and the last chance's site, until a lease call there
-        #: holding nothing is sent: it looks at that site first (lease.lua's
-        #: ARGV[17]), so better work queued elsewhere does not make the
-        #: worker meet the last chance beside it, and drain, again and again.
-        self._drained_for: tuple[int, str] | None = None
         #: Whether this worker queues the start requests of the spider's
         #: ``start_urls`` (:meth:`_claim_start_urls`); True until it knows.
         self._start_urls_mine = True
-        #: The shard the next lease call goes to first among equals (round
-        #: robin: shards of equal best priority and head join time).
-        self._turn = 0
-        #: Per shard, ``time.monotonic()`` before which it said nothing is
-        #: due (0: ask it; None: nothing queued when last asked).
-        self._shard_due: list[float | None] = []
-        #: Per shard, ``time.monotonic()`` when it last said nothing is queued.
-        self._shard_empty_at: list[float] = []
-        #: Per shard, the best priority due there as last learnt (inf: not
-        #: known; -inf: nothing due), and ``time.monotonic()`` when learnt.
-        self._shard_best: list[float] = []
-        self._shard_best_at: list[float] = []
-        #: Per shard, when its first site at that priority (its head)
-        #: joined its ready index, µs of the Redis clock (0: long ago; inf:
-        #: not known, or a push of this worker not committed yet: then the
-        #: commit's reply tells, :meth:`_learn_pushed`).
-        self._shard_head: list[float] = []
 
     # -- life cycle --------------------------------------------------------------
 
@@ -480,11 +399,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             warning := slot_warning(spider.name, len(shards))
         ):
             logger.warning("%s", warning, extra={"spider": spider})
-        self._shard_due = [0.0] * len(shards)
-        self._shard_empty_at = [0.0] * len(shards)
-        self._shard_best = [math.inf] * len(shards)
-        self._shard_best_at = [-math.inf] * len(shards)
-        self._shard_head = [math.inf] * len(shards)
+        self.session.spider = self.book.spider = spider
+        self.session.shards = shards
+        self.book.queue = self.queue
+        self.router.open(shards)
         overrides = self._site_settings()
         self._hook_engine()
         if self.refused:
@@ -514,7 +432,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if message is not None:
                 self._stop_at_open(message)
                 return
-            self._outage(exc)
+            self.session.outage(exc)
         signals_ = self.crawler.signals
         signals_.connect(self._on_request_dead, signal=request_dead)
         signals_.connect(self._on_request_fetched, signal=request_fetched)
@@ -674,7 +592,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
         socket timeouts: past it, what was not sent is left out. Nothing
         is lost: a lease is acknowledged only in or after the commits that
-        queue the requests its page yielded (:meth:`_batches`), so an
+        queue the requests its page yielded (:meth:`Outbox.batches`), so an
         unsent ack and its requests go together, the lease expires and the
         page is crawled again (its items, already stored, are stored again
         in place).
@@ -700,9 +618,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             logger.error(
                 "Redis unreachable or refusing at close: %d frontier writes not sent "
                 "within %.0f s (unacknowledged leases will expire and be crawled again)",
-                len(self._outbox), wait, extra={"spider": self.spider},
+                len(self.outbox), wait, extra={"spider": self.spider},
             )
-            if sent is None or self._unreachable:  # (no answer: no more calls)
+            if sent is None or self.session.unreachable:  # (no answer: no more calls)
                 return  # (the registry forgets this worker after its last heartbeat)
         try:
             self.queue.shards.leave(self.holder)
@@ -716,24 +634,23 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         outbox; try until ``deadline`` (``time.monotonic()``). Returns
         whether everything was sent."""
         # A call in doubt first: the leases it took are given back too.
-        while self._in_doubt is not None and time.monotonic() < deadline:
-            self._down_until = 0.0
-            if not self._resolve():
-                time.sleep(max(0.0, min(1.0, self._backoff or 0.5, deadline - time.monotonic())))
-        self._ready.clear()
-        self._entries.clear()
-        if self._leases:
-            held = list(self._leases.values())
-            self._leases.clear()
-            for lease_id in held:
-                self._write("givebacks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
-            self.stats.inc_value("frontier/leases/released", len(held))
-            logger.info("Gave back %d unfinished leases", len(held))
-        while self._outbox and time.monotonic() < deadline:
-            self._down_until = 0.0
+        while self.session.in_doubt is not None and time.monotonic() < deadline:
+            self.session.down_until = 0.0
+            if not self.session.resolve():
+                self._pause_until(deadline)
+        held = self.book.give_back_all()
+        if held:
+            self.stats.inc_value("frontier/leases/released", held)
+            logger.info("Gave back %d unfinished leases", held)
+        while self.outbox and time.monotonic() < deadline:
+            self.session.down_until = 0.0
             if not self.flush_outbox():
-                time.sleep(max(0.0, min(1.0, self._backoff or 0.5, deadline - time.monotonic())))
-        return self._in_doubt is None and not self._outbox
+                self._pause_until(deadline)
+        return self.session.in_doubt is None and not self.outbox
+
+    def _pause_until(self, deadline: float) -> None:
+        """Sleep the backoff (0.5 s without one), at most 1 s, until ``deadline``."""
+        time.sleep(max(0.0, min(1.0, self.session.backoff or 0.5, deadline - time.monotonic())))
 
     def _give_back_at_forced_stop(self) -> None:
         """The reactor stops before :meth:`close` ran (a second SIGTERM or
@@ -748,7 +665,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         are sent (:func:`~crawler.frontier.feedstop.finish_local_feeds`).
         """
         finish_local_feeds(self.crawler)
-        if not self._leases:
+        if not self.book.leases:
             return
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
@@ -756,21 +673,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # (a beat after the give-back would only extend leases gone)
             self._beater.stop(timeout=0.2)
             self._beater = None
-        held = list(self._leases.values())
-        self._leases.clear()
-        self._ready.clear()
-        self._entries.clear()
-        for lease_id in held:
-            self._write("givebacks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
-        self._down_until = 0.0
+        held = self.book.give_back_all()
+        self.session.down_until = 0.0
         if run_bounded(self.flush_outbox, GIVE_BACK_TIMEOUT):
-            self.stats.inc_value("frontier/leases/released", len(held))
-            logger.info("Forced stop: gave back %d unfinished leases", len(held))
+            self.stats.inc_value("frontier/leases/released", held)
+            logger.info("Forced stop: gave back %d unfinished leases", held)
         else:
             logger.warning(
                 "Forced stop: Redis did not confirm the give-back of %d leases "
                 "within %s s (they come back when they expire)",
-                len(held), GIVE_BACK_TIMEOUT,
+                held, GIVE_BACK_TIMEOUT,
             )
 
     # -- enqueue -----------------------------------------------------------------
@@ -851,14 +763,15 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         site, priority = request.meta[SLOT_META], request.priority
         shard = self.queue.shards.index_of(site)
         if delay is not None:
-            self._write("retries", item=Retry(data, site, priority, float(delay)), shard=shard)
+            retry = Retry(data, site, priority, float(delay))
+            self.outbox.write("retries", item=retry, shard=shard)
             self.stats.inc_value("frontier/retries/scheduled")
             return True
         if fingerprint is None:
             fingerprint = self.df.request_fingerprint(request)
         push = Push(data, site, priority, fingerprint, request.dont_filter)
-        self._write("pushes", item=push, request=request, shard=shard)
-        self._note_push(shard, priority)
+        self.outbox.write("pushes", item=push, request=request, shard=shard)
+        self.router.note_push(shard, priority)
         self._remember(fingerprint)
         return True
 
@@ -929,77 +842,46 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             slot.nextcall.schedule()
 
     def _next_request(self) -> Request | None:
-        if self._ready or not self._before_lease() or self._holding_back():
-            return self._hand_out() if self._ready else None
+        if self.book.ready or not self._before_lease() or self.book.holding_back():
+            return self.book.hand_out() if self.book.ready else None
         asked: set[int] = set()
         while True:
-            shard, self._drain_shard = self._drain_shard, None
-            if shard is None or shard in asked or shard >= len(self._shard_due):
-                shard = self._next_shard(asked)
+            shard, self.book.drain_shard = self.book.drain_shard, None
+            if shard is None or shard in asked or shard >= len(self.router):
+                shard = self.router.next_shard(asked)
             if shard is None:  # every shard said: nothing due now
-                self._due_at = self._earliest_due()
+                self._due_at = self.router.earliest_due()
                 return None
-            ids = [f"{self.holder}:{next(self._lease_ids)}" for _ in range(self._want())]
-            result = self._exchange(ids, shard)
+            ids = self.book.new_ids(self._want())
+            result = self.session.exchange(ids, shard)
             if isinstance(result, (list, NotDue)):
-                self._last_passed(result[0] if isinstance(result, list) else result, shard)
+                self.book.last_passed(result[0] if isinstance(result, list) else result, shard)
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
                 self._housekeeping(result[0], shard)
-                self._learn_best(shard, result[0].best, result[0].head)
-                self._take(result)
-                self._turn = (shard + 1) % len(self._shard_due)
+                self.router.leased(shard, result[0])
+                self.book.take(result)
             elif isinstance(result, NotDue):
                 self.stats.inc_value("frontier/lease_calls/not_due")
                 self._housekeeping(result, shard)
-                self._learn_best(shard, result.best, result.head)
-                now = time.monotonic()
-                self._shard_due[shard] = None if result.wait is None else now + result.wait
-                if result.wait is None:
-                    self._shard_empty_at[shard] = now
+                now = self.router.not_due(shard, result)
                 asked.add(shard)
-                if len(self._shard_due) == 1:
+                if len(self.router) == 1:
                     self._due_at = None if result.wait is None else now + result.wait
             # (leases found out after a lost reply are in the buffer too)
-            if self._ready:
-                return self._hand_out()
-            if result is None or self._holding_back():  # Redis down, or refused; a drain
+            if self.book.ready:
+                return self.book.hand_out()
+            if result is None or self.book.holding_back():  # Redis down, or refused; a drain
                 return None
-            if len(self._shard_due) == 1 and not isinstance(result, list):
+            if len(self.router) == 1 and not isinstance(result, list):
                 return None
-
-    def _holding_back(self) -> bool:
-        """Whether to lease nothing now, for a request on its last chance
-        (``lease.lua``, ARGV[16]): while this worker holds such a lease
-        (taken alone), or while it drains for one that a lease call put back
-        because it held other leases. A poison request then kills the worker
-        alone, and a request leased beside it is not dead-lettered with it."""
-        if self._alone is not None:
-            if self._alone in self._lease_shards:
-                return True
-            self._alone = None
-        return self._drain_shard is not None and bool(self._lease_shards)
-
-    def _last_passed(self, result: Lease | NotDue, shard: int) -> None:
-        """Start a drain when a lease call to ``shard`` put back a request's
-        last chance (see :meth:`_holding_back`)."""
-        if result.last_passed:
-            self._drained_for = (shard, result.last_passed)
-            if self._drain_shard is None:
-                self.stats.inc_value("frontier/last_chance/drains")
-                logger.debug(
-                    "A request on its last delivery waits for this worker to hold nothing "
-                    "(shard %d): leasing nothing more until then", shard,
-                    extra={"spider": self.spider},
-                )
-            self._drain_shard = shard
 
     def _before_lease(self) -> bool:
         """Before a shard is chosen for a lease call: find out what a
-        round trip whose reply was lost did (:meth:`_resolve`: the leases a
-        lost lease call took go first, and what this worker knew of its
-        shard, its head among them maybe, is learnt again), then peek at the
-        shards not heard from lately (:meth:`_peek_stale`).
+        round trip whose reply was lost did (:meth:`Session.resolve`: the
+        leases a lost lease call took go first, and what this worker knew of
+        its shard, its head among them maybe, is learnt again), then peek at
+        the shards not heard from lately (:meth:`ShardRouter.peek_stale`).
 
         :returns: whether to go on to a lease call: False when the lost
             call's leases are in the buffer now, or while Redis cannot tell
@@ -1007,226 +889,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """
         if not may_call_redis(self.crawler):
             return False
-        if self._in_doubt is not None and time.monotonic() >= self._down_until:
-            if not self._resolve() or self._ready:
+        if self.session.in_doubt is not None and time.monotonic() >= self.session.down_until:
+            if not self.session.resolve() or self.book.ready:
                 return False
-        self._peek_stale()
+        self.router.peek_stale()
         return True
-
-    def _next_shard(self, asked: set[int]) -> int | None:
-        """The shard the next lease call goes to: of the shards not asked
-        in this :meth:`next_request` that may have work due (never asked,
-        past the wait it gave, or found empty more than
-        :data:`EMPTY_SHARD_RECHECK` seconds ago: other workers' requests may
-        have reached it since; this worker's own pushes make it due at
-        once), the one whose best due priority is highest as last learnt
-        (:meth:`_peek_stale`, lease replies, this worker's pushes); among
-        equals the one whose first site at that priority joined its ready
-        index first (Redis clock: first in, first out across shards), then
-        the next in turn. So a sharded crawl serves its best priority first
-        across shards, and equal priorities in the order their sites joined,
-        as one frontier does across its sites (within what was learnt at most
-        :data:`EMPTY_SHARD_RECHECK` seconds ago),
-        and shards without work cost about one call a second each. The
-        first call of a :meth:`next_request` asks the shard that has waited
-        longest when none is due, as a single frontier is always asked.
-        None: every shard was asked, or none may have work due."""
-        n = len(self._shard_due)
-        now = time.monotonic()
-        best: int | None = None
-        for j in range(n):
-            i = (self._turn + j) % n
-            due = self._shard_due[i]
-            if i in asked:
-                continue
-            if (due is None and now - self._shard_empty_at[i] >= EMPTY_SHARD_RECHECK) or (
-                due is not None and due <= now
-            ):
-                if best is None or (self._shard_best[i], -self._shard_head[i]) > (
-                    self._shard_best[best], -self._shard_head[best]
-                ):
-                    best = i
-        if best is not None or asked:
-            return best
-
-        def waited(i: int) -> float:
-            due = self._shard_due[i]
-            return self._shard_empty_at[i] + EMPTY_SHARD_RECHECK if due is None else due
-
-        return min(range(n), key=waited)
-
-    def _best_elsewhere(self, shard: int) -> tuple[int | None, int | None]:
-        """The best priority due on the shards other than ``shard`` as last
-        learnt (None: none has work due, or it is not known), and the
-        earliest time a first site at that priority joined their ready
-        index, µs (None: not known), so that a lease call's batch stops
-        before lower priorities than that, and before sites of that
-        priority that joined later. A shard
-        that told this worker to wait (its due sites are ones where it holds
-        its share, or none is due) does not count until that wait is over:
-        its best is not this worker's to lease, and would cut every batch
-        elsewhere to one request."""
-        now = time.monotonic()
-        known = [
-            i for i, b in enumerate(self._shard_best)
-            if i != shard and not math.isinf(b)
-            and (due := self._shard_due[i]) is not None and due <= now
-        ]
-        if not known:
-            return None, None
-        best = max(self._shard_best[i] for i in known)
-        head = min(self._shard_head[i] for i in known if self._shard_best[i] == best)
-        return int(best), None if math.isinf(head) else int(head)
-
-    def _learn_best(self, shard: int, best: int | None, head: int | None = None) -> None:
-        """Note the best priority due on ``shard`` (None: nothing due) and
-        when its first site at that priority joined its ready index (µs)."""
-        if self._shard_best:
-            self._shard_best[shard] = -math.inf if best is None else best
-            self._shard_head[shard] = math.inf if head is None else head
-            self._shard_best_at[shard] = time.monotonic()
-
-    def _learn_pushed(self, shard: int, committed: Committed) -> None:
-        """A commit of ``shard`` ran at ``committed.joined`` (µs, Redis
-        clock). When this worker's pushes there raised the shard's best
-        priority past what it had learnt (:meth:`enqueue_request`: its head
-        is not known), the first site at that priority joined then at the
-        latest: the shard's head from now on, so that it is ranked and cut
-        against the other shards' heads by time (an unknown head ties with
-        every other unknown one, and cuts no batch elsewhere)."""
-        if (
-            committed.joined is not None and any(committed.pushed)
-            and self._shard_head and math.isinf(self._shard_head[shard])
-            and not math.isinf(self._shard_best[shard])
-        ):
-            self._shard_head[shard] = committed.joined
-
-    def _peek_stale(self) -> None:
-        """With several shards, learn the best priority due on each shard not
-        heard from for :data:`EMPTY_SHARD_RECHECK` seconds: one round trip
-        (one pipeline per Redis node) of ``lease.lua`` calls that lease
-        nothing (:meth:`Frontier.peek`), at most once a second, never on the
-        hot path of every lease. They take nothing, so a lost reply needs no
-        recovery: what they learnt is lost, and the shards are peeked at
-        again once the backoff is over, before the next lease call (which
-        would choose blind: in turn, its batch not cut). A peek that did
-        not run (``NOSCRIPT``, ``MOVED``, ...) is sent once more after the
-        scripts are loaded again (the slot map refreshed); another error
-        (a refusal) is passed over: the lease call meets it and deals with
-        it. A connection that fails is an outage (:meth:`_failed`: logged, the
-        usual backoff; a configuration error stops the crawl), so no lease
-        call follows it into a Redis that is down (it would be left in
-        doubt); the peeks after the backoff find Redis again."""
-        n = len(self._shard_best)
-        if n <= 1 or self._in_doubt is not None or time.monotonic() < self._down_until:
-            return
-        now = time.monotonic()
-        stale = [i for i in range(n) if now - self._shard_best_at[i] >= EMPTY_SHARD_RECHECK]
-        if not stale:
-            return
-        for i in stale:
-            self._shard_best_at[i] = now
-        for attempt in (1, 2):
-            try:
-                not_run = self._peek(stale, now)
-            except UNREACHABLE as exc:  # (a cluster's slot map may raise RedisClusterException)
-                for i in stale:  # (peeked at again after the backoff)
-                    self._shard_best_at[i] = -math.inf
-                self._failed(exc)
-                return
-            # Scripts forgotten (a restart, a failover) or a slot moved: the
-            # peeks that met it did not run. Once more after reloading them,
-            # else those shards stay unknown for a second (asked in turn,
-            # cutting no batch: first in, first out would not hold).
-            if not not_run or attempt == 2 or not self._scripts_lost():
-                return
-            stale = not_run
-
-    def _peek(self, stale: list[int], now: float) -> list[int]:
-        """One round trip of peeks at the shards ``stale`` (see
-        :meth:`_peek_stale`); learn what they tell.
-
-        :returns: the shards whose peek did not run (``NOSCRIPT``, ``MOVED``,
-            ...: :data:`~crawler.frontier.connection.NOT_RUN`).
-        :raises redis.exceptions.RedisError: a connection failed.
-        """
-        shards = self.queue.shards
-        not_run: list[int] = []
-        for pipe, indices in shards.groups(stale):
-            with pipe:
-                for i in indices:
-                    shards[i].peek(self.holder, pipe)
-                replies = pipe.execute(raise_on_error=False)
-            for i, reply in zip(indices, replies, strict=True):
-                if isinstance(reply, Exception):
-                    if isinstance(reply, NOT_RUN):
-                        not_run.append(i)
-                    continue
-                result = Frontier.leases_of(reply, [])
-                if isinstance(result, NotDue):
-                    self._housekeeping(result, i)
-                    self._learn_best(i, result.best, result.head)
-                    if result.best is not None:  # (its wait: it was asked for nothing)
-                        self._shard_due[i] = 0.0
-                    elif result.wait is None:
-                        self._shard_due[i], self._shard_empty_at[i] = None, now
-                    else:
-                        self._shard_due[i] = now + result.wait
-        self._learn_unsent(stale)
-        return not_run
-
-    def _learn_unsent(self, shards: list[int]) -> None:
-        """After a peek at ``shards``: the pushes of this worker still in
-        its outbox were not in Redis when the peek ran (it goes before the
-        round trip that commits them), so what the peek learnt leaves them
-        out; note them again as :meth:`enqueue_request` did. Otherwise a
-        worker whose first round trip carried its seeds (or whose peek of a
-        shard came between a callback's push there and its commit) took a
-        shard for empty, or its best for lower, for a second: a priority-9
-        seed waited behind a whole other shard of priority-0 ones."""
-        wanted = set(shards)
-        for op in self._outbox:
-            if op.kind == "pushes" and op.shard in wanted:
-                self._note_push(op.shard, op.item.priority, ask_now=True)
-
-    def _note_push(self, shard: int, priority: int, *, ask_now: bool = False) -> None:
-        """What a push of ``priority`` to ``shard``, not yet committed, tells
-        of that shard (several shards only): it has work, so it is asked again
-        (when it was taken for empty, or, with ``ask_now``, whatever due time
-        a peek just learnt without the push); and its best priority is at
-        least ``priority``. A better one joins the shard's ready index after
-        the heads learnt so far (at an equal priority, behind the head): its
-        head is unknown until the commit's reply tells."""
-        if self._shard_due and (ask_now or self._shard_due[shard] is None):
-            self._shard_due[shard] = 0.0
-        if self._shard_best and priority > self._shard_best[shard]:
-            self._shard_best[shard] = priority
-            self._shard_head[shard] = math.inf
-
-    def _scripts_lost(self) -> bool:
-        """Redis restarted (or failed over) and forgot the scripts, or a
-        slot moved: refresh a cluster's slot map and load the scripts. What
-        Redis holds may be older than what this worker recorded: the local
-        fingerprints are forgotten.
-
-        :returns: False when Redis could not be reached (an outage).
-        """
-        self._seen.clear()
-        try:
-            refresh = getattr(getattr(self.server, "nodes_manager", None), "initialize", None)
-            if refresh is not None:
-                refresh()  # a cluster's slot map
-            self.queue.shards.load_scripts()
-        except UNREACHABLE as exc:
-            self._outage(exc)
-            return False
-        return True
-
-    def _earliest_due(self) -> float | None:
-        """``time.monotonic()`` when the first shard that has work becomes
-        due (None: no shard had any queued when asked)."""
-        dues = [due for due in self._shard_due if due is not None]
-        return min(dues) if dues else None
 
     def _housekeeping(self, result: Lease | NotDue, shard: int) -> None:
         """Count what a lease call to ``shard`` did besides leasing; log what it met."""
@@ -1248,30 +915,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.stats.inc_value("frontier/problems")
                 logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
 
-    def _take(self, leases: list[Lease]) -> None:
-        """Decode leased requests into the local buffer (undecodable ones
-        become dead letters)."""
-        for lease in leases:
-            # (first: an undecodable entry's ack and dead letter go to its shard)
-            self._lease_shards[lease.lease_id] = self.queue.shards.index_of(lease.site)
-            try:
-                request = self.queue.decode(lease.data, lease.site)
-            except Exception as exc:  # whatever Redis held, never crash the worker
-                self._dead_entry(lease.data, lease.lease_id, exc, lease.site)
-                continue
-            self._leases[request] = lease.lease_id
-            self._publish_held()
-            limit = self.queue.frontier.max_deliveries
-            if limit > 1 and lease.deliveries >= max(2, limit):
-                # (lease.lua leased it alone: its last chance)
-                self._alone = lease.lease_id
-                self.stats.inc_value("frontier/last_chance/leased")
-            if self.queue.frontier.revisit_after_ms:
-                self._entries[request] = (lease.data, lease.site)
-            self._ready.append(request)
-            if REVISIT_META in request.meta and not request.meta.get("retry_times"):
-                self.stats.inc_value("frontier/revisits/leased")
-
     def _want(self) -> int:
         """Requests to lease at once: the downloader's free slots, at least 1."""
         engine = getattr(self.crawler, "engine", None)
@@ -1283,10 +926,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return 1
         return max(1, min(self.lease_batch, free))
 
-    def _hand_out(self) -> Request:
-        self.stats.inc_value("scheduler/dequeued/redis")
-        return self._ready.popleft()
-
     @property
     def next_due(self) -> float | None:
         """Seconds until a site or retry becomes due, as the last lease that
@@ -1297,27 +936,20 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         return max(0.0, self._due_at - time.monotonic())
 
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
-        lease_id = self._leases.get(request)
-        if lease_id is not None:
-            shard = self._lease_shards.get(lease_id, 0)
-            self._write("slots", item=lease_id, shard=shard)
+        """``request_left_downloader``: a leased request's slot is freed."""
+        shard = self.book.download_ended(request)
+        if shard is not None:
             # Its slot frees, and with it this worker's share of the site:
             # worth a lease of its shard now, not when the last NotDue said.
             now = time.monotonic()
-            due = self._shard_due[shard] if shard < len(self._shard_due) else None
-            if due is not None and due > now:
-                self._shard_due[shard] = now
+            self.router.slot_freed(shard, now)
             if self._due_at is not None and self._due_at > now:
                 self._due_at = now
 
     def _finished(self, request: Request) -> None:
-        self._entries.pop(request, None)
-        lease_id = self._leases.pop(request, None)
-        if lease_id is not None:
-            self._write("acks", item=lease_id, shard=self._lease_shards.pop(lease_id, 0))
-            self._publish_held()
-            if not self._lease_shards and (self._drain_shard is not None or self._alone):
-                self._due_at = time.monotonic()  # the drain is over: lease now
+        """The engine is done with ``request``: its lease is acknowledged."""
+        if self.book.finished(request):
+            self._due_at = time.monotonic()  # the drain is over: lease now
 
     def _beat(self) -> None:
         """The heartbeat (every third of ``FRONTIER_LEASE_TIMEOUT``): send the
@@ -1338,12 +970,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             self._publish_held()  # (the heartbeat thread extends them)
             return
         self.flush_outbox()
-        probing = self._unreachable and time.monotonic() < self._down_until
-        if probing and self._config_stopped:
+        probing = self.session.probing()
+        if probing and self.session.config_stopped:
             return  # a configuration error: no call until the crawl closes
         # Leases stay extended until their ack is in Redis (an ack refused
         # or in doubt waits in the outbox).
-        held = self._held()
+        held = self.book.held()
         if self._beater is not None:
             self._beater.hold(held)
         try:
@@ -1354,33 +986,21 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.queue.shards.extend(held)
         except UNREACHABLE as exc:
             if not probing:
-                self._failed(exc)
+                self.session.failed(exc)
             elif is_no_master(exc):  # (still a replica behind the endpoint)
                 drop_connections(self.server)
             return
         if probing:
             logger.info("Redis answers the heartbeat: the outage's backoff ends",
                         extra={"spider": self.spider})
-            self._down_until = 0.0
+            self.session.down_until = 0.0
             self.flush_outbox()
         self._watch_evictions()
-
-    def _held(self) -> dict[int, list[str]]:
-        """The lease ids this worker holds, by shard: its leases, and those
-        whose ack waits in the outbox (they stay extended until the ack is
-        in Redis)."""
-        held: dict[int, list[str]] = {}
-        for lease_id in self._leases.values():
-            held.setdefault(self._lease_shards.get(lease_id, 0), []).append(lease_id)
-        for op in self._outbox:
-            if op.kind == "acks":
-                held.setdefault(op.shard, []).append(op.item)
-        return held
 
     def _publish_held(self) -> None:
         """Hand the heartbeat thread the lease ids held now (a snapshot)."""
         if self._beater is not None:
-            self._beater.hold(self._held())
+            self._beater.hold(self.book.held())
 
     def _start_heartbeats(self) -> None:
         """Start both heartbeats, every third of ``FRONTIER_LEASE_TIMEOUT``:
@@ -1394,7 +1014,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
         try:
             client = get_redis(self.crawler.settings)
-        except (RedisError, RedisClusterException, ValueError) as exc:
+        except (*UNREACHABLE, ValueError) as exc:
             logger.warning("No heartbeat thread (its Redis client failed: %s): "
                            "a callback that blocks the reactor for longer than "
                            "FRONTIER_LEASE_TIMEOUT loses this worker's leases", exc,
@@ -1451,12 +1071,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """
         from crawler.frontier.waiting import LeaseWaitLog  # noqa: PLC0415
 
-        if self._ready or not may_call_redis(self.crawler) or not self.flush_outbox():
+        if self.book.ready or not may_call_redis(self.crawler) or not self.flush_outbox():
             return True
         try:
             pending = self.queue.shards.pending() > 0
         except UNREACHABLE as exc:
-            self._failed(exc)
+            self.session.failed(exc)
             return True
         if pending:
             waits: LeaseWaitLog | None = getattr(self, "_lease_waits", None)
@@ -1479,7 +1099,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Commit a revisit of ``request`` with its ack, if this worker leased
         it (a request fetched outside the frontier, robots.txt say, is not
         revisited)."""
-        entry = self._entries.get(request)
+        entry = self.book.entries.get(request)
         if entry is None or not self.queue.frontier.revisit_after_ms:
             return
         try:
@@ -1496,7 +1116,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return
         fingerprint = self.df.request_fingerprint(request)
         site = slot_of(request)
-        self._write(
+        self.outbox.write(
             "revisits", item=Revisit(data, site, request.priority, fingerprint),
             shard=self.queue.shards.index_of(site),
         )
@@ -1571,31 +1191,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                   "time": time.time(), "request": None, "entry": data.decode("latin-1")}
         if site is not None:
             record["site"] = site
-        shard = self._lease_shards.pop(lease_id, 0)
+        shard = self.book.lease_shards.pop(lease_id, 0)
         self._dead(record, site, shard)
-        self._write("acks", item=lease_id, shard=shard)
+        self.outbox.write("acks", item=lease_id, shard=shard)
 
     def _dead(self, record: dict[str, Any], site: str | None, shard: int | None = None) -> None:
         """Queue a dead letter for the shard of ``site`` (or ``shard``)."""
         if shard is None:
             shard = 0 if site is None else self.queue.shards.index_of(site)
-        self._write("dead", item=json.dumps(record, default=str).encode(), shard=shard)
+        self.outbox.write("dead", item=json.dumps(record, default=str).encode(), shard=shard)
         self.stats.inc_value("frontier/dead")
-
-    # -- outbox and outages --------------------------------------------------------
-
-    def _write(
-        self,
-        kind: str,
-        *,
-        item: Any = None,
-        done: Callable[[], object] | None = None,
-        request: Request | None = None,
-        shard: int = 0,
-    ) -> None:
-        self._outbox.append(_Op(kind, item, done, request, shard))
-        if self._flush_call is None:
-            self._flush_call = call_later(self.outbox_delay, self._flush_soon)
 
     def after_commit(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` once every write queued so far is in Redis.
@@ -1606,322 +1211,57 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         The spider uses it to let go of seeds only once they are in the
         frontier.
         """
-        self._write("after_commit", done=callback)
-
-    def _flush_soon(self) -> None:
-        self._flush_call = None
-        if not self.flush_outbox() and self._outbox:
-            wait = max(0.05, self._down_until - time.monotonic())
-            self._flush_call = call_later(wait, self._flush_soon)
+        self.outbox.write("after_commit", done=callback)
 
     def flush_outbox(self) -> bool:
         """Send queued writes: one commit per shard they go to, in one round
         trip (one pipeline per Redis Cluster master).
 
-        Acks held back (:meth:`_batches`) go in a second round trip, once
-        the first is answered.
+        Acks held back (:meth:`Outbox.batches`) go in a second round trip,
+        once the first is answered.
 
         :returns: False when Redis could not be reached (the writes stay
             queued and are tried again after a backoff).
         """
-        if not self._outbox:
+        if not self.outbox:
             return True
-        sent = self._exchange(None)
-        if sent is None and self._acks_held and self._in_doubt is None and all(
-            op.kind in ("acks", "after_commit") for op in self._outbox
+        sent = self.session.exchange(None)
+        if (
+            sent is None and self.outbox.acks_held and self.session.in_doubt is None
+            and self.outbox.only_acks()
         ):
             # The writes before them are in; no write carrying a request is
             # left, so none is held this time.
-            sent = self._exchange(None)
+            sent = self.session.exchange(None)
         return sent is not None
 
-    @overload
-    def _exchange(self, lease_ids: None, shard: int = 0) -> bool | None: ...
+    # -- what the session tells (crawler.frontier.session.SessionHost) ----------
 
-    @overload
-    def _exchange(
-        self, lease_ids: list[str], shard: int = 0
-    ) -> list[Lease] | NotDue | None: ...
-
-    def _exchange(
-        self, lease_ids: list[str] | None, shard: int = 0
-    ) -> list[Lease] | NotDue | bool | None:
-        """Send the outbox (one ``commit.lua`` call per shard it has writes
-        for) and, with ``lease_ids``, lease from ``shard`` after it: one
-        round trip.
-
-        A call whose reply was lost is found out first (:meth:`_resolve`);
-        scripts Redis forgot (a restart, a failover) are loaded and the calls
-        that met ``NOSCRIPT``, which did not run, are sent once more; so is
-        a lease that ran but found nothing due before a commit of its shard
-        that did not run (what that commit queues is leased at once). A
-        call that a Redis Cluster did not serve twice (``CLUSTERDOWN``,
-        ``TRYAGAIN``: :data:`~crawler.frontier.connection.CLUSTER_BUSY`) is an outage: backoff, a
-        warning, ``frontier/redis/outages``.
-
-        :returns: None when Redis could not be reached, refused the call or
-            left it in doubt (the writes stay queued); else the lease's
-            result, or True when none was asked.
-        """
-        if time.monotonic() < self._down_until or not self._may_call_redis():
-            return None
-        if self._in_doubt is not None and not self._resolve():
-            return None
-        asked, result, ids = lease_ids is not None, None, lease_ids
-        for attempt in (1, 2):
-            step = self._round_trip(lease_ids, shard)
-            if step is None:  # unreachable, in doubt, or refused
-                return None
-            not_run, leased = step
-            if leased is not None:
-                result, lease_ids = leased, None
-                if isinstance(leased, NotDue) and shard in not_run and attempt == 1:
-                    # It ran before a commit of its shard that did not:
-                    # "nothing due" may be out of date once that commit
-                    # runs. It leased nothing, so it goes again after it,
-                    # under the same ids.
-                    self._housekeeping(leased, shard)
-                    result, lease_ids = None, ids
-            if not not_run:
-                break
-            if attempt == 2:
-                if self._busy is not None:
-                    # The cluster still does not serve the slot (a master
-                    # rejoining, every slot once one is marked failed): an
-                    # outage, waited out with backoff, not tried again at
-                    # every flush.
-                    self._outage(self._busy)
-                    return None
-                break
-            # Redis restarted (or failed over) and forgot the scripts, or a
-            # slot moved: the calls that met it did not run.
-            if not self._scripts_lost():
-                break
-        if asked:
-            return result
-        return None if any(op.kind != "after_commit" for op in self._outbox) else True
-
-    def _round_trip(
-        self, lease_ids: list[str] | None, shard: int = 0
-    ) -> tuple[set[int | None], list[Lease] | NotDue | None] | None:
-        """One round trip: each shard's commit of the outbox, then the lease
-        call on ``shard``.
-
-        :returns: None when Redis could not be reached (the calls are then
-            in doubt) or refused one; else the calls that did not run and may
-            be sent again (``NOSCRIPT``, ``MOVED``, ...): the shards of such
-            commits, and None for such a lease; and the lease's result (None
-            when not asked or not run).
-        """
-        groups, batches = self._batches()
-        if self._acks_held and lease_ids is not None and self._flush_call is None:
-            self._flush_call = call_later(self.outbox_delay, self._flush_soon)  # (for them)
-        if batches:
-            self._seq += 1
-            for batch in batches.values():
-                batch.marker = (self.holder, self._seq)
-        lease = None if lease_ids is None else (shard, lease_ids)
-        try:
-            committed, leased = self._send(batches, lease)
-        except UNREACHABLE as exc:  # sent or not, its reply is lost
-            if batches or lease_ids is not None:
-                self._in_doubt = _InDoubt(
-                    self._seq if batches else None,
-                    {i: groups[i] for i in batches},
-                    list(lease_ids or []),
-                    shard,
-                )
-                self.stats.inc_value("frontier/redis/in_doubt")
-            self._outage(exc)
-            return None
-        for i, reply in committed.items():
-            if isinstance(reply, Committed):
-                self._done(groups[i], reply)
-                self._shard_due[i] = 0.0  # new work or free slots there: ask it
-                self._learn_pushed(i, reply)
-        self._settle()
-        result = Frontier.leases_of(leased, lease_ids or []) if isinstance(leased, list) else None
-        errors = [r for r in (*committed.values(), leased) if isinstance(r, ResponseError)]
-        no_master = next((r for r in errors if is_no_master(r)), None)
-        if no_master is not None:
-            # A failover: the pooled connections may reach the demoted
-            # master. The calls did not run (NOT_RUN); they go once more
-            # through new connections, then it is an outage.
-            drop_connections(self.server)
-            self.stats.inc_value("frontier/redis/no_master")
-            logger.warning(
-                "Redis is no master (%s): a failover; connections dropped, %d writes kept, "
-                "sent again through %s", no_master, len(self._outbox),
-                redis_location(self.crawler.settings), extra={"spider": self.spider},
-            )
-        self._busy = next(
-            (r for r in errors if isinstance(r, CLUSTER_BUSY) or is_no_master(r)), None
-        )
-        refused = next((r for r in errors if not isinstance(r, NOT_RUN)), None)
-        if refused is not None:
-            self._refused(refused)
-            return None if result is None else (set(), result)
-        if not errors or (
-            # (commits that ran beside one a cluster did not serve end no
-            # outage: its backoff goes on doubling, not back to 0.5 s)
-            self._busy is None and any(isinstance(r, Committed) for r in committed.values())
-        ):
-            self._recovered()
-        not_run: set[int | None] = {
-            i for i, r in committed.items() if isinstance(r, ResponseError)
+    def lease_options(self, shard: int) -> dict[str, Any]:
+        """The keywords of a lease call on ``shard``: the slots this worker
+        holds there (``lease.lua`` passes over at most that many sites where
+        it has its share) and in all, the best elsewhere to stop its batch
+        at (``FRONTIER_FIFO_SLACK`` added to its join time), and the site of
+        a last chance drained for there."""
+        held = self.book.held_on(shard)
+        least, joined = self.router.best_elsewhere(shard)
+        if joined is not None:  # (FRONTIER_FIFO_SLACK)
+            joined += self.fifo_slack_us
+        drained_for = self.book.drain_hint(shard)
+        return {
+            "held": held, "least": least, "least_joined": joined,
+            "held_all": len(self.book.lease_shards), "drained_for": drained_for,
         }
-        if isinstance(leased, ResponseError):
-            not_run.add(None)
-        return not_run, result
 
-    def _batches(self) -> tuple[dict[int, list[_Op]], dict[int, Commit]]:
-        """The outbox's writes by shard, and the commit of each shard that
-        has anything to send.
+    def committed(self, shard: int, ops: list[Op], reply: Committed | None) -> None:
+        """The writes ``ops`` (``shard``'s commit) are in Redis.
 
-        An ack is held back (left in the outbox, counted in
-        ``_acks_held``) while a write queued before it for another shard
-        carries a request (a push, retry, dead letter, revisit or
-        give-back; not a freed slot, not another ack): the commits of one
-        round trip to several shards are not atomic together (a round trip
-        cut midway, a Redis Cluster master down), and a page's ack must
-        never be in Redis before the requests its page yielded, on any
-        shard (else a stop before they are sent loses them). The page of a
-        write is not known, so every earlier write for another shard
-        counts. Such writes are never held, so once the round trip that
-        carries them is answered the acks held go, in the next round trip:
-        :meth:`flush_outbox` sends it at once, and a round trip with a
-        lease call leaves them to the flush it schedules. Writes for one shard are
-        sent in outbox order apart from held acks: an ack ends its lease,
-        a write after it never needs it ended. One shard, or writes for the
-        ack's shard alone before it: nothing is held (the ack goes in the
-        same atomic commit as the requests before it).
+        ``reply`` is the commit's reply; None when its reply was lost and
+        Redis only told that it ran (then which pushes were duplicates is
+        not known, and the log says so).
         """
-        groups: dict[int, list[_Op]] = {}
-        carrying: set[int] = set()  # shards with a request-carrying write so far
-        self._acks_held = 0
-        for op in self._outbox:
-            if op.kind == "after_commit":
-                continue
-            if op.kind == "acks" and carrying - {op.shard}:
-                self._acks_held += 1
-                continue
-            if op.kind not in ("acks", "slots"):
-                carrying.add(op.shard)
-            groups.setdefault(op.shard, []).append(op)
-        batches: dict[int, Commit] = {}
-        for i, ops in groups.items():
-            batch = self._commit_of(ops)
-            if batch:
-                batches[i] = batch
-            else:  # only slots of leases acked in the same outbox: nothing to send
-                self._done(ops, None)
-        return groups, batches
-
-    @staticmethod
-    def _commit_of(ops: list[_Op]) -> Commit:
-        """The :class:`Commit` that carries ``ops`` (an ack frees its lease's
-        slot too, so a slot op of an acked lease is left out)."""
-        batch = Commit()
-        acks = {op.item for op in ops if op.kind == "acks"}
-        for op in ops:
-            if op.kind == "after_commit" or (op.kind == "slots" and op.item in acks):
-                continue
-            getattr(batch, op.kind).append(op.item)
-        return batch
-
-    def _send(
-        self, batches: dict[int, Commit], lease: tuple[int, list[str]] | None
-    ) -> tuple[dict[int, Committed | ResponseError], list[Any] | ResponseError | None]:
-        """Send the commits ``batches`` (by shard) and the lease call
-        (``(shard, lease ids)``), never twice: one pipeline on one Redis, one
-        per master on a cluster (the lease's last).
-
-        :returns: each commit's reply by shard and the lease's reply (None
-            when not sent), a :class:`ResponseError` where a script answered
-            one.
-        :raises redis.exceptions.RedisError: a connection failed, or
-            (:exc:`~crawler.frontier.replicas.NotReplicated`) fewer replicas
-            than ``FRONTIER_MIN_REPLICAS`` acknowledged the calls: whether
-            they survive is unknown.
-        """
-        if not batches and lease is None:
-            return {}, None
-        shards = self.queue.shards
-        wanted = [i for i in batches if lease is None or i != lease[0]]
-        if lease is not None:
-            wanted.append(lease[0])  # last: it sees the slots freed before it
-        committed: dict[int, Committed | ResponseError] = {}
-        leased: list[Any] | ResponseError | None = None
-        groups = shards.groups(wanted)
-        if lease is not None:  # the lease's pipeline last
-            groups.sort(key=lambda group: lease[0] in group[1])
-        for pipe, indices in groups:
-            calls: list[tuple[str, int]] = []
-            with pipe:
-                for i in indices:
-                    if i in batches:
-                        shards[i].commit(batches[i], client=pipe)
-                        calls.append(("commit", i))
-                    if lease is not None and i == lease[0]:
-                        # (the slots it holds there: lease.lua passes over
-                        # at most that many sites where it has its share)
-                        held = sum(1 for s in self._lease_shards.values() if s == i)
-                        least, joined = self._best_elsewhere(i)
-                        if joined is not None:  # (FRONTIER_FIFO_SLACK)
-                            joined += self.fifo_slack_us
-                        drained_for, hint = None, self._drained_for
-                        if hint is not None and hint[0] == i and not self._lease_shards:
-                            drained_for, self._drained_for = hint[1], None
-                        shards[i].lease_many(
-                            lease[1], client=pipe, held=held, least=least, least_joined=joined,
-                            held_all=len(self._lease_shards), drained_for=drained_for,
-                        )
-                        calls.append(("lease", i))
-                replies = self._execute(pipe, shards[indices[0]].replica_wait)
-            for (call, i), reply in zip(calls, replies, strict=True):
-                if call == "lease":
-                    leased = reply
-                else:
-                    committed[i] = (
-                        reply if isinstance(reply, ResponseError) else Committed.of(reply)
-                    )
-        return committed, leased
-
-    @staticmethod
-    def _execute(pipe: Any, wait: ReplicaWait | None = None) -> list[Any]:
-        """``pipe.execute``, each script's error in its place; with ``wait``
-        (``FRONTIER_MIN_REPLICAS``), ``WAIT`` after the calls, its reply
-        checked unless every call was refused (nothing was written).
-
-        :raises redis.exceptions.RedisError: a connection failed, or too few
-            replicas acknowledged (:exc:`~crawler.frontier.replicas.NotReplicated`):
-            whether the calls survive is unknown.
-        """
-        if wait is not None:
-            wait.queue(pipe)
-        try:
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-        except RedisClusterException as exc:  # no RedisError, but unreachable
-            raise RedisConnectionError(str(exc)) from exc
-        waited = replies.pop() if wait is not None else None
-        for reply in replies:
-            if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
-                raise reply  # a connection error in the replies: lost
-        if wait is not None and not all(isinstance(r, ResponseError) for r in replies):
-            wait.check(waited)
-        return replies
-
-    def _done(self, ops: list[_Op], committed: Committed | None) -> None:
-        """The writes ``ops`` (one shard's commit) are in Redis.
-
-        ``committed`` is the commit's reply; None when there was no commit,
-        or when its reply was lost and Redis only told that it ran (then
-        which pushes were duplicates is not known, and the log says so).
-        """
-        sent = {id(op) for op in ops}
-        self._outbox[:] = [op for op in self._outbox if id(op) not in sent]
         pushes = [op for op in ops if op.kind == "pushes"]
-        if committed is None:
+        if reply is None:
             if pushes:
                 logger.info(
                     "The reply to a frontier commit was lost; it ran, but which of its %d "
@@ -1931,8 +1271,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                     len(pushes), extra={"spider": self.spider},
                 )
             return
-        # One flag per push, in the order of the ops (_commit_of keeps it).
-        for op, queued in zip(pushes, committed.pushed, strict=False):
+        # One flag per push, in the order of the ops (Outbox.commit_of keeps it).
+        for op, queued in zip(pushes, reply.pushed, strict=False):
             if queued:
                 continue
             if op.request is None:
@@ -1943,144 +1283,33 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 signals.request_dropped, request=op.request, spider=self.spider
             )
         for key, n in (
-            ("scheduler/enqueued/redis", sum(committed.pushed)),
-            ("frontier/leases/acked", committed.acked),
+            ("scheduler/enqueued/redis", sum(reply.pushed)),
+            ("frontier/leases/acked", reply.acked),
         ):
             if n:
                 self.stats.inc_value(key, n)
-        self._log_problems(committed.problems)
+        self._log_problems(reply.problems)
+        self.router.committed(shard, reply)
 
-    def _settle(self) -> None:
-        """Run the ``after_commit`` callbacks that no unsent write precedes
-        any more (every write queued before them is in Redis)."""
-        while self._outbox and self._outbox[0].kind == "after_commit":
-            op = self._outbox.pop(0)
-            if op.done is not None:
-                try:
-                    op.done()
-                except Exception:  # a callback's failure is its own
-                    logger.exception("after_commit callback failed")
+    def leases_found(self, leases: list[Lease]) -> None:
+        """The leases a lease call whose reply was lost took: buffered."""
+        self.book.take(leases)
 
-    def _resolve(self) -> bool:
-        """Find out what the round trip whose reply was lost did, shard by
-        shard, and go on from there: the writes of each commit that ran
-        leave the outbox (the others are sent again), and the leases it
-        took are handed out.
+    def passed_over(self, result: Lease | NotDue, shard: int) -> None:
+        """A lease result sent again: what it met is counted."""
+        self._housekeeping(result, shard)
 
-        :returns: False while Redis cannot tell (still unreachable).
-        """
-        doubt = self._in_doubt
-        assert doubt is not None
-        shards = self.queue.shards
-        asked = sorted({*doubt.commits, *([doubt.lease_shard] if doubt.lease_ids else [])})
-        found: dict[int, tuple[bool, list[Lease]]] = {}
-        try:
-            for i in asked:
-                found[i] = shards[i].recover(
-                    self.holder,
-                    doubt.seq if i in doubt.commits else None,
-                    doubt.lease_ids if doubt.lease_ids and i == doubt.lease_shard else [],
-                )
-        except UNREACHABLE as exc:
-            self._failed(exc)
-            return False
-        self._in_doubt = None
-        for i in asked:
-            if i < len(self._shard_best_at):
-                # (its best and head as learnt before the call, which may
-                # have leased that head, or queued a site whose join time
-                # the lost reply told: peeked at again before it is chosen)
-                self._shard_best_at[i] = -math.inf
-        ran = [i for i in doubt.commits if found[i][0]]
-        for i in ran:
-            self._done(doubt.commits[i], None)
-        if ran:
-            self._recovered()
-        self._settle()
-        leases = [lease for _, taken in found.values() for lease in taken]
-        self._take(leases)
-        logger.info(
-            "A frontier call's reply was lost; found out: %s, %d leases taken",
-            "no commit" if doubt.seq is None else (
-                "committed" if len(ran) == len(doubt.commits)
-                else f"{len(ran)} of {len(doubt.commits)} shard commits ran"
-                if ran else "not committed"
-            ),
-            len(leases), extra={"spider": self.spider},
-        )
-        return True
+    def forget_shard(self, shard: int) -> None:
+        """What was learnt of ``shard`` may be out of date."""
+        self.router.forget(shard)
 
-    def _failed(self, exc: Exception) -> None:
-        """A Redis call outside the outbox failed: a configuration error (see
-        :meth:`_config_error`), a refusal (a key of the wrong type answers an
-        error) or an outage. A reply that says the call did not run
-        (:data:`~crawler.frontier.connection.NOT_RUN`: a cluster not serving
-        the slot, or ``NOSCRIPT`` from a server that restarted between the
-        pipeline's script check and its call; the next pipeline loads the
-        scripts again) is an outage too, never logged as a refusal."""
-        if self._config_error(exc):
-            return
-        if (
-            isinstance(exc, ResponseError)
-            and not isinstance(exc, NOT_RUN)
-            and not is_no_master(exc)
-        ):
-            self._refused(exc)
-        else:
-            self._outage(exc)
-
-    def _refused(self, exc: ResponseError) -> None:
-        """A script refused a call before it wrote anything: no outage, but
-        nothing to do until the key it names is fixed. (An ACL's ``NOPERM``
-        is a configuration error: :meth:`_config_error`; a server that is
-        no master is an outage: :meth:`_outage`.)"""
-        if is_no_master(exc):
-            self._outage(exc)
-            return
-        if self._config_error(exc):
-            return
-        self.stats.inc_value("frontier/redis/refused")
-        self._unreachable = False
-        self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
-        self._down_until = time.monotonic() + self._backoff
-        logger.error(
-            "Redis refused a frontier call (%s); %d writes kept; trying again in %.1fs",
-            exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
-        )
-
-    def _outage(self, exc: Exception) -> None:
-        """Redis could not be reached, or answered too late: wait with
-        doubling pauses. (A refused password is a configuration error,
-        although redis-py raises it as a ``ConnectionError``:
-        :meth:`_config_error`.)
-
-        A server that is no master (``READONLY``, ``LOADING``, ``MASTERDOWN``,
-        ``UNBLOCKED``: :func:`~crawler.frontier.connection.is_no_master`, a
-        failover) is an outage too: the pooled connections are dropped, so
-        that the next call reaches whatever master the configured address
-        names by then; the writes stay in the outbox."""
-        if self._config_error(exc):
-            return
-        failover = is_no_master(exc)
-        if failover:
-            drop_connections(self.server)
-        if isinstance(exc, NotReplicated):
-            self.stats.inc_value("frontier/redis/not_replicated")
-        # Redis may come back from an older snapshot, without fingerprints
-        # this worker recorded: ask it again rather than trust the memory.
+    def forget_seen(self) -> None:
+        """Forget the fingerprints this worker recorded (``FRONTIER_LOCAL_SEEN``)."""
         self._seen.clear()
-        self._unreachable = True
-        self.redis_health.failed()
-        if not self._backoff:
-            self.stats.inc_value("frontier/redis/outages")
-        self._backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self._backoff * 2))
-        self._down_until = time.monotonic() + self._backoff
-        logger.warning(
-            "Redis %s (%s); %d writes waiting; trying again in %.1fs",
-            "is no master (a failover): connections dropped" if failover
-            else "has too few replicas" if isinstance(exc, NotReplicated) else "unreachable",
-            exc, len(self._outbox), self._backoff, extra={"spider": self.spider},
-        )
+
+    def wake(self) -> None:
+        """Wake the engine now."""
+        self._wake_engine()
 
     def _stop_at_open(self, message: str) -> None:
         """Report the configuration error ``message`` (one log line) and
@@ -2091,87 +1320,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         spider is open instead."""
         self._close_spider = close_at_open(self.crawler, message)
         self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
-        self._config_stopped = True
-        self._unreachable = True
-        self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
+        self.session.stop()
 
     def _close_at_open(self) -> None:
         """``spider_opened`` handler after a configuration error at open."""
         raise self._close_spider
 
-    def _config_error(self, exc: Exception) -> bool:
-        """Stop the crawl if ``exc`` is a configuration error of Redis.
-
-        A wrong password (after a rotation, say), a database that cannot be
-        selected or an ACL that forbids a command or key the crawler needs
-        is no outage: no backoff fixes it, and this process cannot get new
-        credentials. The error is logged in one line (password masked), the
-        spider is closed with the finish reason ``config_error`` (the
-        ``crawl`` command then exits non-zero), and this worker sends no
-        more frontier calls: the writes waiting in its outbox are given up,
-        as a killed worker's are (the leases they would have acknowledged
-        expire and are crawled again by the other workers; seeds stay in
-        their intake batch and are returned), so nothing is lost.
-
-        :returns: whether ``exc`` was one (then the caller does nothing more).
-        """
-        message = config_error_message(exc, self.crawler.settings)
-        if message is None:
-            return False
-        given_up = sum(op.kind != "after_commit" for op in self._outbox)
-        self._outbox.clear()
-        self._in_doubt = None
-        self._seen.clear()
-        self._config_stopped = True
-        self._unreachable = True
-        self._backoff = OUTAGE_BACKOFF_CAP
-        self._down_until = time.monotonic() + CONFIG_ERROR_PAUSE
-        stop_on_config_error(self.crawler, message)
-        if given_up and not getattr(self, "_gave_up", False):
-            self._gave_up = True
-            logger.warning(
-                "Gave up %d frontier writes: the leases they would have acknowledged "
-                "expire and are crawled again by the other workers",
-                given_up, extra={"spider": self.spider},
-            )
-        return True
-
-    def _recovered(self) -> None:
-        if self._backoff:
-            logger.info("Redis reachable again", extra={"spider": self.spider})
-        self._backoff = 0.0
-        self._down_until = 0.0
-        self._unreachable = False
-        self.redis_health.recovered()
-
-    def _may_call_redis(self) -> bool:
-        """:func:`~crawler.frontier.health.may_call_redis`; when the gate
-        holds the call because another component (the seed reader, the
-        robots.txt middleware) met an outage first, say so once, as
-        :meth:`_outage` does for the scheduler's own calls."""
-        if may_call_redis(self.crawler):
-            return True
-        if self._unreachable or not self.redis_health.failing:
-            return False
-        self._unreachable = True
-        self._backoff = max(self._backoff, 0.5)
-        self.stats.inc_value("frontier/redis/outages")
-        logger.warning(
-            "Redis unreachable (met by another component of this worker); %d writes "
-            "waiting; trying again once Redis answers a probe",
-            len(self._outbox), extra={"spider": self.spider},
-        )
-        return False
-
-    def _ping(self) -> None:
-        """``PING`` Redis (the probe of :class:`RedisHealth`, in its thread)."""
-        self.server.ping()
-
-    def _redis_answered(self) -> None:
-        """A probe sent during an outage was answered (reactor thread): end
-        the backoff, so that the outbox and the leases go on now."""
-        if self._unreachable and not self._config_stopped:
-            logger.info("Redis answers a probe: the outage's backoff ends",
-                        extra={"spider": self.spider})
-            self._down_until = 0.0
-            self._wake_engine()

@@ -324,9 +324,9 @@ def _stop_opened() -> None:
         beat = getattr(scheduler, "_heartbeat", None)
         if beat is not None and beat.running:
             beat.stop()
-        if scheduler._flush_call is not None:
-            scheduler._flush_call.cancel()
-            scheduler._flush_call = None
+        if scheduler.outbox.flush_call is not None:
+            scheduler.outbox.flush_call.cancel()
+            scheduler.outbox.flush_call = None
     loop = _loop()
     if not loop.is_running():
         loop.run_until_complete(asyncio.sleep(0))
