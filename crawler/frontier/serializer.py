@@ -397,6 +397,8 @@ def _meta_tail(meta: dict[str, Any], site: str | None) -> tuple[str, dict[str, A
     ``seed_hosts`` with ``[site]``; none when what stays would be one key
     starting with ``!`` (it would read as a tag).
     """
+    if len(meta) == 1 and type(meta.get("depth")) is int:  # the common case, fast
+        return str(meta["depth"]), {}
     items: list[str] = []
     keys = list(meta)
     while keys:
@@ -669,6 +671,11 @@ def _read_meta_tail(field: str, meta: Any, site: str | None) -> dict[str, Any]:
     :raises DecodeError: a malformed field, a key also in ``meta``, or
         ``s`` without a site.
     """
+    digits = field[1:] if field[0] == "-" else field
+    if digits.isascii() and digits.isdigit():  # a depth alone: the common case, fast
+        if len(digits) > _MAX_DIGITS or not isinstance(meta, dict) or "depth" in meta:
+            raise DecodeError(f"entry has a bad depth field: {field[:80]!r}")
+        return {**meta, "depth": int(field)}
     items = _TAIL_ITEM.findall(field)
     if not (isinstance(meta, dict) and "".join(items) == field):
         raise DecodeError(f"entry has a bad depth field: {field[:80]!r}")
