@@ -52,7 +52,9 @@ do not edit them by hand). Rerun from the project directory with
 `python -m bench.compare a|d CHECKOUT...` runs figure a or d on several
 checkouts of the project in turn (medians; see `bench/compare.py`): how a
 figure's change is traced to a commit. `python -m bench.compare s ...`
-weighs the scripts alone: Redis's own µs per push, lease and ack.
+weighs the scripts alone: Redis's own µs per push, lease and ack;
+`python -m bench.compare m ...` Redis's bytes per queued request of the
+`pages` spider's own requests, from a crawl of a replayed capture.
 
 It starts its own `redis-server`, SecantusDB (`devtools.embedded`) and HTTP
 sites (`bench/sites.py`, an asyncio server: the threaded
