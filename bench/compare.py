@@ -19,6 +19,12 @@ Figures:
   requests per call, ``--sites`` sites): less noisy than a/d, which time
   the client too. This checkout's ``bench/script_cost.py`` is run in each
   checkout (only APIs every version has), so older ones need not have it.
+* ``m``: :func:`bench.pages_memory.pages_request_memory`, Redis bytes per
+  queued request of the ``pages`` spider's own requests (and of every
+  request it schedules, redirects included) as a crawl of the
+  quotes.toscrape.com capture yields them (``--warc`` for another
+  capture); this checkout's ``bench/pages_memory.py`` is run in each
+  checkout, as for ``s``. The medians are per part and figure.
 
 Usage::
 
@@ -52,6 +58,7 @@ from typing import Any
 import redis
 
 from devtools.embedded import RedisServer
+from devtools.replay import default_warc_path
 
 __all__ = ["main", "wait_in_sync"]
 
@@ -75,6 +82,10 @@ _RUN = {
 
 
 def _source(figure: str) -> str:
+    if figure == "m":
+        return (Path(__file__).with_name("pages_memory.py").read_text() + "\n"
+                "import json, sys\n"
+                "print(json.dumps(pages_request_memory(sys.argv[1], sys.argv[8])))\n")
     if figure != "s":
         return _RUN[figure]
     return (Path(__file__).with_name("script_cost.py").read_text() + "\n"
@@ -92,7 +103,7 @@ def _run(
     """
     args = [sys.executable, "-c", _source(figure), redis_url, str(opts.pages),
             str(opts.clients), str(opts.seconds), str(opts.batch), str(opts.sites),
-            str(min_replicas)]
+            str(min_replicas), str(opts.warc.resolve())]
     done = subprocess.run(args, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{figure} in {checkout} failed:\n{done.stderr[-3000:]}")
@@ -103,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=sorted([*_RUN, "s"]))
+    parser.add_argument("figure", choices=sorted([*_RUN, "m", "s"]))
     parser.add_argument("checkouts", nargs="+", type=Path, help="project directories")
     parser.add_argument("--repeat", type=int, default=5, help="runs per checkout (default 5)")
     parser.add_argument("--pages", type=int, default=5000, help="a: site size (default 5000)")
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="d: seconds (default 2.0)")
     parser.add_argument("--batch", type=int, default=16, help="s: requests per call (default 16)")
     parser.add_argument("--sites", type=int, default=1, help="s: sites (default 1)")
+    parser.add_argument("--warc", type=Path, default=default_warc_path(),
+                        help="m: the capture crawled (default: the quotes.toscrape.com one)")
     parser.add_argument("--min-replicas", type=int, nargs="+", default=None, metavar="N",
                         help="d: FRONTIER_MIN_REPLICAS values to run side by side "
                              "(the server gets one replica)")
@@ -144,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, values in runs.items():
             out[name] = {"runs": values, "median": {
                 part: statistics.median(v[part] for v in values) for part in values[0]}}
+    elif opts.figure == "m":
+        for name, values in runs.items():
+            out[name] = {"runs": values, "median": {
+                part: {k: statistics.median(v[part][k] for v in values) for k in values[0][part]}
+                for part in values[0]}}
     else:
         out = {name: {"runs": values, "median": statistics.median(values)}
                for name, values in runs.items()}

@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +52,9 @@ do not edit them by hand). Rerun from the project directory with
 `python -m bench.compare a|d CHECKOUT...` runs figure a or d on several
 checkouts of the project in turn (medians; see `bench/compare.py`): how a
 figure's change is traced to a commit. `python -m bench.compare s ...`
-weighs the scripts alone: Redis's own µs per push, lease and ack.
+weighs the scripts alone: Redis's own µs per push, lease and ack;
+`python -m bench.compare m ...` Redis's bytes per queued request of the
+`pages` spider's own requests, from a crawl of a replayed capture.
 
 It starts its own `redis-server`, SecantusDB (`devtools.embedded`) and HTTP
 sites (`bench/sites.py`, an asyncio server: the threaded
@@ -128,6 +131,43 @@ def _memory_rows(c: dict[str, Any], n: int) -> list[dict[str, Any]]:
                          (float("nan"), c["stock"]["seen_bytes"]), "bytes",
                          "ours <= 2", None))
     return rows
+
+
+#: Figure c on the pages spider's requests, in a process of its own (a
+#: Scrapy crawl runs a reactor, once per process).
+_PAGES_MEMORY = (
+    "import json, sys\n"
+    "from bench.pages_memory import pages_request_memory\n"
+    "print(json.dumps(pages_request_memory(sys.argv[1])))\n"
+)
+
+
+def _pages_figure(url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Figure c on the requests a crawl of the quotes capture by the
+    ``pages`` spider schedules (:mod:`bench.pages_memory`): bytes per
+    request it yields, in all and in the queue's chunk hash alone, and per
+    request scheduled, redirects included. ``MEMORY USAGE`` is exact: one
+    run.
+
+    :raises RuntimeError: the run failed (its stderr's tail in the message).
+    """
+    done = subprocess.run([sys.executable, "-c", _PAGES_MEMORY, url], cwd=PROJECT_DIR,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the pages memory figure failed:\n{done.stderr[-3000:]}")
+    m = json.loads(done.stdout.strip().splitlines()[-1])
+    own, every = m["own"], m["all"]
+    nan = float("nan")
+    rows = [
+        _row(f"c. Redis bytes per queued request, pages spider's own requests (a crawl of "
+             f"the quotes capture, {own['queued']:,} queued), all keys",
+             (own["all_keys"], nan), "bytes", "ours <= 80", own["all_keys"] <= 80),
+        _row("c. the same, the queue's chunk hash alone", (own["queue_hash"], nan), "bytes",
+             "(info)", None),
+        _row("c. the same, every request the crawl schedules (redirects included), all keys",
+             (every["all_keys"], nan), "bytes", "(info)", None),
+    ]
+    return m, rows
 
 
 def _cpu_figure(
@@ -322,6 +362,8 @@ def run(quick: bool, repeat: int, log_dir: Path) -> dict[str, Any]:
         rows += _memory_rows(c, size["memory_n"])
         timings["c"] = time.monotonic() - t
 
+        _timed("c_pages", lambda: _pages_figure(url), raw, rows, timings)
+
         t = time.monotonic()
         raw["d"] = ops = _ops(url, repeat, size["ops_seconds"])
         rows += _ops_rows(ops)
@@ -427,7 +469,17 @@ _NOTES = """\
   the set's 24-byte entries to (32 bytes), so about 8 bytes per request of
   the queued figure are the seen set's. The Bloom filter
   (`crawler.frontier.bloom.BloomDupeFilter`, capacity = the number of URLs,
-  0.1% error rate) by `used_memory` delta.
+  0.1% error rate) by `used_memory` delta. The `pages` rows:
+  `bench/pages_memory.py` crawls the quotes.toscrape.com capture with the
+  `pages` spider (project settings, replayed by `devtools.replay`), copies
+  every request the engine schedules (after the spider middlewares: depth,
+  `seed_hosts`, Referer), and queues the distinct ones 20 times over
+  through `LeasedPriorityQueue.push` on an empty Redis; the figure is the
+  exact `MEMORY USAGE` of every key (and of `{pages}:qc`, the queue's
+  chunks) per queued request, for the requests the spider yields and for
+  every scheduled one (the redirects carry the redirect middleware's meta
+  and the default headers). `python -m bench.compare m OLD NEW` weighs it
+  on two checkouts.
 - **d.** Separate client processes started together, each for 2 s: cycles
   of 16 enqueues (encode + fingerprint), the acks of the previous cycle's
   leases and one lease of up to 16 requests (plus decoding), sent as the

@@ -77,3 +77,19 @@ def test_compare_weighs_the_scripts_of_each_checkout() -> None:
     [result] = json.loads(done.stdout).values()
     assert set(result["median"]) == {"push", "lease", "ack"}
     assert all(v > 0 for v in result["median"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.workers
+def test_compare_weighs_the_pages_spiders_requests_in_redis() -> None:
+    """``python -m bench.compare m``: Redis bytes per queued request of the
+    pages spider's own requests (a crawl of the quotes capture), at most 80."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "m", ".", "--repeat", "1"],
+        cwd=PROJECT_DIR, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    [result] = json.loads(done.stdout).values()
+    own, every = result["median"]["own"], result["median"]["all"]
+    assert own["queued"] > 0 and every["queued"] > own["queued"]
+    assert 0 < own["queue_hash"] <= own["all_keys"] <= 80

@@ -138,7 +138,8 @@ def requeue_push(
             entry = json_serializer.entry_fields(record["request"])
             site = site_of(Request(entry["u"]))
         elif isinstance(record.get("entry"), str) and isinstance(record.get("site"), str):
-            entry, site = json_serializer.entry_fields(record["entry"]), record["site"]
+            site = record["site"]
+            entry = json_serializer.entry_fields(record["entry"], site)
         else:
             return None
         json_serializer.loads(json_serializer.pack_fields(entry), site)  # raises if not a request
@@ -158,7 +159,7 @@ def requeue_push(
         entry["p"] = priority
     else:
         entry.pop("p", None)
-    return Push(json_serializer.pack_fields(entry), site, priority, None, True)
+    return Push(json_serializer.pack_fields(entry, site), site, priority, None, True)
 
 
 def requeue_each(

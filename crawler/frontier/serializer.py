@@ -6,16 +6,22 @@ scrapy-redis's queues pass it the dict of
 scrapy-redis's default, pickle, so that nothing read from Redis can run code
 on a worker.
 
-Encoded form: one line of UTF-8 text, up to four fields separated by tabs,
+Encoded form: one line of UTF-8 text, up to five fields separated by tabs,
 trailing empty fields left out::
 
-    URL [TAB CALLBACK [TAB DEPTH [TAB JSON]]]
+    URL [TAB CALLBACK [TAB META [TAB JSON [TAB REFERER]]]]
 
 The common request costs only its path, its callback and its depth
 (``/catalog/books/item-0000001.html?ref=list<TAB>parse_item<TAB>2``: 54
 bytes, where the JSON object of earlier versions took 82). Every queued
 request pays for its entry in Redis memory, and an entry under 64 bytes
-also takes one byte less of list overhead (56 bytes in all here).
+also takes one byte less of list overhead (56 bytes in all here). What
+every request of a crawl repeats is stored in a few bytes: a request the
+``pages`` spider yields (its depth, the ``seed_hosts`` of
+:class:`~crawler.middlewares.SeedHostsMiddleware`, the Referer of Scrapy's
+RefererMiddleware) is ``!/tag/love/page/2/<TAB><TAB>3s<TAB><TAB>!/tag/love/``
+(35 bytes on the site ``127.0.0.1:8080``, where earlier versions wrote
+122, all but the path and the tabs in the JSON field).
 
 ==========  =========================================================
 field       content
@@ -25,13 +31,35 @@ URL         the ``url``: relative to its site (``/path?query``) when
             that site: ``/...`` for ``https``, ``!/...`` for ``http``;
             else the whole URL (it starts with its scheme)
 CALLBACK    the ``callback``'s spider method name; empty for none
-DEPTH       ``meta["depth"]`` as a decimal integer, when it is an int
-            and the last key of ``meta`` (as Scrapy's DepthMiddleware
-            adds it); empty when it is not taken out of ``meta``
+META        the last keys of ``meta`` (as Scrapy's DepthMiddleware and
+            our SeedHostsMiddleware add them), one item each, in their
+            order: ``meta["depth"]`` as a decimal integer when it is an
+            int; ``s`` for ``meta["seed_hosts"]`` when it is ``[site]``,
+            the site the entry is stored under (``3s``: depth 3, then
+            seed hosts). It holds the longest such run at the end of
+            ``meta`` (none when what stays in ``meta`` would be one key
+            starting with ``!``); empty when it holds none. (Earlier
+            versions wrote a depth alone here: the same reading.)
 JSON        a compact JSON object of the other attributes that differ
             from Scrapy's defaults, keys in the table below (``u``,
-            ``w`` and ``c`` are never in it); left out when empty
+            ``w`` and ``c`` are never in it); left out when empty, and
+            empty when a REFERER field follows
+REFERER     the ``Referer`` header, when it is the last header and has
+            one value, non-empty, with no control character: ``/...``
+            for an ``https`` URL on the entry's site, ``!/...`` for an
+            ``http`` one (as the URL field), the value itself when it
+            starts with a scheme, else ``=`` and the value. Left out
+            (the header stays in ``h``) otherwise
 ==========  =========================================================
+
+The META and REFERER fields store what the spider middlewares set on
+every request in a few bytes, rather than relying on anything being
+derived again when the request is read: nothing re-derives a Referer or
+seed hosts on dequeue, so they are stored, and the request read back is
+equal to the one written, the order of ``meta``'s keys and of the headers
+included. Entries of earlier versions (no REFERER field, a depth alone in
+META) read as before; a worker of an earlier version refuses an entry with
+``s`` or a REFERER field as malformed (it never misreads it).
 
 An entry that cannot be framed so (a URL holding a tab, or a whole URL
 that does not start with a scheme) is the JSON object alone, with ``u`` (and
@@ -118,9 +146,13 @@ entry whose ``v`` is not :data:`VALUES_VERSION` is refused (a newer worker
 wrote it).
 
 :func:`entry_fields` gives any entry as that JSON object (``u``, ``w``,
-``c`` and the whole ``meta`` in it) and :func:`pack_fields` frames such an
-object again, for tools that edit a stored entry (``scrapy deadletters
-requeue``). Nothing in an entry is ever unpickled.
+``c``, the whole ``meta`` and every header in it, given the entry's site)
+and :func:`pack_fields` frames such an object again, for tools that edit a
+stored entry (``scrapy deadletters requeue``). Read without its site, an
+entry keeps what is relative to the site as it is: ``u`` relative, and a
+META field holding ``s`` under ``T``, a relative REFERER field under ``r``
+(never in an entry itself; :func:`pack_fields` puts them back). Nothing in
+an entry is ever unpickled.
 
 So a :class:`scrapy.Request` subclass comes back as itself with every
 attribute it declares in ``attributes`` (as Scrapy documents for
@@ -261,7 +293,7 @@ def dumps(obj: dict[str, Any], site: str | None = None) -> bytes:
         except UnicodeDecodeError:
             out["B"] = base64.b64encode(body).decode("ascii")
     try:
-        return _frame(head, http, out)
+        return _frame(head, http, out, site)
     except (TypeError, ValueError) as exc:  # e.g. NaN is fine, circular is not
         raise EncodeError(f"cannot store request {url} in Redis: {exc}") from exc
 
@@ -304,11 +336,14 @@ def _encode_fields(obj: dict[str, Any], url: str) -> dict[str, Any]:
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
-def _frame(url: str, http: bool, rest: dict[str, Any]) -> bytes:
+def _frame(url: str, http: bool, rest: dict[str, Any], site: str | None = None) -> bytes:
     """The entry for ``url`` (relative when it starts with ``/``; ``http``:
     its scheme is http) and the other fields ``rest`` (JSON keys of the
-    module table, no ``u``/``w``; ``c`` and ``m`` are moved to their fields
-    when they fit, without changing the dicts given).
+    module table, no ``u``/``w``; ``c``, the tail of ``m`` and the last
+    header ``Referer`` of ``h`` are moved to their fields when they fit,
+    without changing the dicts given). With ``site`` (the site the entry is
+    stored under), a Referer on that site is stored relative to it and a
+    ``seed_hosts`` of ``[site]`` as ``s``.
 
     :raises TypeError, ValueError: ``rest`` is not JSON.
     """
@@ -319,22 +354,93 @@ def _frame(url: str, http: bool, rest: dict[str, Any]) -> bytes:
         rest = {k: v for k, v in rest.items() if k != "c"}
     else:
         callback = ""
-    depth = ""
+    tail = rest.get("T", "")
+    if tail:  # (fields read without their site: the META field as it was)
+        rest = {k: v for k, v in rest.items() if k != "T"}
     meta = rest.get("m")
-    if type(meta) is dict and meta:
-        last = next(reversed(meta))
-        if last == "depth" and type(meta[last]) is int:
-            depth = str(meta[last])
-            if len(meta) > 1:
-                meta = dict(meta)
-                del meta["depth"]
-                rest = {**rest, "m": meta}
-            else:
-                rest = {k: v for k, v in rest.items() if k != "m"}
-    line = f"!{url}\t{callback}\t{depth}" if http else f"{url}\t{callback}\t{depth}"
+    if not tail and type(meta) is dict and meta:
+        tail, kept = _meta_tail(meta, site)
+        if tail:
+            rest = {k: kept if k == "m" else v for k, v in rest.items() if k != "m" or kept}
+    referer = rest.get("r", "")
+    if referer:  # (fields read without their site: the REFERER field as it was)
+        rest = {k: v for k, v in rest.items() if k != "r"}
+    headers = rest.get("h")
+    if not referer and type(headers) is dict and headers:
+        referer = _referer_field(headers, site)
+        if referer:
+            others = {k: v for k, v in headers.items() if k != _REFERER}
+            rest = {k: others if k == "h" else v for k, v in rest.items() if k != "h" or others}
+    line = f"!{url}\t{callback}\t{tail}" if http else f"{url}\t{callback}\t{tail}"
+    if referer:
+        return f"{line}\t".encode() + (_json_form(rest) if rest else b"") + f"\t{referer}".encode()
     if rest:
         return line.encode() + b"\t" + _json_form(rest)
     return line.rstrip("\t").encode()
+
+
+#: The header the REFERER field holds.
+_REFERER = "Referer"
+#: The meta key the ``s`` of the META field stands for, with ``[site]``.
+_SEED_HOSTS = "seed_hosts"
+#: One item of the META field: a depth, or ``s``.
+_TAIL_ITEM = re.compile(r"-?[0-9]+|s")
+
+
+def _meta_tail(meta: dict[str, Any], site: str | None) -> tuple[str, dict[str, Any]]:
+    """The META field for the last keys of ``meta`` (encoded meta: a JSON
+    object) that it can hold, and the meta without them (a new dict, or
+    ``meta`` itself when the field is empty).
+
+    The field holds, in their order, the longest run of keys at the end of
+    ``meta`` that are ``depth`` with an int and (with ``site``)
+    ``seed_hosts`` with ``[site]``; none when what stays would be one key
+    starting with ``!`` (it would read as a tag).
+    """
+    if len(meta) == 1 and type(meta.get("depth")) is int:  # the common case, fast
+        return str(meta["depth"]), {}
+    items: list[str] = []
+    keys = list(meta)
+    while keys:
+        key = keys[-1]
+        value = meta[key]
+        if key == "depth" and type(value) is int:
+            items.append(str(value))
+        elif (key == _SEED_HOSTS and site is not None and type(value) is list
+              and len(value) == 1 and value[0] == site and type(value[0]) is str):
+            items.append("s")
+        else:
+            break
+        keys.pop()
+    if not items or (len(keys) == 1 and keys[0][:1] == "!"):
+        return "", meta
+    return "".join(reversed(items)), {k: meta[k] for k in keys}
+
+
+def _referer_field(headers: dict[str, Any], site: str | None) -> str:
+    """The REFERER field for ``headers`` (encoded: ``{name: [value, ...]}``),
+    or ``""`` when it cannot hold their ``Referer``: it must be their last
+    header, with one value, non-empty, with no control character.
+
+    The field is the value's path (``/...``) for an https URL on ``site``,
+    ``!`` and its path for an http one, the value itself when it starts
+    with a scheme, else ``=`` and the value.
+    """
+    name = next(reversed(headers))
+    values = headers[name]
+    if name != _REFERER or type(values) is not list or len(values) != 1:
+        return ""
+    value = values[0]
+    if type(value) is not str or not value or min(value) < " ":
+        return ""
+    if site is not None:
+        for scheme, mark in (("https://", ""), ("http://", "!")):
+            prefix = scheme + site
+            if value.startswith(prefix) and value[len(prefix):len(prefix) + 1] == "/":
+                return mark + value[len(prefix):]
+    if _SCHEME.match(value):
+        return value
+    return "=" + value
 
 
 def _extra_attributes(obj: dict[str, Any], url: str) -> dict[str, Any]:
@@ -371,7 +477,12 @@ def loads(data: bytes | str, site: str | None = None) -> dict[str, Any]:
         other than :data:`VALUES_VERSION`, or a tagged value malformed (an
         unknown tag, an item class not loaded).
     """
-    enc = entry_fields(data)
+    enc = entry_fields(data, site)
+    if "T" in enc or "r" in enc:
+        raise DecodeError(
+            "entry has a bad field 'T' or 'r'" if site is not None or data[:1] in (b"{", "{")
+            else "entry has values relative to its site and no site to resolve them"
+        )
     _check_fields(enc)
     if "v" in enc:
         _decode_values(enc)
@@ -456,15 +567,18 @@ def rebuild(fields: dict[str, Any], spider: Any = None) -> Request:
     return request
 
 
-def entry_fields(data: bytes | str) -> dict[str, Any]:
+def entry_fields(data: bytes | str, site: str | None = None) -> dict[str, Any]:
     """An entry (either form) as the JSON object of the module table, with
-    ``u`` (and ``w``), ``c`` and the whole ``meta`` in it: what a tool that
-    edits a stored entry changes before :func:`pack_fields`.
+    ``u`` (and ``w``), ``c``, the whole ``meta`` and every header in it: what
+    a tool that edits a stored entry changes before :func:`pack_fields`.
 
     Only the framing is checked; :func:`loads` checks the fields.
 
+    :param site: the site the entry is stored under: needed for an entry
+        whose META or REFERER field is relative to it (``u`` stays relative).
     :raises DecodeError: the entry is not one of ours (a pickled payload is
-        named as such and never unpickled).
+        named as such and never unpickled), or it has a field relative to
+        its site and ``site`` is None.
     """
     raw = data.encode() if isinstance(data, str) else data
     first = raw[:1]
@@ -481,17 +595,18 @@ def entry_fields(data: bytes | str) -> dict[str, Any]:
             "entry is a pickled payload; pickled requests are not loaded "
             "(set SCHEDULER_SERIALIZER to a pickle serializer to allow them)"
         )
-    return _framed_fields(raw)
+    return _framed_fields(raw, site)
 
 
-#: Most digits of a DEPTH field (Python refuses to read much longer ints).
+#: Most digits of a depth in the META field (Python refuses to read much
+#: longer ints).
 _MAX_DIGITS = 4000
 
 
-def _framed_fields(raw: bytes) -> dict[str, Any]:
+def _framed_fields(raw: bytes, site: str | None) -> dict[str, Any]:
     """:func:`entry_fields` of an entry in the ``URL<TAB>...`` form."""
     try:
-        parts = raw.decode().split("\t", 3)
+        parts = raw.decode().split("\t", 4)
     except UnicodeDecodeError as exc:
         raise DecodeError(f"entry is not UTF-8: {exc}") from None
     url = parts[0]
@@ -504,7 +619,7 @@ def _framed_fields(raw: bytes) -> dict[str, Any]:
     n = len(parts)
     if n > 1 and parts[1]:
         enc["c"] = parts[1]
-    if n > 3:
+    if n > 3 and (parts[3] or n == 4):
         try:
             rest = json.loads(parts[3])
         except (ValueError, RecursionError) as exc:
@@ -513,21 +628,100 @@ def _framed_fields(raw: bytes) -> dict[str, Any]:
             raise DecodeError(f"entry has a bad JSON field: {parts[3][:80]!r}")
         enc.update(rest)
     if n > 2 and parts[2]:
-        depth = parts[2]
-        meta = enc.get("m", {})
-        digits = depth[1:] if depth[0] == "-" else depth
-        if not (digits.isascii() and digits.isdigit() and len(digits) <= _MAX_DIGITS
-                and isinstance(meta, dict) and "depth" not in meta):
-            raise DecodeError(f"entry has a bad depth field: {depth[:80]!r}")
-        enc["m"] = {**meta, "depth": int(depth)}
+        _add_meta_tail(enc, parts[2], site)
+    if n > 4:
+        _add_referer(enc, parts[4], site)
     return enc
 
 
-def pack_fields(fields: dict[str, Any]) -> bytes:
+def _add_meta_tail(enc: dict[str, Any], field: str, site: str | None) -> None:
+    """Add the META field ``field`` to the fields ``enc``: to ``m``; under
+    ``T`` as it is when it holds ``s`` and ``site`` is None.
+
+    :raises DecodeError: a malformed field.
+    """
+    if site is None and "s" in field:
+        _read_meta_tail(field, {}, "")  # (checks it)
+        enc["T"] = field
+    else:
+        enc["m"] = _read_meta_tail(field, enc.get("m", {}), site)
+
+
+def _add_referer(enc: dict[str, Any], field: str, site: str | None) -> None:
+    """Add the REFERER field ``field`` to the fields ``enc``: last in ``h``;
+    under ``r`` as it is when it is relative and ``site`` is None.
+
+    :raises DecodeError: a malformed field, or ``h`` holding a Referer too.
+    """
+    if not field or min(field) < " ":
+        raise DecodeError(f"entry has a bad Referer field: {field[:80]!r}")
+    if site is None and field[0] in "/!":
+        enc["r"] = field
+        return
+    headers = enc.get("h", {})
+    if not isinstance(headers, dict) or _REFERER in headers:
+        raise DecodeError("entry has a Referer in its headers and in its field")
+    enc["h"] = {**headers, _REFERER: [_read_referer(field, site)]}
+
+
+def _read_meta_tail(field: str, meta: Any, site: str | None) -> dict[str, Any]:
+    """``meta`` (the JSON field's, a new dict) with the keys of the META
+    field ``field`` added last, in their order.
+
+    :raises DecodeError: a malformed field, a key also in ``meta``, or
+        ``s`` without a site.
+    """
+    digits = field[1:] if field[0] == "-" else field
+    if digits.isascii() and digits.isdigit():  # a depth alone: the common case, fast
+        if len(digits) > _MAX_DIGITS or not isinstance(meta, dict) or "depth" in meta:
+            raise DecodeError(f"entry has a bad depth field: {field[:80]!r}")
+        return {**meta, "depth": int(field)}
+    items = _TAIL_ITEM.findall(field)
+    if not (isinstance(meta, dict) and "".join(items) == field):
+        raise DecodeError(f"entry has a bad depth field: {field[:80]!r}")
+    out = dict(meta)
+    value: Any
+    for item in items:
+        if item == "s":
+            if site is None:
+                raise DecodeError(
+                    "entry's seed_hosts are its site's, and no site is given to read them"
+                )
+            key, value = _SEED_HOSTS, [site]
+        else:
+            digits = item.lstrip("-")
+            if len(digits) > _MAX_DIGITS:
+                raise DecodeError(f"entry has a bad depth field: {field[:80]!r}")
+            key, value = "depth", int(item)
+        if key in out:
+            raise DecodeError(f"entry has a bad depth field: {field[:80]!r}")
+        out[key] = value
+    return out
+
+
+def _read_referer(field: str, site: str | None) -> str:
+    """The Referer (latin-1 text) of a non-empty REFERER field with no
+    control character; ``site`` is needed for a relative one.
+
+    :raises DecodeError: a malformed field.
+    """
+    if field[0] == "=":
+        return field[1:]
+    if site is not None and (field[0] == "/" or field[:2] == "!/"):
+        return ("http://" if field[0] == "!" else "https://") + site + field[field[0] == "!":]
+    if _SCHEME.match(field):
+        return field
+    raise DecodeError(f"entry has a bad Referer field: {field[:80]!r}")
+
+
+def pack_fields(fields: dict[str, Any], site: str | None = None) -> bytes:
     """Frame the JSON object of an entry (as :func:`entry_fields` gives it)
     as :func:`dumps` would.
 
     :param fields: ``u`` (a string) and the other keys of the module table.
+    :param site: the site the entry will be stored under, to store values
+        relative to it (as :func:`dumps`); None for an entry that needs no
+        site but for a relative ``u``.
     :raises DecodeError: ``fields`` has no string ``u``.
     :raises EncodeError: a value JSON cannot carry.
     """
@@ -538,7 +732,7 @@ def pack_fields(fields: dict[str, Any]) -> bytes:
     http = url[:1] == "/" and type(w) is int and w == 1
     rest = {k: v for k, v in fields.items() if k != "u" and not (http and k == "w")}
     try:
-        return _frame(url, http, rest) if "w" not in rest else _json_form(fields)
+        return _frame(url, http, rest, site) if "w" not in rest else _json_form(fields)
     except (TypeError, ValueError) as exc:
         raise EncodeError(f"cannot store request {url} in Redis: {exc}") from exc
 
