@@ -421,9 +421,10 @@ def peek_always(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def is_peek(command: Command, holder: str) -> bool:
-    """A lease.lua call of ``holder`` that asks for no lease id."""
-    mine = holder.encode()
-    return mine in command.args and not any(a.startswith(mine + b":") for a in command.args)
+    """A lease.lua call of ``holder`` that asks for no lease id (its
+    header, the first ARGV: :mod:`crawler.frontier.protocol`)."""
+    header = json.loads(command.args[2 + int(command.args[1])])
+    return bool(header["o"].get("holder") == holder and not header.get("ops"))
 
 
 def start_sharded_crawl(proxy: FaultProxy, **settings: Any) -> tuple[Any, Any, list[str]]:

@@ -82,6 +82,7 @@ from crawler.config import (
     setting_value,
     stop_on_config_error,
 )
+from crawler.frontier.protocol import refusal
 
 if TYPE_CHECKING:
     import logging
@@ -466,7 +467,9 @@ def _cause(error: BaseException) -> str | None:
     :func:`config_error`)."""
     text = str(error)
     lower = text.lower()
+    mismatch = refusal(text) if isinstance(error, ResponseError) else None
     causes: list[tuple[bool, str]] = [
+        (mismatch is not None, str(mismatch)),
         (isinstance(error, AuthenticationError), f"authentication failed ({text}): {_AUTH_HINT}"),
         (isinstance(error, AuthorizationError),
          f"not authorized ({text}): check the Redis user's ACL"),
@@ -508,8 +511,11 @@ def config_error(exc: BaseException) -> str | None:
     needs (``NOPERM``, a ``NoPermissionError``), a database the server does
     not have or does not allow (``DB index is out of range``, ``invalid DB
     index``, ``SELECT`` on a cluster node), a command the server does not
-    know (renamed, or a Redis older than 6.2). ``exc`` and the errors it was
-    raised from or during are looked at.
+    know (renamed, or a Redis older than 6.2), a frontier script that
+    refuses the protocol version of this worker's calls
+    (:func:`crawler.frontier.protocol.refusal`: workers of two versions on
+    one crawl). ``exc`` and the errors it was raised from or during are
+    looked at.
 
     :returns: one line naming the cause and what to check (no secret: the
         servers' replies carry none), or None for anything else.

@@ -107,6 +107,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 from redis import StrictRedis
 from redis.client import Pipeline
 
+from crawler.frontier import protocol
+from crawler.frontier.protocol import Committed, Lease, NotDue
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -138,8 +141,9 @@ def frontier_prefix(spider_name: str) -> str:
 class _Lua:
     """One Lua script of ``lua/``, callable directly or on a pipeline.
 
-    ``commit.lua``, ``lease.lua`` and ``delay.lua`` get ``lib.lua`` (their
-    shared helpers) prepended, so each is still one atomic call. Called directly, it is
+    The shard scripts get ``lib.lua`` (their shared helpers, and the
+    binding of :func:`crawler.frontier.protocol.shard_keys` by name)
+    prepended, so each is still one atomic call. Called directly, it is
     redis-py's :class:`~redis.commands.core.Script` (``EVALSHA``, loading the
     script when Redis lacks it). Queued on a pipeline of a standalone Redis,
     it is a bare ``EVALSHA``: redis-py's Script objects make every pipeline
@@ -248,101 +252,6 @@ class Commit:
         )
 
 
-class Committed(NamedTuple):
-    """What :meth:`Frontier.commit` did.
-
-    :ivar pushed: per push, True when queued, False when filtered as seen.
-    :ivar freed: slots freed (of ``slots``).
-    :ivar acked: leases ended (of ``acks``; leases that had expired meanwhile
-        are not counted).
-    :ivar given: leases given back (of ``givebacks``).
-    :ivar problems: bad values met in Redis, one line of text each (the key,
-        the field, the value and what was done instead).
-    :ivar claimed: False when ``claim`` was not in the list (nothing done).
-    :ivar joined: when the commit ran, µs of the Redis server's clock (the
-        sites it put in ``{s}:ready`` joined then), with join times kept
-        (several shards); else None.
-    """
-
-    pushed: list[bool]
-    freed: int
-    acked: int
-    given: int
-    problems: list[str]
-    claimed: bool
-    joined: int | None = None
-
-    @classmethod
-    def of(cls, reply: list[Any]) -> Committed:
-        """Read ``commit.lua``'s reply."""
-        pushed, freed, acked, given, problems, claimed, joined = reply
-        return cls(
-            [bool(p) for p in pushed], int(freed), int(acked), int(given),
-            [_text(p) for p in problems], bool(claimed),
-            int(joined) if joined not in (b"", "") else None,
-        )
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A request handed to this worker until it is acknowledged.
-
-    :ivar data: the encoded request.
-    :ivar site: the site it belongs to.
-    :ivar lease_id: the id to acknowledge.
-    :ivar deliveries: how often it was handed out, this time included.
-    :ivar expired: leases of others this call returned to the queue.
-    :ivar retried: due retries this call moved into the queue.
-    :ivar dead: requests this call moved to the dead-letter list (past their
-        deliveries, or unreadable).
-    :ivar problems: bad values the call met in Redis (see :class:`Committed`).
-    :ivar best: the best priority among the sites due after the call, or
-        None when none is (set on a call's first lease).
-    :ivar head: when the first site at that priority (the next one served)
-        joined the shard's ready index, µs of the Redis server's clock (0:
-        not known, queued by an older version: long ago), or None when no
-        site is due (set on a call's first lease).
-    :ivar last_passed: the site of a request on its last chance that the
-        call put back (see ``lease_many``'s ``held_all``) because this
-        worker held leases, or None (set on a call's first lease).
-    """
-
-    data: bytes
-    site: str
-    lease_id: str
-    deliveries: int = 1
-    expired: int = 0
-    retried: int = 0
-    dead: int = 0
-    problems: tuple[str, ...] = ()
-    best: int | None = None
-    head: int | None = None
-    last_passed: str | None = None
-
-
-@dataclass(frozen=True)
-class NotDue:
-    """Nothing can be leased now.
-
-    :ivar wait: seconds until a site or a retry becomes due, or None when
-        nothing is queued or waiting to be retried.
-    :ivar best: the best priority among the sites due now (held back by
-        this worker's fair share or a concurrency), or None when none is.
-    :ivar head: when the first site at that priority joined the shard's
-        ready index, µs (see :class:`Lease`), or None when none is due.
-    :ivar last_passed: see :class:`Lease`.
-    """
-
-    wait: float | None
-    expired: int
-    retried: int
-    dead: int = 0
-    problems: tuple[str, ...] = ()
-    best: int | None = None
-    head: int | None = None
-    last_passed: str | None = None
-
-
 class Frontier:
     """Atomic frontier operations for one spider, each one Redis round trip.
 
@@ -435,9 +344,7 @@ class Frontier:
         self.delay_margin = delay_margin
         self.robots_gate = robots_gate
         self.jitter = max(0.0, jitter)
-        self.site_jitter = "\t".join(
-            f"{site}\t{max(0.0, j)!r}" for site, j in sorted((site_jitter or {}).items())
-        )
+        self.site_jitter = {site: max(0.0, j) for site, j in (site_jitter or {}).items()}
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency or has this worker's fair share taken, and
         #: none waits for its delay (an ack elsewhere frees a slot; the
@@ -445,9 +352,29 @@ class Frontier:
         self.recheck_ms = 1000
         self._commit = _Lua(redis, "commit.lua", lib=True)
         self._lease = _Lua(redis, "lease.lua", lib=True)
-        self._extend = _Lua(redis, "extend.lua")
-        self._alive = _Lua(redis, "alive.lua")
+        self._extend = _Lua(redis, "extend.lua", lib=True)
+        self._alive = _Lua(redis, "alive.lua", lib=True)
         self._delay = _Lua(redis, "delay.lua", lib=True)
+        #: KEYS of a call without a holder (protocol.shard_keys)
+        self._keys = protocol.shard_keys(self.prefix)
+        self._lease_header = protocol.header("lease", {
+            "max_deliveries": max_deliveries, "lease_ms": self.lease_timeout_ms,
+            "delay_ms": self.default_delay_ms, "cap": default_concurrency,
+            "candidates": candidates, "housekeeping": housekeeping,
+            "recheck_ms": self.recheck_ms, "margin": delay_margin,
+            "gate": robots_gate, "join": join_times, "jitter": self.jitter,
+            "jitters": self.site_jitter or None,
+        })
+        self._commit_header = protocol.header("commit", {
+            "cap": default_concurrency, "bloom": None if bloom is None else bloom.size,
+            "gate": robots_gate, "marker_ms": self.MARKER_TTL_MS,
+            "revisit_ms": self.revisit_after_ms, "join": join_times,
+        })
+        self._extend_header = protocol.header("extend", {"lease_ms": self.lease_timeout_ms})
+        self._alive_header = protocol.header("alive")
+        self._delay_header = protocol.header("delay", {
+            "default_ms": self.default_delay_ms, "margin": delay_margin,
+        })
         self._scripts = [self._commit, self._lease, self._extend, self._alive]
 
     def load_scripts(self) -> None:
@@ -476,29 +403,10 @@ class Frontier:
         :raises ValueError: a priority outside +-``PRIORITY_LIMIT``
             (nothing is sent).
         """
-        k = self.key
         bloom = self.bloom
         holder, seq = batch.marker or ("", None)
-        args: list[Any] = [
-            self.prefix,
-            self.default_concurrency,
-            "set" if bloom is None else "bloom",
-            "" if bloom is None else bloom.size,
-            "1" if self.robots_gate else "0",
-            "" if seq is None else seq,
-            self.MARKER_TTL_MS,
-            batch.claim or b"",
-            len(batch.pushes), len(batch.retries), len(batch.dead),
-            len(batch.slots), len(batch.acks), len(batch.givebacks),
-            self.revisit_after_ms, len(batch.revisits), "1" if self.join_times else "0",
-        ]
-        keys = [
-            k("dupefilter"), k("wait"), k("active"), k("due"), k("conc"), k("count"),
-            k("leases"), k("ldata"), k("wactive"), k("lslot"), k("robots"),
-            k("retries"), k("dead"), self.marker_key(holder),
-            k("revisits"), k("rdata"), k("revisit"), k("ready"), k("seq"), k("prio"),
-            k("qm"), k("qc"), k("lv"), k("joined"), k("retryat"),
-        ]
+        keys = self._keys if not holder else protocol.shard_keys(self.prefix, holder)
+        pushes: list[tuple[Any, ...]] = []
         bitmaps: dict[str, int] = {}
         for p in batch.pushes:
             spec = b""
@@ -506,23 +414,30 @@ class Frontier:
                 key, offsets = bloom.locate(p.fingerprint)
                 index = bitmaps.get(key)
                 if index is None:  # a bitmap is one of KEYS, named by its index
+                    if keys is self._keys:
+                        keys = list(keys)
                     keys.append(key)
                     index = bitmaps[key] = len(keys)
                 spec = str(index).encode() + b" " + offsets
-            args += (
+            pushes.append((
                 p.fingerprint or b"", b"1" if p.dont_filter else b"0", p.site,
                 _in_range(p.priority), p.data, spec,
-            )
-        for r in batch.retries:
-            args += (_in_range(r.priority), r.site, r.data, max(0, int(r.delay * 1000)))
-        args += batch.dead
-        args += batch.slots
-        args += batch.acks
-        args += batch.givebacks
-        for v in batch.revisits:
-            args += (v.fingerprint, v.site, _in_range(v.priority), v.data)
+            ))
+        ops, args = protocol.payloads({
+            "claim": [(batch.claim,)] if batch.claim else [],
+            "push": pushes,
+            "retry": [(_in_range(r.priority), r.site, r.data, max(0, int(r.delay * 1000)))
+                      for r in batch.retries],
+            "dead": [(d,) for d in batch.dead],
+            "slot": [(i,) for i in batch.slots],
+            "ack": [(i,) for i in batch.acks],
+            "give": [(i,) for i in batch.givebacks],
+            "revisit": [(v.fingerprint, v.site, _in_range(v.priority), v.data)
+                        for v in batch.revisits],
+        })
+        args.insert(0, self._commit_header({"seq": seq}, ops))
         reply = self._commit(keys=keys, args=args, client=client)
-        return None if client is not None else Committed.of(reply)
+        return None if client is not None else protocol.committed_of(reply)
 
     def pipeline(self) -> Any:
         """A non-transactional pipeline to the node that holds this crawl's
@@ -729,60 +644,19 @@ class Frontier:
         least: int | None = None, least_joined: int | None = None,
         held_all: int | None = None, drained_for: str | None = None,
     ) -> Any:
-        k = self.key
-        return self._lease(
-            keys=[
-                k("wait"), k("leases"), k("ldata"), k("active"), k("due"),
-                k("retries"), k("delay"), k("conc"), k("count"), k("slow"),
-                k("alive"), k("wactive"), k("rdelay"), k("lslot"), k("robots"),
-                k("dead"), k("revisits"), k("rdata"), k("ready"), k("seq"), k("prio"),
-                k("qm"), k("qc"), k("lv"), k("joined"),
-            ],
-            args=[
-                self.prefix,
-                self.max_deliveries,
-                self.lease_timeout_ms,
-                self.default_delay_ms,
-                self.default_concurrency,
-                self.candidates,
-                self.housekeeping,
-                holder,
-                self.recheck_ms,
-                self.delay_margin,
-                "1" if self.robots_gate else "0",
-                max(0, held),
-                "" if least is None else least,
-                "" if least is None or least_joined is None else least_joined,
-                "1" if self.join_times else "0",
-                "" if held_all is None else max(0, held_all),
-                drained_for or "",
-                repr(self.jitter),
-                self.site_jitter,
-                secrets.randbelow(2**31),
-                *lease_ids,
-            ],
-            client=client,
-        )
+        header = self._lease_header({
+            "holder": holder, "held": max(0, held), "least": least,
+            "least_us": None if least is None else least_joined,
+            "held_all": None if held_all is None else max(0, held_all),
+            "drained_for": drained_for or None, "seed": secrets.randbelow(2**31),
+        }, {"ids": len(lease_ids)} if lease_ids else None)
+        return self._lease(keys=self._keys, args=[header, *lease_ids], client=client)
 
     @staticmethod
     def leases_of(reply: list[Any], lease_ids: Sequence[str]) -> list[Lease] | NotDue:
-        """Read ``lease.lua``'s reply to a call with ``lease_ids``."""
-        n, wait, expired, retried, dead = (int(v) for v in reply[:5])
-        problems = tuple(_text(p) for p in reply[5])
-        tail = reply[6 + 3 * n :]
-        best = int(tail[0]) if tail and tail[0] not in (b"", "") else None
-        head = int(tail[1]) if best is not None and len(tail) > 1 else None
-        passed = _text(tail[2]) or None if len(tail) > 2 else None
-        if n == 0:
-            return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems,
-                          best, head, passed)
-        return [
-            Lease(reply[6 + 3 * i], reply[7 + 3 * i].decode(), lease_ids[i], int(reply[8 + 3 * i]))
-            if i else
-            Lease(reply[6], reply[7].decode(), lease_ids[0], int(reply[8]),
-                  expired, retried, dead, problems, best, head, passed)
-            for i in range(n)
-        ]
+        """Read ``lease.lua``'s reply to a call with ``lease_ids``
+        (:func:`crawler.frontier.protocol.leases_of`)."""
+        return protocol.leases_of(reply, lease_ids)
 
     def recover(
         self, holder: str, seq: int | None, lease_ids: Sequence[str]
@@ -829,7 +703,8 @@ class Frontier:
         lease's length stops counting.
 
         :param client: a redis-py pipeline to queue the call on."""
-        self._alive(keys=[self.key("alive")], args=[worker], client=client)
+        self._alive(keys=self._keys, args=[self._alive_header({"holder": worker})],
+                    client=client)
 
     def leave(self, worker: str) -> None:
         """Stop counting ``worker`` as live (it closes): the others' fair
@@ -854,15 +729,13 @@ class Frontier:
         """
         if delay_ms is not None and delay_ms < 0:
             raise ValueError(f"a delay is whole ms >= 0, not {delay_ms}")
-        k = self.key
-        removed, moved, problems = self._delay(
-            keys=[k("delay"), k("due"), k("wait"), k("rdelay"), k("slow")],
-            args=[site, "" if delay_ms is None else delay_ms, self.default_delay_ms,
-                  self.delay_margin],
-        )
-        for problem in problems:
-            logger.warning("Bad value in Redis: %s", _text(problem))
-        return bool(removed), int(moved)
+        done = protocol.delay_of(self._delay(
+            keys=self._keys,
+            args=[self._delay_header({"site": site, "delay_ms": delay_ms})],
+        ))
+        for problem in done.problems:
+            logger.warning("Bad value in Redis: %s", problem)
+        return done.removed, done.moved
 
     def extend(self, lease_ids: list[str]) -> int:
         """Push the deadlines of held leases ``lease_timeout`` past now.
@@ -872,8 +745,11 @@ class Frontier:
         """
         if not lease_ids:
             return 0
-        n = self._extend(keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids])
+        n = self._extend(keys=self._keys, args=self._extend_args(lease_ids))
         return int(n)
+
+    def _extend_args(self, lease_ids: Sequence[str]) -> list[Any]:
+        return [self._extend_header(None, {"ids": len(lease_ids)}), *lease_ids]
 
     def beat(self, worker: str, lease_ids: list[str], client: Redis) -> None:
         """:meth:`alive` for ``worker``, then :meth:`extend` of ``lease_ids``,
@@ -882,11 +758,10 @@ class Frontier:
         loaded). Both are idempotent.
 
         :raises redis.exceptions.RedisError: Redis failed."""
-        self._alive.script(keys=[self.key("alive")], args=[worker], client=client)
+        self._alive.script(keys=self._keys, args=[self._alive_header({"holder": worker})],
+                           client=client)
         if lease_ids:
-            self._extend.script(
-                keys=[self.key("leases")], args=[self.lease_timeout_ms, *lease_ids], client=client
-            )
+            self._extend.script(keys=self._keys, args=self._extend_args(lease_ids), client=client)
 
     def revisits(self) -> int:
         """Revisits scheduled and not yet due into their queues (``{s}:revisits``)."""

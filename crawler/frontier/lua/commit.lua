@@ -2,139 +2,133 @@
 -- new requests (each unless its fingerprint was seen), retries, dead
 -- letters, freed download slots, acknowledged leases and leases given back.
 -- lib.lua is prepended. Sent once per outbox flush; a reply lost on the way
--- back is found out through the commit marker (KEYS[14]), never by sending
+-- back is found out through the commit marker (K.marker), never by sending
 -- the call again blindly.
 --
--- KEYS[1]  {s}:dupefilter   set of request fingerprints
--- KEYS[2]  {s}:wait         zset site -> ms when the site may be served next
--- KEYS[3]  {s}:active       hash site -> download slots taken now
--- KEYS[4]  {s}:due          hash site -> ms before which the site is not served
--- KEYS[5]  {s}:conc         hash site -> concurrency override (integer >= 1)
--- KEYS[6]  {s}:count        string: requests queued (all sites)
--- KEYS[7]  {s}:leases       zset lease id -> deadline, ms
--- KEYS[8]  {s}:ldata        hash lease id -> "priority\tsite\t#deliveries#request"
--- KEYS[9]  {s}:wactive      hash "holder\tsite" -> slots the worker holds
--- KEYS[10] {s}:lslot        hash lease id -> its site, while it holds a slot
--- KEYS[11] {s}:robots       hash site -> robots.txt as stored by the workers
--- KEYS[12] {s}:retries      zset "priority\tsite\trequest" -> due, ms
--- KEYS[13] {s}:dead         list of dead letters (JSON)
--- KEYS[14] {s}:sent:<holder> string: the sequence number of the holder's
---                           last commit (the commit marker)
--- KEYS[15] {s}:revisits     zset fingerprint -> ms when its revisit is due
--- KEYS[16] {s}:rdata        hash fingerprint -> "priority\tsite\trequest"
--- KEYS[17] {s}:revisit      hash site -> revisit interval override, ms
---                           (integer >= 0; 0: the site is not revisited)
--- KEYS[18] {s}:ready        zset due sites under their concurrency, scored
---                           by their best queued request (see lease.lua)
--- KEYS[19] {s}:seq          string: the last turn given in KEYS[18]
--- KEYS[20] {s}:prio         hash priority -> requests queued at it (all sites)
--- KEYS[21] {s}:qm           hash "site\tpriority" -> "<head> <tail>" chunk numbers
--- KEYS[22] {s}:qc           hash "site\tpriority\t<n>" -> chunk n of that queue
--- KEYS[23] {s}:lv           hash site -> its non-empty priorities, highest first
---                           (KEYS[21..23]: the queues, see lib.lua)
--- KEYS[24] {s}:joined       hash site -> µs when it took its turn in KEYS[18]
---                           (see lib.lua's make_ready)
--- KEYS[25] {s}:retryat      hash site -> ms when its last retry is due (so
---                           housekeeping does not forget a site whose only
---                           work waits in KEYS[12]: forget_sites.lua)
--- KEYS[26..] the Bloom filter's bitmaps the pushes' specs name (Bloom mode)
--- ARGV[1]  key prefix "{s}:" (per-site keys are built from it; same hash tag)
--- ARGV[2]  default concurrency per site
--- ARGV[3]  dupefilter mode: "set", or "bloom" (BloomDupeFilter)
--- ARGV[4]  bloom: bitmap size in bytes (an absent bitmap is created zeroed at
---          this size); else ""
--- ARGV[5]  "1" when robots.txt is obeyed (a site is served one request at a
---          time until its robots.txt is known)
--- ARGV[6]  commit sequence number to store in KEYS[14], or "" for none
--- ARGV[7]  how long the marker lasts, ms
--- ARGV[8]  a dead letter (exact list entry) to take out of KEYS[13] first, or
---          "": when it is no longer there, nothing is written (requeue and
---          purge never both act on one dead letter)
--- ARGV[9..14] how many of each group follow: pushes, retries, dead letters,
---          slots, acks, givebacks
--- ARGV[15] default revisit interval, ms (FRONTIER_REVISIT_AFTER)
--- ARGV[16] how many revisits follow the other groups
--- ARGV[17] "1" to keep join times in KEYS[24] (a crawl of several shards),
---          else "0"; then the groups, in that order:
+-- Keys (by name, lib.lua's K: the shard's key table, protocol.py):
+-- K.dupefilter  set of request fingerprints
+-- K.wait        zset site -> ms when the site may be served next
+-- K.active      hash site -> download slots taken now
+-- K.due         hash site -> ms before which the site is not served
+-- K.conc        hash site -> concurrency override (integer >= 1)
+-- K.count       string: requests queued (all sites)
+-- K.leases      zset lease id -> deadline, ms
+-- K.ldata       hash lease id -> "priority\tsite\t#deliveries#request"
+-- K.wactive     hash "holder\tsite" -> slots the worker holds
+-- K.lslot       hash lease id -> its site, while it holds a slot
+-- K.robots      hash site -> robots.txt as stored by the workers
+-- K.retries     zset "priority\tsite\trequest" -> due, ms
+-- K.dead        list of dead letters (JSON)
+-- K.marker      {s}:sent:<holder>, string: the sequence number of the
+--               holder's last commit (the commit marker)
+-- K.revisits    zset fingerprint -> ms when its revisit is due
+-- K.rdata       hash fingerprint -> "priority\tsite\trequest"
+-- K.revisit     hash site -> revisit interval override, ms (integer >= 0;
+--               0: the site is not revisited)
+-- K.ready       zset due sites under their concurrency, scored by their
+--               best queued request (see lease.lua)
+-- K.seq         string: the last turn given in K.ready
+-- K.prio        hash priority -> requests queued at it (all sites)
+-- K.qm, K.qc, K.lv: the queues (see lib.lua)
+-- K.joined      hash site -> µs when it took its turn in K.ready (see
+--               lib.lua's make_ready)
+-- K.retryat     hash site -> ms when its last retry is due (so housekeeping
+--               does not forget a site whose only work waits in K.retries:
+--               forget_sites.lua)
+-- KEYS[N_KEYS + 1..] the Bloom filter's bitmaps the pushes' specs name
+-- Header options (o, by name):
+-- cap         default concurrency per site
+-- bloom       bitmap size in bytes (an absent bitmap is created zeroed at
+--             this size) in Bloom mode (BloomDupeFilter); absent: the set
+--             K.dupefilter
+-- gate        true when robots.txt is obeyed (a site is served one request
+--             at a time until its robots.txt is known)
+-- seq         commit sequence number to store in K.marker, or absent
+-- marker_ms   how long the marker lasts, ms
+-- revisit_ms  default revisit interval, ms (FRONTIER_REVISIT_AFTER)
+-- join        true to keep join times in K.joined (a crawl of several
+--             shards)
+-- Payload groups, in this order (each may be absent):
+--   claim (1): a dead letter (exact list entry) to take out of K.dead
+--          first: when it is no longer there, nothing is written (requeue
+--          and purge never both act on one dead letter)
 --   push (6 each): fingerprint (raw bytes, "" skips the dupefilter), "1" to
 --          queue even if seen (dont_filter) else "0", site, priority, encoded
---          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i], i >= 26;
---          decimal offsets
---          separated by spaces; "" in set mode)
+--          request, bloom spec ("<i> <offsets>": the bitmap is KEYS[i],
+--          i > N_KEYS; decimal offsets separated by spaces; "" in set mode)
 --   retry (4 each): priority, site, encoded request, delay ms
 --   dead (1 each): the dead letter, JSON
 --   slot (1 each): lease id whose download ended (its slot is freed, the
 --          lease stays until acked)
 --   ack (1 each): lease id whose request was handled (lease ended, slot freed)
---   giveback (1 each): lease id not handled, given back: its request returns
+--   give (1 each): lease id not handled, given back: its request returns
 --          to the front of its queue, not counted as a failed delivery
 --   revisit (4 each): fingerprint (raw bytes), site, priority, encoded
 --          request (its validators in its meta): due again the site's
---          interval (KEYS[17], else ARGV[15]) from now, replacing any
+--          interval (K.revisit, else revisit_ms) from now, replacing any
 --          revisit of that fingerprint; an interval of 0 removes it. Its
 --          entry skips the dupefilter when it comes due (lease.lua).
--- Returns {pushed, slots freed, acks ended, given back, problems, claimed,
--- joined}: pushed has per push 1 (queued) or 0 (filtered as seen); problems
--- lists the bad values met (each a line of text); claimed is 0 when ARGV[8]
--- was not in the list (then nothing else was done); joined is the time of
--- the call, µs of the Redis clock, when join times are kept (ARGV[17]; a
--- site the call put in KEYS[18] joined then), else "" (so a worker that
--- pushed a better priority than it knew on this shard learns when that
--- site joined, for first in, first out across shards).
-K.P = ARGV[1]
-K.cap = tonumber(ARGV[2])
-K.gate = ARGV[5] == '1'
-K.join = ARGV[17] == '1'
-K.wait, K.active, K.due, K.conc, K.count = KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-K.wactive, K.lslot, K.robots, K.ldata = KEYS[9], KEYS[10], KEYS[11], KEYS[8]
-K.ready, K.seq, K.prio = KEYS[18], KEYS[19], KEYS[20]
-K.qm, K.qc, K.lv, K.joined = KEYS[21], KEYS[22], KEYS[23], KEYS[24]
-local leases, ldata, retries, dead = KEYS[7], KEYS[8], KEYS[12], KEYS[13]
-local bloom = ARGV[3] == 'bloom'
-local size = tonumber(ARGV[4])
-local n_push, n_retry, n_dead = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local n_slot, n_ack, n_give = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local revisit_ms, n_revisit = tonumber(ARGV[15]), tonumber(ARGV[16])
-local first = 18
+-- Returns, by name ({name, value, ...}: protocol.py's fields): pushed, freed (slots freed), acked
+-- (acks that ended a lease), given (given back), problems, claimed, joined:
+-- pushed has per push 1 (queued) or 0 (filtered as seen); problems lists
+-- the bad values met (each a line of text); claimed is 0 when the claim was
+-- not in the list (then nothing else was done); joined is the time of the
+-- call, µs of the Redis clock, when join times are kept (a site the call
+-- put in K.ready joined then), else "" (so a worker that pushed a better
+-- priority than it knew on this shard learns when that site joined, for
+-- first in, first out across shards).
+local H, refused = open_call('commit')
+if not H then return refused end
+local O = H.o
+K.cap = tonumber(O.cap)
+K.gate = O.gate == true
+K.join = O.join == true
+local leases, ldata, retries, dead = K.leases, K.ldata, K.retries, K.dead
+local size = tonumber(O.bloom)
+local bloom = size ~= nil
+local n_push, n_retry, n_dead = count(H, 'push'), count(H, 'retry'), count(H, 'dead')
+local n_slot, n_ack, n_give = count(H, 'slot'), count(H, 'ack'), count(H, 'give')
+local n_revisit = count(H, 'revisit')
+local revisit_ms = tonumber(O.revisit_ms) or 0
+local claim = values(H, 'claim')[1] or ''
 
--- Checks that may refuse the call: before any write. (KEYS[4], KEYS[5] and
--- KEYS[11] are only read, leniently: a wrong type there is reported and
+-- Checks that may refuse the call: before any write. (K.due, K.conc and
+-- K.robots are only read, leniently: a wrong type there is reported and
 -- ignored.)
 -- Only the keys this call writes are checked (GET checks the counter's
 -- type too; SET replaces the marker whatever it holds).
 local spec = {}
-if n_push > 0 and not bloom then spec[#spec + 1] = {KEYS[1], 'set'} end
+if n_push > 0 and not bloom then spec[#spec + 1] = {K.dupefilter, 'set'} end
 if n_push + n_slot + n_ack + n_give > 0 then
-  spec[#spec + 1] = {KEYS[2], 'zset'}
-  spec[#spec + 1] = {KEYS[18], 'zset'}
+  spec[#spec + 1] = {K.wait, 'zset'}
+  spec[#spec + 1] = {K.ready, 'zset'}
 end
-if n_push + n_give > 0 then spec[#spec + 1] = {KEYS[20], 'hash'} end
+if n_push + n_give > 0 then spec[#spec + 1] = {K.prio, 'hash'} end
 if n_push + n_slot + n_ack + n_give > 0 then
-  spec[#spec + 1] = {KEYS[21], 'hash'}
-  spec[#spec + 1] = {KEYS[22], 'hash'}
-  spec[#spec + 1] = {KEYS[23], 'hash'}
+  spec[#spec + 1] = {K.qm, 'hash'}
+  spec[#spec + 1] = {K.qc, 'hash'}
+  spec[#spec + 1] = {K.lv, 'hash'}
 end
 if n_slot + n_ack + n_give > 0 then
-  spec[#spec + 1] = {KEYS[3], 'hash'}
-  spec[#spec + 1] = {KEYS[7], 'zset'}
-  spec[#spec + 1] = {KEYS[8], 'hash'}
-  spec[#spec + 1] = {KEYS[9], 'hash'}
-  spec[#spec + 1] = {KEYS[10], 'hash'}
+  spec[#spec + 1] = {K.active, 'hash'}
+  spec[#spec + 1] = {K.leases, 'zset'}
+  spec[#spec + 1] = {K.ldata, 'hash'}
+  spec[#spec + 1] = {K.wactive, 'hash'}
+  spec[#spec + 1] = {K.lslot, 'hash'}
 end
-if n_retry > 0 then spec[#spec + 1] = {KEYS[12], 'zset'} end
+if n_retry > 0 then spec[#spec + 1] = {K.retries, 'zset'} end
 if n_revisit > 0 then
-  spec[#spec + 1] = {KEYS[15], 'zset'}
-  spec[#spec + 1] = {KEYS[16], 'hash'}
+  spec[#spec + 1] = {K.revisits, 'zset'}
+  spec[#spec + 1] = {K.rdata, 'hash'}
 end
-if n_push + n_dead + n_give > 0 or ARGV[8] ~= '' then spec[#spec + 1] = {KEYS[13], 'list'} end
-local err = check_types(spec) or check_counter(KEYS[6]) or check_counter(KEYS[19])
+if n_push + n_dead + n_give > 0 or claim ~= '' then spec[#spec + 1] = {K.dead, 'list'} end
+local err = check_types(spec) or check_counter(K.count) or check_counter(K.seq)
 if err then return err end
 -- Bloom mode: every bitmap is checked (and created) before anything is
 -- written, so a size mismatch fails the whole call.
 local bitmaps = {}
 if bloom then
-  for i = first, first + 6 * n_push - 1, 6 do
-    local spec = ARGV[i + 5]
+  for _, _, _, _, _, spec in records(H, 'push', 6) do
     if spec ~= '' then
       local key = KEYS[tonumber(string.sub(spec, 1, string.find(spec, ' ', 1, true) - 1))]
       if not bitmaps[key] then
@@ -156,8 +150,8 @@ if bloom then
 end
 
 -- A dead letter being requeued: take it out first, or do nothing.
-if ARGV[8] ~= '' and redis.call('LREM', dead, 1, ARGV[8]) == 0 then
-  return {{}, 0, 0, 0, {}, 0, ''}
+if claim ~= '' and redis.call('LREM', dead, 1, claim) == 0 then
+  return {'claimed', 0}
 end
 
 K.now = now_ms()
@@ -182,16 +176,12 @@ end
 
 -- New requests.
 local pushed = {}
-local i = first
-for _ = 1, n_push do
-  local fp, dont_filter, site, prio, data, spec = ARGV[i], ARGV[i + 1], ARGV[i + 2],
-                                                  ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
-  i = i + 6
+for fp, dont_filter, site, prio, data, spec in records(H, 'push', 6) do
   local added = 1
   if bloom and spec ~= '' then
     added = bloom_add(spec)
   elseif fp ~= '' then
-    added = redis.call('SADD', KEYS[1], fp)
+    added = redis.call('SADD', K.dupefilter, fp)
   end
   if added == 0 and dont_filter ~= '1' then
     pushed[#pushed + 1] = 0
@@ -210,11 +200,11 @@ for _ = 1, n_push do
 end
 q_flush()
 
--- Retries wait in the retry set until their backoff has passed. KEYS[25]
+-- Retries wait in the retry set until their backoff has passed. K.retryat
 -- keeps the latest time a retry of each site is due: the site has work
 -- until then, though none is queued. Read leniently (a wrong type or a bad
 -- value is reported; the retry is written all the same).
-local retryat = KEYS[25]
+local retryat = K.retryat
 if n_retry > 0 then
   local t = redis.call('TYPE', retryat)['ok']
   if t ~= 'none' and t ~= 'hash' then
@@ -222,33 +212,25 @@ if n_retry > 0 then
     retryat = nil
   end
 end
-for _ = 1, n_retry do
-  local site, at = ARGV[i + 1], K.now + tonumber(ARGV[i + 3])
-  redis.call('ZADD', retries, at, ARGV[i] .. '\t' .. site .. '\t' .. ARGV[i + 2])
+for prio, site, data, delay_ms in records(H, 'retry', 4) do
+  local at = K.now + tonumber(delay_ms)
+  redis.call('ZADD', retries, at, prio .. '\t' .. site .. '\t' .. data)
   if retryat and hnum(retryat, site, NAT, -1, 'replaced') < at then
     redis.call('HSET', retryat, site, at)
   end
-  i = i + 4
 end
 
-for _ = 1, n_dead do
-  redis.call('RPUSH', dead, ARGV[i])
-  i = i + 1
+for record in records(H, 'dead', 1) do
+  redis.call('RPUSH', dead, record)
 end
 
 -- Freed slots and acks: each group's slots freed at once, their sites
 -- woken (free_slots).
-local function take_ids(count)
-  local ids = {}
-  for j = 1, count do ids[j] = ARGV[i + j - 1] end
-  i = i + count
-  return ids
-end
-local freed = free_slots(take_ids(n_slot))
+local freed = free_slots(values(H, 'slot'))
 
 -- An acknowledged lease ends: its data and deadline go (a deadline without
 -- data is dropped too: nothing is left to requeue).
-local ack_ids = take_ids(n_ack)
+local ack_ids = values(H, 'ack')
 free_slots(ack_ids)
 local ended = 0
 for j = 1, #ack_ids, 1000 do
@@ -258,9 +240,7 @@ for j = 1, #ack_ids, 1000 do
 end
 
 local given = 0
-for _ = 1, n_give do
-  local id = ARGV[i]
-  i = i + 1
+for id in records(H, 'give', 1) do
   local entry = redis.call('HGET', ldata, id)
   if entry then
     given = given + 1
@@ -285,24 +265,23 @@ for _ = 1, n_give do
 end
 
 -- Revisits: one entry per fingerprint, the newest fetch's.
-for _ = 1, n_revisit do
-  local fp, site, prio, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  i = i + 4
-  local after = hnum(KEYS[17], site, NAT, revisit_ms,
+for fp, site, prio, data in records(H, 'revisit', 4) do
+  local after = hnum(K.revisit, site, NAT, revisit_ms,
                      'revisit interval must be whole ms >= 0: default used')
   if after > 0 then
-    redis.call('ZADD', KEYS[15], K.now + after, fp)
-    redis.call('HSET', KEYS[16], fp, prio .. '\t' .. site .. '\t' .. data)
+    redis.call('ZADD', K.revisits, K.now + after, fp)
+    redis.call('HSET', K.rdata, fp, prio .. '\t' .. site .. '\t' .. data)
   else
-    redis.call('ZREM', KEYS[15], fp)
-    redis.call('HDEL', KEYS[16], fp)
+    redis.call('ZREM', K.revisits, fp)
+    redis.call('HDEL', K.rdata, fp)
   end
 end
 
-if ARGV[6] ~= '' then
-  redis.call('SET', KEYS[14], ARGV[6], 'PX', tonumber(ARGV[7]))
+if O.seq ~= nil then
+  redis.call('SET', K.marker, string.format('%d', O.seq), 'PX', tonumber(O.marker_ms))
 end
 save_turns()
 local joined = ''
 if K.join then joined = clock_us end
-return {pushed, freed, ended, given, problems, 1, joined}
+return {'pushed', pushed, 'freed', freed, 'acked', ended, 'given', given,
+        'problems', problems, 'claimed', 1, 'joined', joined}

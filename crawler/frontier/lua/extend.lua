@@ -1,17 +1,21 @@
 -- extend.lua: push the deadlines of held leases past now (a heartbeat).
 -- Leases that already expired and went back to the queue are not revived.
+-- lib.lua is prepended.
 --
--- KEYS[1]  {s}:leases   zset lease id -> deadline, ms (Redis clock)
--- ARGV[1]  lease duration, ms
--- ARGV[2..] lease ids; a duration of 0 gives them back at once (they expire
---           now, and the next lease call requeues them)
+-- Keys (by name, lib.lua's K): K.leases, zset lease id -> deadline, ms
+-- (Redis clock).
+-- Header options (o, by name): lease_ms, the lease duration, ms; 0 gives
+-- the leases back at once (they expire now, and the next lease call
+-- requeues them).
+-- Payload: ids, the lease ids.
 -- Returns how many leases were updated.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local deadline = now + tonumber(ARGV[1])
-if tonumber(ARGV[1]) == 0 then deadline = 0 end
+local H, refused = open_call('extend')
+if not H then return refused end
+local lease_ms = tonumber(H.o.lease_ms)
+local deadline = now_ms() + lease_ms
+if lease_ms == 0 then deadline = 0 end
 local n = 0
-for i = 2, #ARGV do
-  n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', deadline, ARGV[i])
+for id in records(H, 'ids', 1) do
+  n = n + redis.call('ZADD', K.leases, 'XX', 'CH', deadline, id)
 end
 return n

@@ -4,22 +4,22 @@
 -- Before choosing, it returns expired leases to their queues and moves due
 -- retries into theirs, a bounded number each call, so any worker does this
 -- housekeeping and no separate daemon is needed. A request whose lease
--- expired ARGV[2] times (its worker died each time it was handed out: a
+-- expired max_deliveries times (its worker died each time it was handed out: a
 -- poison request) goes to the dead-letter list instead, with its count.
--- An expiry whose holder was seen in KEYS[11] at the lease's deadline or
+-- An expiry whose holder was seen in K.alive at the lease's deadline or
 -- after (alive, its extensions missed) is no death: the request goes back
 -- to its queue, for any worker, without counting that delivery.
--- Its last delivery is made alone (ARGV[16]): a worker that dies takes all
+-- Its last delivery is made alone (held_all): a worker that dies takes all
 -- it holds with it, and a request leased beside a poison one would count
 -- the same deaths.
 --
 -- Choosing among all due sites, with bounded work however many are due.
 -- A site with queued work and a free slot is in one of two indexes:
--- * KEYS[1] (wait), scored by the time it may be served next, while that
+-- * K.wait, scored by the time it may be served next, while that
 --   time is ahead (its delay after a lease, a Crawl-delay, a robots.txt
 --   outage);
--- * KEYS[19] (ready) once it is due, scored by its best queued request:
---   -priority * 2^32 + turn, where the turn comes from the counter KEYS[20]
+-- * K.ready once it is due, scored by its best queued request:
+--   -priority * 2^32 + turn, where the turn comes from the counter K.seq
 --   (one more each time a site joins the index, is raised or is served;
 --   counted locally and written back once per call). The top
 --   of ready is the highest priority of all due sites; among equal
@@ -34,13 +34,13 @@
 --   stored: that would cost bytes per queued request).
 -- A site at its concurrency or without work is in neither (commit.lua
 -- wakes it when a slot frees or a request is pushed). Each call first
--- moves up to ARGV[6] sites whose due time has passed, earliest first, from
+-- moves up to `candidates` sites whose due time has passed, earliest first, from
 -- wait to ready (O(log N) each), then leases from the top of ready: a site
 -- where this worker holds its fair share (its concurrency divided among
 -- the live workers, rounded up) is passed over and stays for the others.
 -- The sites passed over are among the ones this worker holds slots of, and
--- at most ARGV[6] are looked at besides those leased from: the work per call
--- is O((ARGV[6] + leases) log N) whatever N, the number of sites. After
+-- at most `candidates` are looked at besides those leased from: the work per call
+-- is O((candidates + leases) log N) whatever N, the number of sites. After
 -- each lease the site goes back in ready behind the sites of its priority
 -- (no delay), in wait (a delay), or leaves both (no work left, or at its
 -- concurrency). In a site, a higher priority pops first, and equal
@@ -50,7 +50,7 @@
 -- When nothing can be leased, the reply's wait is never 0 unless this call
 -- did all the moving or housekeeping it may (more is due at once): with
 -- due sites all passed over, or work only on sites at their concurrency,
--- it is the time until the next site in wait comes due, else ARGV[9], and
+-- it is the time until the next site in wait comes due, else recheck_ms, and
 -- at most a lease's length (the worker also asks again when one of its own
 -- downloads ends: that frees its share).
 --
@@ -58,155 +58,150 @@
 -- nonce of its process, so a worker restarted under the same id never
 -- reuses one; an id that exists already refuses the whole call before any
 -- write. The caller never sends the same call twice: after a lost reply it
--- reads KEYS[3] for its ids instead.
+-- reads K.ldata for its ids instead.
 --
--- KEYS[1]  {s}:wait     zset site -> ms when the site may be served next
--- KEYS[2]  {s}:leases   zset lease id -> deadline, ms
--- KEYS[3]  {s}:ldata    hash lease id -> "priority\tsite\t#deliveries#request"
--- KEYS[4]  {s}:active   hash site -> download slots taken now
--- KEYS[5]  {s}:due      hash site -> ms before which the site is not served
--- KEYS[6]  {s}:retries  zset "priority\tsite\trequest" -> due, ms
--- KEYS[7]  {s}:delay    hash site -> delay override, ms (integer >= 0)
--- KEYS[8]  {s}:conc     hash site -> concurrency override (integer >= 1)
--- KEYS[9]  {s}:count    string: requests queued (all sites)
--- KEYS[10] {s}:slow     hash site -> adaptive extra delay, ms
--- KEYS[11] {s}:alive    zset holder -> ms of its last lease or heartbeat (an
---                       expired lease of a holder seen at its deadline
---                       or after is requeued without counting its delivery)
--- KEYS[12] {s}:wactive  hash "holder\tsite" -> slots the worker holds
--- KEYS[13] {s}:rdelay   hash site -> robots.txt Crawl-delay, ms
--- KEYS[14] {s}:lslot    hash lease id -> its site, while the lease holds a
---                       download slot there (freed when the download ends)
--- KEYS[15] {s}:robots   hash site -> robots.txt as stored by the workers
--- KEYS[16] {s}:dead     list of dead letters (JSON)
--- KEYS[17] {s}:revisits zset fingerprint -> ms when its revisit is due
--- KEYS[18] {s}:rdata    hash fingerprint -> "priority\tsite\trequest"
--- KEYS[19] {s}:ready    zset site -> -best priority * 2^32 + turn: due sites
---                       under their concurrency
--- KEYS[20] {s}:seq      string: the last turn given (a counter)
--- KEYS[21] {s}:prio     hash priority -> requests queued at it (all sites)
--- KEYS[22] {s}:qm       hash "site\tpriority" -> "<head> <tail>" chunk numbers
--- KEYS[23] {s}:qc       hash "site\tpriority\t<n>" -> chunk n of that queue
--- KEYS[24] {s}:lv       hash site -> its non-empty priorities, highest first
---                       (KEYS[22..24]: the queues, see lib.lua)
--- KEYS[25] {s}:joined   hash site -> µs (Redis TIME) when the site took its
---                       turn in KEYS[19] (see lib.lua's make_ready)
--- ARGV[1]  key prefix "{s}:"
--- ARGV[2]  most deliveries without acknowledgement (FRONTIER_MAX_DELIVERIES);
---          0: no limit
--- ARGV[3]  lease duration, ms
--- ARGV[4]  default delay per site, ms
--- ARGV[5]  default concurrency per site
--- ARGV[6]  most due sites moved from wait to ready per call, and most
---          sites passed over or found stale in ready per call
--- ARGV[7]  most expired leases, due retries and due revisits handled per
---          call (each)
--- ARGV[8]  the holder (lease ids are "<holder>:<n>")
--- ARGV[9]  ms to wait before asking again when all queued work is on sites
---          at their concurrency or where this worker holds its share, and no
---          site is in wait (at most a lease's length is waited)
--- ARGV[10] pacing margin: a site's delay is stretched by this fraction, so
---          that jitter between lease and request never brings two requests
---          closer than the delay
--- ARGV[11] "1" when robots.txt is obeyed: a site whose robots.txt is not
---          known yet is served one request at a time
--- ARGV[12] download slots the worker holds now, as it counts them (at
---          most that many sites are passed over for its fair share, on top
---          of ARGV[6]); 0 when it does not count them
--- ARGV[13] the best priority due on the crawl's other shards as the worker
---          knows it, or "": after its first lease, the call leases only
---          from sites whose best priority is at least that (so a batch does
---          not take this shard's lower priorities before another shard's
---          better ones)
--- ARGV[14] when the first site at that priority on the other shards (their
---          heads) joined their ready index, µs, as the worker knows it, or
---          "": after its first lease, the call leases a site of priority
---          ARGV[13] only when it joined KEYS[19] at that time or before
---          (first in, first out across shards)
--- ARGV[15] "1" to keep join times in KEYS[25] (a crawl of several shards),
---          else "0" (none kept, none read: the head's is reported as 0)
--- ARGV[16] leases the worker holds now on all the crawl's shards, as it
---          counts them: a request whose next death would dead-letter it (its
---          last chance: delivered at least once, and once short of ARGV[2])
---          is leased only when this is 0, as the call's only lease, so that
---          it dies alone if it is the poison; else it is put back at the
---          front of its queue, its site passed over, and the reply says so
---          (the worker then leases nothing until it holds nothing); "": the
---          caller does not count them, no request is held back
--- ARGV[17] the site of a last chance this worker drained for (a reply's
---          last value), or "": when ARGV[16] is 0 and that site is due, the
---          call looks at it first, ahead of better priorities, and leases
---          its request alone if it is still a last chance (it was in line
---          when it was passed over; else a worker that drained for it would
---          meet better work first, lease it, meet the last chance beside it
---          and drain again, for as long as better work is queued); a site
---          whose head is no last chance any more keeps its turn
--- ARGV[18] the default jitter j of a site's delay (DOWNLOAD_DELAY_JITTER,
---          0: none): each lease of a site sets its next due time its pace
---          times a factor drawn uniformly in [1, 1 + j) later, so the delay
---          stays the floor for all workers (Scrapy: [1 - j, 1 + j) per worker)
--- ARGV[19] sites with a jitter of their own (DOWNLOAD_SLOTS' jitter), as
---          "site\tjitter\tsite\tjitter...", or ""
--- ARGV[20] a random integer from the caller, seeding math.random (Redis
---          seeds it the same for every call)
--- ARGV[21..] lease ids, one per request wanted
--- Returns {n, wait, expired, retried, dead, problems, data1, site1,
--- deliveries1, ..., dataN, siteN, deliveriesN}: the first n lease ids were
--- used, for those requests (deliveries counts this one); when n is 0, wait
--- is the ms until a site, a retry or a revisit is due, or -1 when nothing
--- is queued. (Revisits not due are not queued: they do not count as work.)
--- expired and retried count the housekeeping done, dead the requests it
--- dead-lettered; problems lists the bad values met, a line of text each.
--- The reply ends with two more values: the best priority among the sites
--- due now after the call (the top of KEYS[19]), or "" when none is, and
--- when the site on top joined KEYS[19] (µs, KEYS[25]; "0" when not known:
--- long ago; "" when none is due), so a worker of a sharded crawl can ask
--- the shard with the best work, the longest due, next, and the site of a
--- request whose last chance was passed over because the worker held leases
--- (ARGV[16]; the first one met), else "". A
--- call without lease ids leases nothing: it moves due sites and does its
--- housekeeping, and tells that priority and the wait (a peek).
-K.P = ARGV[1]
-K.cap = tonumber(ARGV[5])
-K.gate = ARGV[11] == '1'
-K.join = ARGV[15] == '1'
-K.wait, K.active, K.due, K.conc, K.count = KEYS[1], KEYS[4], KEYS[5], KEYS[8], KEYS[9]
-K.wactive, K.lslot, K.robots, K.ldata = KEYS[12], KEYS[14], KEYS[15], KEYS[3]
-K.ready, K.seq, K.prio = KEYS[19], KEYS[20], KEYS[21]
-K.qm, K.qc, K.lv, K.joined = KEYS[22], KEYS[23], KEYS[24], KEYS[25]
-local leases, ldata, retries, dead = KEYS[2], KEYS[3], KEYS[6], KEYS[16]
-local max_deliveries = tonumber(ARGV[2])
-local batch = tonumber(ARGV[7])
-local holder = ARGV[8]
-local lease_ms = tonumber(ARGV[3])
+-- Keys (by name, lib.lua's K: the shard's key table, protocol.py):
+-- K.wait     zset site -> ms when the site may be served next
+-- K.leases   zset lease id -> deadline, ms
+-- K.ldata    hash lease id -> "priority\tsite\t#deliveries#request"
+-- K.active   hash site -> download slots taken now
+-- K.due      hash site -> ms before which the site is not served
+-- K.retries  zset "priority\tsite\trequest" -> due, ms
+-- K.delay    hash site -> delay override, ms (integer >= 0)
+-- K.conc     hash site -> concurrency override (integer >= 1)
+-- K.count    string: requests queued (all sites)
+-- K.slow     hash site -> adaptive extra delay, ms
+-- K.alive    zset holder -> ms of its last lease or heartbeat (an
+--            expired lease of a holder seen at its deadline or after is
+--            requeued without counting its delivery)
+-- K.wactive  hash "holder\tsite" -> slots the worker holds
+-- K.rdelay   hash site -> robots.txt Crawl-delay, ms
+-- K.lslot    hash lease id -> its site, while the lease holds a download
+--            slot there (freed when the download ends)
+-- K.robots   hash site -> robots.txt as stored by the workers
+-- K.dead     list of dead letters (JSON)
+-- K.revisits zset fingerprint -> ms when its revisit is due
+-- K.rdata    hash fingerprint -> "priority\tsite\trequest"
+-- K.ready    zset site -> -best priority * 2^32 + turn: due sites under
+--            their concurrency
+-- K.seq      string: the last turn given (a counter)
+-- K.prio     hash priority -> requests queued at it (all sites)
+-- K.qm, K.qc, K.lv: the queues (see lib.lua)
+-- K.joined   hash site -> µs (Redis TIME) when the site took its turn in
+--            K.ready (see lib.lua's make_ready)
+-- Header options (o, by name):
+-- max_deliveries  most deliveries without acknowledgement
+--                 (FRONTIER_MAX_DELIVERIES); 0: no limit
+-- lease_ms        lease duration, ms
+-- delay_ms        default delay per site, ms
+-- cap             default concurrency per site
+-- candidates      most due sites moved from wait to ready per call, and
+--                 most sites passed over or found stale in ready per call
+-- housekeeping    most expired leases, due retries and due revisits
+--                 handled per call (each)
+-- holder          the holder (lease ids are "<holder>:<n>")
+-- recheck_ms      ms to wait before asking again when all queued work is on
+--                 sites at their concurrency or where this worker holds its
+--                 share, and no site is in wait (at most a lease's length)
+-- margin          pacing margin: a site's delay is stretched by this
+--                 fraction, so that jitter between lease and request never
+--                 brings two requests closer than the delay
+-- gate            true when robots.txt is obeyed: a site whose robots.txt is
+--                 not known yet is served one request at a time
+-- held            download slots the worker holds now, as it counts them (at
+--                 most that many sites are passed over for its fair share,
+--                 on top of candidates); 0 when it does not count them
+-- least           the best priority due on the crawl's other shards as the
+--                 worker knows it, or absent: after its first lease, the
+--                 call leases only from sites whose best priority is at
+--                 least that (so a batch does not take this shard's lower
+--                 priorities before another shard's better ones)
+-- least_us        when the first site at that priority on the other shards
+--                 (their heads) joined their ready index, µs, as the worker
+--                 knows it, or absent: after its first lease, the call
+--                 leases a site of priority `least` only when it joined
+--                 K.ready at that time or before (first in, first out
+--                 across shards)
+-- join            true to keep join times in K.joined (a crawl of several
+--                 shards; else none kept, none read: the head's is 0)
+-- held_all        leases the worker holds now on all the crawl's shards, as
+--                 it counts them: a request whose next death would
+--                 dead-letter it (its last chance: delivered at least once,
+--                 and once short of max_deliveries) is leased only when this
+--                 is 0, as the call's only lease, so that it dies alone if it
+--                 is the poison; else it is put back at the front of its
+--                 queue, its site passed over, and the reply says so (the
+--                 worker then leases nothing until it holds nothing);
+--                 absent: the caller does not count them, no request is
+--                 held back
+-- drained_for     the site of a last chance this worker drained for (a
+--                 reply's `passed`), or absent: when held_all is 0 and that
+--                 site is due, the call looks at it first, ahead of better
+--                 priorities, and leases its request alone if it is still a
+--                 last chance (it was in line when it was passed over; else
+--                 a worker that drained for it would meet better work first,
+--                 lease it, meet the last chance beside it and drain again,
+--                 for as long as better work is queued); a site whose head
+--                 is no last chance any more keeps its turn
+-- jitter          the default jitter j of a site's delay
+--                 (DOWNLOAD_DELAY_JITTER, 0: none): each lease of a site sets
+--                 its next due time its pace times a factor drawn uniformly
+--                 in [1, 1 + j) later, so the delay stays the floor for all
+--                 workers (Scrapy: [1 - j, 1 + j) per worker)
+-- jitters         sites with a jitter of their own (DOWNLOAD_SLOTS' jitter),
+--                 site -> jitter, or absent
+-- seed            a random integer from the caller, seeding math.random
+--                 (Redis seeds it the same for every call)
+-- Payload: ids, the lease ids, one per request wanted.
+-- Returns, by name ({name, value, ...}: protocol.py's fields): wait, expired, retried, dead,
+-- problems, leases, best, head, passed. leases is {data1, site1,
+-- deliveries1, ..., dataN, siteN, deliveriesN}: the first N lease ids were
+-- used, for those requests (deliveries counts this one); when none was,
+-- wait is the ms until a site, a retry or a revisit is due, or -1 when
+-- nothing is queued. (Revisits not due are not queued: they do not count
+-- as work.) expired and retried count the housekeeping done, dead the
+-- requests it dead-lettered; problems lists the bad values met, a line of
+-- text each. best is the best priority among the sites due now after the
+-- call (the top of K.ready), or "" when none is, and head when the site on
+-- top joined K.ready (µs, K.joined; "0" when not known: long ago; "" when
+-- none is due), so a worker of a sharded crawl can ask the shard with the
+-- best work, the longest due, next; passed is the site of a request whose
+-- last chance was passed over because the worker held leases (held_all;
+-- the first one met), else "". A call without lease ids leases nothing: it
+-- moves due sites and does its housekeeping, and tells that priority and
+-- the wait (a peek).
+local H, refused = open_call('lease')
+if not H then return refused end
+local O = H.o
+K.cap = tonumber(O.cap)
+K.gate = O.gate == true
+K.join = O.join == true
+local leases, ldata, retries, dead = K.leases, K.ldata, K.retries, K.dead
+local max_deliveries = tonumber(O.max_deliveries) or 0
+local batch = tonumber(O.housekeeping)
+local holder = O.holder
+local lease_ms = tonumber(O.lease_ms)
 
--- Checks that may refuse the call: before any write. KEYS[2], [3], [6] and
--- [9], [11] are checked by the reads below, which refuse the call on a wrong
--- type before any write. The overrides and politeness
--- hashes, KEYS[7], [8], [10], [13], [15], are read leniently: a wrong type
--- there is reported and ignored.
+-- Checks that may refuse the call: before any write. K.leases, K.ldata,
+-- K.retries, K.count and K.alive are checked by the reads below, which
+-- refuse the call on a wrong type before any write. The overrides and
+-- politeness hashes, K.delay, K.conc, K.slow, K.rdelay, K.robots, are read
+-- leniently: a wrong type there is reported and ignored.
 local err = check_types({
-  {KEYS[1], 'zset'}, {KEYS[4], 'hash'}, {KEYS[5], 'hash'}, {KEYS[12], 'hash'},
-  {KEYS[14], 'hash'}, {KEYS[16], 'list'}, {KEYS[18], 'hash'}, {KEYS[19], 'zset'},
-  {KEYS[21], 'hash'}, {KEYS[22], 'hash'}, {KEYS[23], 'hash'}, {KEYS[24], 'hash'},
-}) or check_counter(KEYS[9]) or check_counter(KEYS[20])
+  {K.wait, 'zset'}, {K.active, 'hash'}, {K.due, 'hash'}, {K.wactive, 'hash'},
+  {K.lslot, 'hash'}, {K.dead, 'list'}, {K.rdata, 'hash'}, {K.ready, 'zset'},
+  {K.prio, 'hash'}, {K.qm, 'hash'}, {K.qc, 'hash'}, {K.lv, 'hash'},
+}) or check_counter(K.count) or check_counter(K.seq)
 if err then return err end
-local ids = {unpack(ARGV, 21)}
+local ids = values(H, 'ids')
 
 -- The pace a lease sets for its site: `pace` ms, times a factor drawn in
--- [1, 1 + jitter) (ARGV[18..20]).
-local jitter_default = tonumber(ARGV[18]) or 0
-local jitters = nil -- the sites of ARGV[19] -> jitter, read when needed
-math.randomseed(tonumber(ARGV[20]) or 0)
+-- [1, 1 + jitter) (options jitter, jitters, seed).
+local jitter_default = tonumber(O.jitter) or 0
+local jitters = type(O.jitters) == 'table' and O.jitters or {}
+math.randomseed(tonumber(O.seed) or 0)
 local function jittered(site, pace)
   if pace <= 0 then return pace end
-  if not jitters then
-    jitters = {}
-    local name = nil
-    for part in string.gmatch(ARGV[19], '[^\t]+') do
-      if name then jitters[name], name = tonumber(part), nil else name = part end
-    end
-  end
   local j = jitters[site] or jitter_default
   if j <= 0 then return pace end
   return math.floor(pace * (1 + j * math.random()))
@@ -227,14 +222,14 @@ local now = K.now
 local expired = read('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 local due_retries = read('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
 -- (one cheap read when there are no revisits: an empty key)
-local due_revisits = read('ZRANGEBYSCORE', KEYS[17], '-inf', now, 'LIMIT', 0, batch)
+local due_revisits = read('ZRANGEBYSCORE', K.revisits, '-inf', now, 'LIMIT', 0, batch)
 -- (when this worker was seen before this call, for holder_alive)
-local seen_before = tonumber(read('ZSCORE', KEYS[11], holder))
+local seen_before = tonumber(read('ZSCORE', K.alive, holder))
 
 -- This worker is alive; workers silent for a lease's length are not.
-redis.call('ZADD', KEYS[11], now, holder)
-redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now - lease_ms)
-local live = math.max(1, redis.call('ZCARD', KEYS[11]))
+redis.call('ZADD', K.alive, now, holder)
+redis.call('ZREMRANGEBYSCORE', K.alive, '-inf', now - lease_ms)
+local live = math.max(1, redis.call('ZCARD', K.alive))
 local buried = 0
 
 -- Whether the holder of lease `id` ("<holder>:<n>") was alive when the
@@ -247,7 +242,7 @@ local function holder_alive(id, deadline)
   local h = string.match(id, '^(.*):%d+$')
   if not h or not deadline then return false end
   local seen = seen_before
-  if h ~= holder then seen = tonumber(redis.call('ZSCORE', KEYS[11], h)) end
+  if h ~= holder then seen = tonumber(redis.call('ZSCORE', K.alive, h)) end
   return seen ~= nil and seen >= deadline
 end
 -- 1. Expired leases go back to the front of their queue, with their count
@@ -321,28 +316,28 @@ for _, entry in ipairs(due_retries) do
 end
 
 -- 2b. Due revisits join the back of their queue, past the dupefilter (their
--- fingerprint is in it); their entry leaves KEYS[17] and KEYS[18] (the
+-- fingerprint is in it); their entry leaves K.revisits and K.rdata (the
 -- next fetch schedules the next revisit). An entry that cannot be read is
 -- dead-lettered with the reason.
 for _, fp in ipairs(due_revisits) do
-  local entry = redis.call('HGET', KEYS[18], fp)
+  local entry = redis.call('HGET', K.rdata, fp)
   if not entry then
-    problem(KEYS[17] .. ' holds a fingerprint without an entry in ' .. KEYS[18] ..
+    problem(K.revisits .. ' holds a fingerprint without an entry in ' .. K.rdata ..
             ': dropped')
   else
-    requeue(entry, 'revisit', KEYS[18])
+    requeue(entry, 'revisit', K.rdata)
   end
-  redis.call('ZREM', KEYS[17], fp)
-  redis.call('HDEL', KEYS[18], fp)
+  redis.call('ZREM', K.revisits, fp)
+  redis.call('HDEL', K.rdata, fp)
 end
 
 -- 3. Due sites move from K.wait to K.ready, the earliest due first, up to
--- ARGV[6] per call (more than a call leases, so the index keeps up with the
+-- `candidates` per call (more than a call leases, so the index keeps up with the
 -- sites that lease calls put in K.wait; a due site waits its turn, never
 -- longer). A site without work, or at its concurrency (lowered while the
 -- crawl runs, or still gated on robots.txt), leaves K.wait: commit.lua
 -- wakes it when a push or a freed slot makes it a candidate again.
-local move_max = tonumber(ARGV[6])
+local move_max = tonumber(O.candidates)
 local due_sites = redis.call('ZRANGEBYSCORE', K.wait, '-inf', now, 'LIMIT', 0, move_max)
 for _, site in ipairs(due_sites) do
   redis.call('ZREM', K.wait, site)
@@ -355,29 +350,29 @@ end
 -- 4. Lease, one request per lease id, each from the top of K.ready: the
 -- site whose best queued request has the highest priority, first in turn
 -- among equals. A site where this worker holds its fair share is passed
--- over (it stays for the other workers); at most ARGV[6] + ARGV[12] sites
+-- over (it stays for the other workers); at most candidates + held sites
 -- are passed over or found stale per call, on top of the ones leased from.
 -- What the call learns of a site (its concurrency, slots, pace, best
 -- level) is kept for its next request in the same call: nothing else
 -- writes them meanwhile.
-local out = {0, 0, #expired, #due_retries, buried, problems}
+local out = {} -- data, site and deliveries of each lease
 local n = 0
-local a = 21
-local held_all = tonumber(ARGV[16]) -- (nil: not counted; nothing held back)
+local a = 1
+local held_all = tonumber(O.held_all) -- (nil: not counted; nothing held back)
 local alone = false -- this call leased a request's last chance
 local passed_last = '' -- the site of a last chance put back: the worker holds leases
 -- (the site this worker drained for: looked at first, once)
-local drained_for = held_all == 0 and ARGV[17] ~= '' and ARGV[17] or nil
-local least = tonumber(ARGV[13])
-local least_us = least and tonumber(ARGV[14])
+local drained_for = held_all == 0 and O.drained_for ~= '' and O.drained_for or nil
+local least = tonumber(O.least)
+local least_us = least and tonumber(O.least_us)
 local pos = 0 -- sites at the top of K.ready passed over in this call
-local looks_max = move_max + math.max(0, tonumber(ARGV[12]) or 0)
+local looks_max = move_max + math.max(0, tonumber(O.held) or 0)
 local looks = looks_max + #ids
 local known = {}
 -- What the leases took, written after the loop (one call each): lease
 -- deadlines, slots and data, and the counters.
 local taken = {n = 0, prio = {}, sites = {}, leases = {}, slots = {}, data = {}}
-while a <= #ARGV and looks > 0 and not alone do
+while a <= #ids and looks > 0 and not alone do
   local top, hinted = nil, false
   if drained_for then
     local score = redis.call('ZSCORE', K.ready, drained_for)
@@ -395,7 +390,7 @@ while a <= #ARGV and looks > 0 and not alone do
     if p < least or (p == least and least_us and joined_of(top[1]) > least_us) then break end
   end
   looks = looks - 1
-  local site, id = top[1], ARGV[a]
+  local site, id = top[1], ids[a]
   local s = known[site]
   if not s then
     local cap = cap_of(site)
@@ -459,7 +454,7 @@ while a <= #ARGV and looks > 0 and not alone do
         -- malformed K.qm value): it is forgotten, and the site ranked
         -- again by its best level left (its score still named the level
         -- forgotten: its lower priorities would jump the line, and pass
-        -- ARGV[13]); look again
+        -- `least`); look again
         s.level, s.member = best_prio(site)
         if s.level then
           make_ready(site, s.level)
@@ -495,11 +490,11 @@ while a <= #ARGV and looks > 0 and not alone do
           s.mine = hadd(K.wactive, holder .. '\t' .. site, 1)
         end
         if not s.pace then
-          local delay = hnum(KEYS[7], site, NAT, tonumber(ARGV[4]),
+          local delay = hnum(K.delay, site, NAT, tonumber(O.delay_ms),
                              'delay must be whole ms >= 0: default used')
-          delay = math.max(delay, hnum(KEYS[13], site, NAT, 0, 'not whole ms: ignored'))
-          delay = delay + hnum(KEYS[10], site, NAT, 0, 'not whole ms: ignored')
-          s.pace = math.floor(delay * (1 + tonumber(ARGV[10])))
+          delay = math.max(delay, hnum(K.rdelay, site, NAT, 0, 'not whole ms: ignored'))
+          delay = delay + hnum(K.slow, site, NAT, 0, 'not whole ms: ignored')
+          s.pace = math.floor(delay * (1 + tonumber(O.margin)))
         end
         local due = now + jittered(site, s.pace)
         redis.call('HSET', K.due, site, due)
@@ -528,7 +523,6 @@ while a <= #ARGV and looks > 0 and not alone do
   end
   if hinted then pos = pos_before end
 end
-out[1] = n
 if n > 0 then
   -- (in parts: unpack is bounded by Lua's stack)
   for j = 1, 2 * n, 2000 do
@@ -556,7 +550,7 @@ save_turns()
 -- appended to the reply ("", "" when no site is due). A site on top of
 -- K.ready with a score no frontier writes (a priority past +-PRIO_MAX,
 -- an infinite one: a key edited by hand) is reported and ranked again by
--- its queued work (or leaves K.ready without any), up to ARGV[6] of them.
+-- its queued work (or leaves K.ready without any), up to `candidates` of them.
 local function best_due()
   for _ = 0, move_max do
     local top = redis.call('ZRANGE', K.ready, 0, 0, 'WITHSCORES')
@@ -575,9 +569,10 @@ local function best_due()
 end
 
 if n > 0 then
-  out[#out + 1], out[#out + 2] = best_due()
-  out[#out + 1] = passed_last
-  return out
+  local best, head = best_due()
+  return {'expired', #expired, 'retried', #due_retries, 'dead', buried,
+          'problems', problems, 'leases', out, 'best', best, 'head', head,
+          'passed', passed_last}
 end
 
 -- Nothing leased: how long until it is worth asking again. Never 0 unless
@@ -596,7 +591,7 @@ end
 -- sites where it holds its fair share are passed over (it asks again at
 -- once when one of its downloads ends), else a worker holding its share of
 -- every site under a delay would wake as each of them comes due, many times
--- a second. At most ARGV[6] + ARGV[12] are looked at (the sites passed over
+-- a second. At most candidates + held are looked at (the sites passed over
 -- are among those it holds slots of); past them, the next one's time.
 local nxt = redis.call('ZRANGE', K.wait, 0, looks_max, 'WITHSCORES')
 for j = 1, #nxt, 2 do
@@ -616,10 +611,10 @@ if redis.call('ZCARD', K.ready) > 0 or
   -- their concurrency: a slot frees when a download ends (the worker
   -- leases again at once when it is one of its own) or the next site in
   -- K.wait comes due; ask again by then, within a lease's length.
-  if wait < 0 then wait = tonumber(ARGV[9]) end
+  if wait < 0 then wait = tonumber(O.recheck_ms) end
   wait = math.min(wait, lease_ms)
 end
-for _, later in ipairs({retries, KEYS[17]}) do
+for _, later in ipairs({retries, K.revisits}) do
   local rnext = redis.call('ZRANGE', later, 0, 0, 'WITHSCORES')
   if #rnext > 0 then
     local rwait = math.max(0, tonumber(rnext[2]) - now)
@@ -629,7 +624,7 @@ end
 if wait == 0 and #due_sites < move_max and #due_retries < batch and #due_revisits < batch then
   wait = 1
 end
-out[2] = wait
-out[#out + 1], out[#out + 2] = best_due()
-out[#out + 1] = passed_last
-return out
+local best, head = best_due()
+return {'wait', wait, 'expired', #expired, 'retried', #due_retries, 'dead', buried,
+        'problems', problems, 'leases', out, 'best', best, 'head', head,
+        'passed', passed_last}

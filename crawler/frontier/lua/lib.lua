@@ -204,13 +204,140 @@ local function bury(dead, reason, site, prio, data, deliveries, now)
   redis.call('RPUSH', dead, cjson.encode(record))
 end
 
--- The keys and settings of the crawl, filled in by the script that runs:
--- K.wait, K.ready, K.active, K.due, K.conc, K.robots, K.wactive, K.lslot,
--- K.ldata, K.count, K.seq, K.prio, K.qm, K.qc, K.lv, K.joined (keys), K.P
--- (the key prefix "{s}:", for messages only: no key is built from it), K.cap
--- (default concurrency), K.gate (true when robots.txt is obeyed), K.join
--- (true when join times are kept in K.joined), K.now (ms).
-local K = {}
+-- The call's keys, bound by name once: KEYS is the shard's key table of
+-- crawler/frontier/protocol.py (SHARD_KEYS, then the call's own keys:
+-- K.marker; a commit's Bloom bitmaps follow, KEYS[N_KEYS + 1..]), the same
+-- list in the same order for every shard script. The block between the
+-- BEGIN and END lines is protocol.py's lua_binding() (a test checks it).
+-- PAYLOADS: the payload groups of ARGV[2..] in their order, with the
+-- fields per record (see open_call).
+-- BEGIN protocol (crawler/frontier/protocol.py: lua_binding)
+local PROTOCOL = 1
+local K = {
+  wait = KEYS[1],
+  leases = KEYS[2],
+  ldata = KEYS[3],
+  active = KEYS[4],
+  due = KEYS[5],
+  retries = KEYS[6],
+  delay = KEYS[7],
+  conc = KEYS[8],
+  count = KEYS[9],
+  slow = KEYS[10],
+  alive = KEYS[11],
+  wactive = KEYS[12],
+  rdelay = KEYS[13],
+  lslot = KEYS[14],
+  robots = KEYS[15],
+  dead = KEYS[16],
+  revisits = KEYS[17],
+  rdata = KEYS[18],
+  ready = KEYS[19],
+  seq = KEYS[20],
+  prio = KEYS[21],
+  qm = KEYS[22],
+  qc = KEYS[23],
+  lv = KEYS[24],
+  joined = KEYS[25],
+  dupefilter = KEYS[26],
+  revisit = KEYS[27],
+  retryat = KEYS[28],
+  marker = KEYS[29],
+}
+local N_KEYS = 29
+local PAYLOADS = {
+  'ids', 1,
+  'claim', 1,
+  'push', 6,
+  'retry', 4,
+  'dead', 1,
+  'slot', 1,
+  'ack', 1,
+  'give', 1,
+  'revisit', 4,
+}
+-- END protocol
+-- Besides the keys, the script that runs fills in K.P (the key prefix
+-- "{s}:", for messages only: no key is built from it), K.cap (default
+-- concurrency), K.gate (true when robots.txt is obeyed), K.join (true when
+-- join times are kept in K.joined), K.now (ms).
+K.P = string.sub(K.wait or '', 1, -5)
+
+-- The header of this call (ARGV[1], a JSON object: protocol.py), checked:
+-- its protocol version must be this script's (PROTOCOL) and its operation
+-- `op`. Returns the header ({v, op, o = options, ops = counts of the
+-- payload groups}, with `first`: group -> its first ARGV, for the groups
+-- it carries), or nil and an error reply naming the version, before
+-- anything is read or written (a rolling upgrade never runs two protocols
+-- silently).
+local function open_call(op)
+  local text = ARGV[1] or ''
+  local h = nil
+  if string.byte(text, 1) == 123 then -- '{'
+    local ok, decoded = pcall(cjson.decode, text)
+    if ok and type(decoded) == 'table' then h = decoded end
+  end
+  if h == nil or h.v == nil then
+    return nil, redis.error_reply('ERR frontier protocol unknown not understood by this ' ..
+      'script (speaks ' .. PROTOCOL .. '): ARGV[1] is no frontier header')
+  end
+  if h.v ~= PROTOCOL then
+    return nil, redis.error_reply('ERR frontier protocol ' .. tostring(h.v) ..
+      ' not understood by this script (speaks ' .. PROTOCOL .. ')')
+  end
+  if h.op ~= op then
+    return nil, redis.error_reply('ERR frontier call ' .. tostring(h.op) ..
+      ' sent to the ' .. op .. ' script: nothing was written')
+  end
+  if type(h.o) ~= 'table' then h.o = {} end
+  local ops = h.ops
+  if type(ops) ~= 'table' then ops = {} h.ops = ops end
+  local first, i = {}, 2
+  for j = 1, #PAYLOADS, 2 do
+    local n = ops[PAYLOADS[j]]
+    if n then
+      first[PAYLOADS[j]] = i
+      i = i + n * PAYLOADS[j + 1]
+    end
+  end
+  if i - 1 ~= #ARGV then
+    return nil, redis.error_reply('ERR frontier call ' .. op .. ' carries ' .. (#ARGV - 1) ..
+      ' payload values, its header counts ' .. (i - 2) .. ': nothing was written')
+  end
+  h.first = first
+  return h
+end
+
+-- How many records of payload group `name` header `h` carries.
+local function count(h, name)
+  return h.ops[name] or 0
+end
+
+-- The records of payload group `name` of header `h`, one at a time, each
+-- as its `w` fields (the group's width in PAYLOADS):
+-- for fp, site in records(h, 'push', 6) do ... end
+local function records(h, name, w)
+  local n = h.ops[name]
+  if not n then return function() return nil end end
+  local i = h.first[name] - w
+  local last = i + n * w
+  return function()
+    i = i + w
+    if i > last then return nil end
+    return unpack(ARGV, i, i + w - 1)
+  end
+end
+
+-- The values of a one-field payload group (lease ids), as a list.
+local function values(h, name)
+  local out = {}
+  local n = h.ops[name]
+  if n then
+    local at = h.first[name] - 1
+    for j = 1, n do out[j] = ARGV[at + j] end
+  end
+  return out
+end
 
 -- Queues in fixed keys. Every key a script touches is one of its KEYS, so
 -- a Redis Cluster that moves the shard's slot answers ASK/TRYAGAIN instead
