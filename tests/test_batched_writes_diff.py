@@ -8,9 +8,11 @@ the writes were batched, read with ``git show``). Both read one fake clock
 reply and every key must be the same after every step, but for the one
 change documented: an ack whose ``{s}:ldata`` is gone now also drops its
 ``{s}:leases`` entry (the run never deletes ``{s}:ldata`` by hand, so no
-ack meets that case). lease.lua's ARGV[16] and the last value of its reply
+ack meets that case). The old scripts are called in their positional
+layout, translated from the named protocol (``_OldCommit``, ``_OldLease``)
+and their replies given by name. lease.lua's ``held_all`` and ``passed``
 (a request's last chance held back: ``tests/test_last_chance.py``) came
-later: the run leaves ARGV[16] uncounted (""), which holds nothing back.
+later: the run leaves ``held_all`` uncounted, which holds nothing back.
 The live-holder rule came later too (an expired lease whose holder was seen
 in ``{s}:alive`` at its deadline or after is requeued without counting that
 delivery: ``tests/test_blocking_callbacks.py``): the run's holders lease
@@ -19,6 +21,7 @@ apart from the script (``_live_holder_rule``), and the two must agree."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import subprocess
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis as redis_lib
 
+from crawler.frontier import protocol
 from crawler.frontier.bloom import BloomFilter
 from crawler.frontier.store import Commit, Frontier, Push, Retry, Revisit
 
@@ -109,26 +113,105 @@ class _Script:
         return self.script(keys=keys, args=args)
 
 
-class _OldLease(_Script):
-    """lease.lua as it was: without ARGV[16] (the leases the worker holds
-    on all shards, which the run leaves uncounted: "") and ARGV[17] (the
-    site it drained for: "")."""
+def _named(keys: list[Any], args: list[Any]) -> tuple[dict[str, str], dict[str, Any],
+                                                       dict[str, list[Any]]]:
+    """A call of the named protocol (:mod:`crawler.frontier.protocol`):
+    its keys by name, its header's options, and its payload groups as
+    lists of records."""
+    names = [name for name, _ in protocol.SHARD_KEYS] + list(protocol.EXTRA_KEYS)
+    by_name = dict(zip(names, keys, strict=False))
+    header = json.loads(args[0])
+    groups: dict[str, list[Any]] = {}
+    i = 1
+    for name, fields in protocol.PAYLOADS.items():
+        n = header.get("ops", {}).get(name, 0)
+        w = len(fields)
+        groups[name] = [args[i + j * w : i + (j + 1) * w] for j in range(n)]
+        i += n * w
+    assert i == len(args)
+    return by_name, header["o"], groups
+
+
+def _flag(value: Any) -> str:
+    return "1" if value else "0"
+
+
+class _OldCommit(_Script):
+    """commit.lua as it was, called in its positional layout: 24 KEYS (the
+    Bloom bitmaps after them), 17 ARGVs, then the groups; its reply given
+    by name, as commit.lua gives it now."""
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
-        assert args[15:17] == ["", ""]
-        # (nor ARGV[18..20], the delay's jitter: "0", "" and a seed)
-        assert args[17:19] == ["0.0", ""]
-        return self.script(keys=keys, args=args[:15] + args[20:])
+        k, o, g = _named(keys, args)
+        fixed = len(protocol.SHARD_KEYS) + len(protocol.EXTRA_KEYS)
+        old_keys = [k[n] for n in (
+            "dupefilter", "wait", "active", "due", "conc", "count", "leases", "ldata",
+            "wactive", "lslot", "robots", "retries", "dead", "marker", "revisits", "rdata",
+            "revisit", "ready", "seq", "prio", "qm", "qc", "lv", "joined",
+        )] + keys[fixed:]
+        pushes = []
+        for fp, dont, site, prio, data, spec in g["push"]:
+            old_spec = spec
+            if spec:  # (a bitmap's index in KEYS: 24 fixed keys before it, not `fixed`)
+                index, offsets = spec.split(b" ", 1)
+                old_spec = str(int(index) - fixed + 24).encode() + b" " + offsets
+            pushes += [fp, dont, site, prio, data, old_spec]
+        claim = g["claim"][0][0] if g["claim"] else b""
+        old_args = [
+            k["wait"][: -len("wait")], o["cap"], "set" if "bloom" not in o else "bloom",
+            o.get("bloom", ""), _flag(o.get("gate")), o.get("seq", ""), o["marker_ms"], claim,
+            *(len(g[n]) for n in ("push", "retry", "dead", "slot", "ack", "give")),
+            o["revisit_ms"], len(g["revisit"]), _flag(o.get("join")), *pushes,
+            *(v for n in ("retry", "dead", "slot", "ack", "give", "revisit")
+              for record in g[n] for v in record),
+        ]
+        pushed, freed, ended, given, problems, claimed, joined = self.script(
+            keys=old_keys, args=old_args)
+        if not claimed:
+            return [b"claimed", 0]
+        return [b"pushed", pushed, b"freed", freed, b"acked", ended, b"given", given,
+                b"problems", problems, b"claimed", claimed, b"joined", joined]
+
+
+class _OldLease(_Script):
+    """lease.lua as it was, called in its positional layout (25 KEYS, 15
+    ARGVs, the lease ids), without the leases the worker holds on all
+    shards (which the run leaves uncounted), the site it drained for, and
+    the delay's jitter; its reply given by name, as lease.lua gives it now
+    (without ``passed``: see :class:`_NewLease`)."""
+
+    def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
+        k, o, g = _named(keys, args)
+        assert o.get("held_all") is None and o.get("drained_for") is None
+        assert o["jitter"] == 0.0 and "jitters" not in o
+        old_keys = [k[n] for n in (
+            "wait", "leases", "ldata", "active", "due", "retries", "delay", "conc", "count",
+            "slow", "alive", "wactive", "rdelay", "lslot", "robots", "dead", "revisits",
+            "rdata", "ready", "seq", "prio", "qm", "qc", "lv", "joined",
+        )]
+        old_args = [
+            k["wait"][: -len("wait")], o["max_deliveries"], o["lease_ms"], o["delay_ms"],
+            o["cap"], o["candidates"], o["housekeeping"], o["holder"], o["recheck_ms"],
+            repr(float(o["margin"])), _flag(o.get("gate")), o["held"], o.get("least", ""),
+            o.get("least_us", ""), _flag(o.get("join")), *(r[0] for r in g["ids"]),
+        ]
+        reply = self.script(keys=old_keys, args=old_args)
+        n, wait, expired, retried, dead, problems = reply[:6]
+        best, head = reply[6 + 3 * n :]
+        out = [] if n else [b"wait", wait]
+        return [*out, b"expired", expired, b"retried", retried, b"dead", dead,
+                b"problems", problems, b"leases", reply[6 : 6 + 3 * n], b"best", best,
+                b"head", head]
 
 
 class _NewLease(_Script):
-    """lease.lua as it is, its reply without the last value (the site of a
-    last chance put back: never, with ARGV[16] "")."""
+    """lease.lua as it is, its reply without ``passed`` (the site of a
+    last chance put back: never, with held_all uncounted)."""
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
         reply = self.script(keys=keys, args=args)
-        assert reply[-1] == b"", reply[-1]
-        return reply[:-1]
+        assert reply[-2:] == [b"passed", b""], reply[-2:]
+        return reply[:-2]
 
 
 def _frontier(
@@ -144,7 +227,8 @@ def _frontier(
         bloom=BloomFilter.for_capacity(prefix + "bloom", 2000, 0.01) if bloom else None,
         **settings,
     )
-    f._commit = _Script(rds, src["lib"] + "\n" + src["commit"])  # type: ignore[assignment]
+    commit = _OldCommit if old else _Script
+    f._commit = commit(rds, src["lib"] + "\n" + src["commit"])  # type: ignore[assignment]
     lease = _OldLease if old else _NewLease
     f._lease = lease(rds, src["lib"] + "\n" + src["lease"])  # type: ignore[assignment]
     return f
@@ -335,7 +419,7 @@ class _Run:
             old, new = (_norm(g[1], p) for g, p in zip(got, ("{o}:", "{n}:"), strict=True))
             self._same(i, got, old, new)
             if got[0][0] == "ok":
-                self.held[holder] += ids[: int(got[0][1][0])]
+                self.held[holder] += ids[: len(protocol.fields(got[0][1])["leases"]) // 3]
 
     def _same(self, i: int, got: list[Any], old: Any, new: Any) -> None:
         if (got[0][0], old) != (got[1][0], new):

@@ -148,7 +148,8 @@ def test_replies_are_read_by_name(rds: redis.Redis) -> None:
     not_due = frontier.lease_many(["w#1:3"])
     assert isinstance(not_due, protocol.NotDue) and not_due.wait is None
     assert frontier.set_delay("a.example", 500) == (False, 550)  # 500 ms, 10 % margin
-    assert frontier.extend(["w#1:1"]) == 1
+    assert frontier.extend(["w#1:404"]) == 0  # (an id never leased is not revived)
+    assert rds.zscore(frontier.key("leases"), "w#1:1") is not None
 
 
 def _evalsha_calls(rds: redis.Redis) -> int:

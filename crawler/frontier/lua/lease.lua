@@ -160,7 +160,8 @@
 -- wait is the ms until a site, a retry or a revisit is due, or -1 when
 -- nothing is queued. (Revisits not due are not queued: they do not count
 -- as work.) expired and retried count the housekeeping done, dead the
--- requests it dead-lettered; problems lists the bad values met, a line of
+-- requests the housekeeping dead-lettered (not the unreadable chunks met
+-- while leasing: they are in problems); problems lists the bad values met, a line of
 -- text each. best is the best priority among the sites due now after the
 -- call (the top of K.ready), or "" when none is, and head when the site on
 -- top joined K.ready (µs, K.joined; "0" when not known: long ago; "" when
@@ -356,6 +357,9 @@ end
 -- level) is kept for its next request in the same call: nothing else
 -- writes them meanwhile.
 local out = {} -- data, site and deliveries of each lease
+-- (the reply's `dead` counts the housekeeping's dead letters, those of
+-- steps 1 to 2b, not the unreadable chunks step 4 buries)
+local dead_housekept = buried
 local n = 0
 local a = 1
 local held_all = tonumber(O.held_all) -- (nil: not counted; nothing held back)
@@ -570,7 +574,7 @@ end
 
 if n > 0 then
   local best, head = best_due()
-  return {'expired', #expired, 'retried', #due_retries, 'dead', buried,
+  return {'expired', #expired, 'retried', #due_retries, 'dead', dead_housekept,
           'problems', problems, 'leases', out, 'best', best, 'head', head,
           'passed', passed_last}
 end
@@ -625,6 +629,6 @@ if wait == 0 and #due_sites < move_max and #due_retries < batch and #due_revisit
   wait = 1
 end
 local best, head = best_due()
-return {'wait', wait, 'expired', #expired, 'retried', #due_retries, 'dead', buried,
+return {'wait', wait, 'expired', #expired, 'retried', #due_retries, 'dead', dead_housekept,
         'problems', problems, 'leases', out, 'best', best, 'head', head,
         'passed', passed_last}
