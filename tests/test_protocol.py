@@ -19,7 +19,7 @@ from crawler.config import config_error_of
 from crawler.frontier import protocol
 from crawler.frontier.connection import config_error
 from crawler.frontier.spider import FrontierSpider
-from crawler.frontier.store import Commit, Frontier, Push
+from crawler.frontier.store import Commit, Frontier, Push, _Lua
 
 if TYPE_CHECKING:
     import redis
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("stop_heartbeats")
 
 LUA = Path(protocol.__file__).parent / "lua"
 #: The shard scripts: lib.lua prepended, called with protocol.shard_keys.
-SHARD_SCRIPTS = ("lease.lua", "commit.lua", "delay.lua", "extend.lua", "alive.lua")
+SHARD_SCRIPTS = protocol.SHARD_SCRIPTS
 #: What a script stores in K besides keys (lib.lua's list).
 K_SETTINGS = {"P", "cap", "gate", "join", "now"}
 
@@ -80,9 +80,7 @@ def _frontier(rds: redis.Redis) -> Frontier:
 
 
 def _call(frontier: Frontier, script: str, header: str) -> Any:
-    lua = {"lease.lua": frontier._lease, "commit.lua": frontier._commit,
-           "delay.lua": frontier._delay, "extend.lua": frontier._extend,
-           "alive.lua": frontier._alive}[script]
+    lua = _Lua(frontier.redis, script, lib=True)
     return lua(keys=protocol.shard_keys(frontier.prefix), args=[header])
 
 

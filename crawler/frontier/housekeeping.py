@@ -80,6 +80,7 @@ from scrapy.utils.asyncio import create_looping_call
 from twisted.internet.threads import deferToThread
 
 from crawler.config import FrontierConfig
+from crawler.frontier import protocol
 from crawler.frontier.clock import CLOCK
 from crawler.frontier.connection import (
     NOT_RUN,
@@ -90,7 +91,7 @@ from crawler.frontier.connection import (
 )
 from crawler.frontier.shards import node_pipelines
 from crawler.frontier.store import _Lua
-from crawler.keys import ShardKeys, shard_count, shard_prefixes, spider_name_of, workers_key
+from crawler.keys import shard_count, shard_prefixes, spider_name_of, workers_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -174,6 +175,8 @@ class Housekeeper:
         self._forget_workers = _Lua(redis, "forget_workers.lua")
         self._trim_dead = _Lua(redis, "trim_dead.lua", lib=True)
         self._forget_sites = _Lua(redis, "forget_sites.lua", lib=True)
+        self._trim_header = protocol.header("trim_dead")
+        self._forget_header = protocol.header("forget_sites")
 
     def key(self, name: str, shard: int = 0) -> str:
         """``<prefix of shard>name``: ``{<spider>}:<name>`` with one shard."""
@@ -289,9 +292,9 @@ class Housekeeper:
             if isinstance(reply, ResponseError):
                 problems.append(_refused(reply))
                 continue
-            n, found = reply
-            forgotten += int(n)
-            problems += [_text(p) for p in found]
+            n, found = protocol.forgot_of(reply)
+            forgotten += n
+            problems += found
         return forgotten
 
     def _round(self, calls: list[_Call]) -> list[Any]:
@@ -401,10 +404,9 @@ class Housekeeper:
         return int(self._trim_call(shard).send(None))
 
     def _trim_call(self, shard: int) -> _Call:
-        keys = ShardKeys.of(self.prefixes[shard], shard)
-        return _Call(keys.dead, lambda c: self._trim_dead(
-            keys=[keys.dead, keys.dead_trimmed], args=[self.dead_max_per_shard], client=c
-        ))
+        keys = protocol.shard_keys(self.prefixes[shard])
+        header = self._trim_header({"keep": self.dead_max_per_shard})
+        return _Call(keys[0], lambda c: self._trim_dead(keys=keys, args=[header], client=c))
 
     def forget_sites(self) -> tuple[int, list[str]]:
         """Look at the next sites of every shard's ``{s}:due``
@@ -455,23 +457,16 @@ class Housekeeper:
         :param shard: the shard whose keys are swept.
         :returns: sites forgotten, and the problems the script reported.
         """
-        forgotten, problems = self._forget_call(sites, cursor, shard).send(None)
-        return int(forgotten), [_text(p) for p in problems]
+        return protocol.forgot_of(self._forget_call(sites, cursor, shard).send(None))
 
     def _forget_call(self, sites: list[str], cursor: int, shard: int) -> _Call:
-        keys = [
-            self.key(name, shard)
-            for name in (
-                "due", "wait", "ready", "active", "slow", "rdelay", "robots", "robots:down",
-                "forget",
-            )
-        ]
-        keys.append(self.key("lv", shard))
-        keys.append(self.key("joined", shard))
-        keys.append(self.key("retryat", shard))
-        keys.append(self.key("retries", shard))
+        keys = protocol.shard_keys(self.prefixes[shard])
+        header = self._forget_header(
+            {"cursor": str(cursor), "after_ms": self.site_forget_after_ms},
+            {"sites": len(sites)} if sites else None,
+        )
         return _Call(keys[0], lambda c: self._forget_sites(
-            keys=keys, args=[cursor, self.site_forget_after_ms, *sites], client=c
+            keys=keys, args=[header, *sites], client=c
         ))
 
     def _client(self, client: Any) -> Any:

@@ -1,34 +1,36 @@
 """The frontier's protocol between Python and its shard scripts (``lua/``).
 
-One table, :data:`SHARD_KEYS`, names a shard's keys in one order. Every
-shard script (``lease.lua``, ``commit.lua``, ``delay.lua``, ``extend.lua``,
-``alive.lua``) receives the same key list, :func:`shard_keys`, built from
-it: ``KEYS[i]`` is the ``i``-th key of the table, then the call's own keys
-(:data:`EXTRA_KEYS`: the holder's commit marker, then the Bloom bitmaps its
-pushes name). ``lua/lib.lua``, prepended to each of them, binds them by
-name once (``K.ready``, ``K.qm``...); its binding block is
-:func:`lua_binding`'s text, which a test checks. All keys of a call share
-the shard's hash tag (its prefix), so a call touches one Redis Cluster slot.
+Keys. One table, :data:`SHARD_KEYS`, names a shard's keys in one order.
+Every shard script (:data:`SHARD_SCRIPTS`) receives the same key list,
+:func:`shard_keys`, built from it: ``KEYS[i]`` is the ``i``-th key of the
+table, then the call's own keys (:data:`EXTRA_KEYS`: the holder's commit
+marker; then the Bloom bitmaps a commit's pushes name). ``lua/lib.lua``,
+prepended to each script, binds them by name once (``K.ready``,
+``K.qm``...): its binding block is :func:`lua_binding`'s text, which a
+test checks. All keys of a call share the shard's hash tag (its prefix),
+so a call touches one Redis Cluster slot.
 
-``ARGV[1]`` of every call is the header, one JSON object::
+Calls. ``ARGV[1]`` of every call is its header, one JSON object::
 
     {"v": 1, "op": "lease", "o": {<options by name>}, "ops": {"ids": 3}}
 
-``v`` is the protocol version (:data:`VERSION`); a script refuses another
+``v`` is the protocol version (:data:`VERSION`): a script refuses another
 one before anything else, with ``ERR frontier protocol <v> not understood
-by this script (speaks <VERSION>)``, which :func:`refusal` recognises and
-:mod:`crawler.frontier.connection` reports as a configuration error. ``o``
-holds the call's options by name, ``ops`` how many records of each payload
-group follow. The payloads are ``ARGV[2..]``: the groups of :data:`PAYLOADS`
-in their order, each record its fields in order (raw bytes: requests are
-binary, which JSON cannot carry).
+by this script (speaks <VERSION>)``, which :func:`refusal` turns into the
+one-line configuration error that :mod:`crawler.frontier.connection`
+reports (workers of two versions on one crawl stop, they never run two
+protocols silently). ``op`` names the script, ``o`` holds the call's
+options by name, ``ops`` how many records of each payload group follow.
+The payloads are ``ARGV[2..]``: the groups of :data:`PAYLOADS` in that
+order, each record its fields in order (raw bytes: requests are binary,
+which JSON cannot carry).
 
-A reply is a flat list of names and values (``{"wait", 0, "leases", {...},
-...}``, written out in each script's ``return``): :func:`fields` reads it
-into a dict once, and :func:`leases_of`,
-:func:`committed_of` and :func:`delay_of` turn it into typed objects
-(:class:`Lease`, :class:`NotDue`, :class:`Committed`, :class:`DelaySet`).
-A name missing from a reply means None.
+Replies. A reply is a flat list of names and values (``{"wait", 0,
+"leases", {...}, ...}``, written out in each script's ``return``):
+:func:`fields` reads it into a dict once, and :func:`leases_of`,
+:func:`committed_of`, :func:`delay_of` and :func:`forgot_of` turn it into
+typed objects (:class:`Lease`, :class:`NotDue`, :class:`Committed`,
+:class:`DelaySet`). A name missing from a reply means None.
 """
 
 from __future__ import annotations
@@ -42,13 +44,21 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
 __all__ = [
-    "EXTRA_KEYS", "PAYLOADS", "SHARD_KEYS", "VERSION", "Committed", "DelaySet", "Lease",
-    "NotDue", "committed_of", "delay_of", "fields", "header", "leases_of", "lua_binding",
-    "refusal", "shard_keys",
+    "EXTRA_KEYS", "PAYLOADS", "SHARD_KEYS", "SHARD_SCRIPTS", "VERSION", "Committed",
+    "DelaySet", "Lease", "NotDue", "committed_of", "delay_of", "fields", "forgot_of", "header",
+    "leases_of", "lua_binding", "refusal", "shard_keys",
 ]
 
 #: The protocol version every header carries and every script checks.
 VERSION = 1
+
+#: The scripts of ``lua/`` that run on one shard's keys, each with
+#: ``lib.lua`` prepended; the crawl-wide ones (``seeds_*.lua``,
+#: ``forget_workers.lua``, ``bloom.lua``) keep their own few keys.
+SHARD_SCRIPTS: tuple[str, ...] = (
+    "lease.lua", "commit.lua", "delay.lua", "extend.lua", "alive.lua", "trim_dead.lua",
+    "forget_sites.lua",
+)
 
 #: A shard's keys, in the one order of every shard script's ``KEYS``: the
 #: name a script binds it to (``K.<name>``), and the key's suffix after the
@@ -82,6 +92,9 @@ SHARD_KEYS: tuple[tuple[str, str], ...] = (
     ("dupefilter", "dupefilter"),
     ("revisit", "revisit"),
     ("retryat", "retryat"),
+    ("robots_down", "robots:down"),
+    ("forget", "forget"),
+    ("dead_trimmed", "dead:trimmed"),
 )
 
 #: The keys of one call after :data:`SHARD_KEYS`: ``K.marker`` is the
@@ -103,6 +116,8 @@ PAYLOADS: dict[str, tuple[str, ...]] = {
     "ack": ("lease_id",),
     "give": ("lease_id",),
     "revisit": ("fingerprint", "site", "priority", "data"),
+    # forget_sites.lua: the sites to look at
+    "sites": ("site",),
 }
 
 _BEGIN = "-- BEGIN protocol (crawler/frontier/protocol.py: lua_binding)"
@@ -352,6 +367,12 @@ def leases_of(reply: Sequence[Any], lease_ids: Sequence[str]) -> list[Lease] | N
             leases.append(Lease(data, _text(site), lease_ids[0], int(deliveries), expired,
                                 retried, dead, problems, best, head, passed))
     return leases
+
+
+def forgot_of(reply: Sequence[Any]) -> tuple[int, list[str]]:
+    """``forget_sites.lua``'s reply: sites forgotten, and the problems met."""
+    f = fields(reply)
+    return int(f.get("forgotten") or 0), list(_problems(f.get("problems")))
 
 
 class DelaySet(NamedTuple):

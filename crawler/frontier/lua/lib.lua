@@ -242,9 +242,12 @@ local K = {
   dupefilter = KEYS[26],
   revisit = KEYS[27],
   retryat = KEYS[28],
-  marker = KEYS[29],
+  robots_down = KEYS[29],
+  forget = KEYS[30],
+  dead_trimmed = KEYS[31],
+  marker = KEYS[32],
 }
-local N_KEYS = 29
+local N_KEYS = 32
 local PAYLOADS = {
   'ids', 1,
   'claim', 1,
@@ -255,6 +258,7 @@ local PAYLOADS = {
   'ack', 1,
   'give', 1,
   'revisit', 4,
+  'sites', 1,
 }
 -- END protocol
 -- Besides the keys, the script that runs fills in K.P (the key prefix
