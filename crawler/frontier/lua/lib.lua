@@ -277,11 +277,12 @@ K.P = string.sub(K.wait or '', 1, -5)
 local function open_call(op)
   local text = ARGV[1] or ''
   local h = nil
-  if string.byte(text, 1) == 123 then -- '{'
-    local ok, decoded = pcall(cjson.decode, text)
-    if ok and type(decoded) == 'table' then h = decoded end
+  -- (a JSON object; no pcall: a text that starts as one and is no JSON is
+  -- no frontier's, and cjson's error names it all the same)
+  if string.byte(text, 1) == 123 and string.byte(text, -1) == 125 then -- '{' '}'
+    h = cjson.decode(text)
   end
-  if h == nil or h.v == nil then
+  if type(h) ~= 'table' or h.v == nil then
     return nil, redis.error_reply('ERR frontier protocol unknown not understood by this ' ..
       'script (speaks ' .. PROTOCOL .. '): ARGV[1] is no frontier header')
   end
