@@ -36,7 +36,7 @@ from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
 from twisted.internet.threads import deferToThread
 
-from crawler.config import close_at_open, is_unset, stop_on_config_error, worker_id
+from crawler.config import FrontierConfig, close_at_open, stop_on_config_error
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.backoff import (
     CONFIG_ERROR_PAUSE,
@@ -58,7 +58,7 @@ from crawler.frontier.connection import (
     is_no_master,
     redis_location,
 )
-from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
+from crawler.frontier.eviction import EvictionWatch
 from crawler.frontier.feedstop import finish_local_feeds, warn_remote_feeds
 from crawler.frontier.forcedstop import (
     CLOSE_REDIS_WAIT,
@@ -303,20 +303,18 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scheduler.refused = "; ".join(refused)
         scheduler.stats = crawler.stats
         scheduler.crawler = crawler
-        scheduler.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
-        scheduler.worker_id = worker_id(settings)
+        config = FrontierConfig.of(crawler)
+        scheduler.lease_timeout = config.lease_timeout
+        scheduler.worker_id = config.worker
         # One holder per process: a worker restarted under the same id gets
         # lease ids of its own.
         scheduler.holder = f"{scheduler.worker_id}#{os.urandom(4).hex()}"
-        scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
-        scheduler.fifo_slack_us = round(
-            max(0.0, settings.getfloat("FRONTIER_FIFO_SLACK", 0.0)) * 1_000_000
-        )
-        scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
-        scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
+        scheduler.lease_batch = max(1, config.lease_batch)
+        scheduler.fifo_slack_us = round(max(0.0, config.fifo_slack) * 1_000_000)
+        scheduler.seen_max = max(0, config.local_seen)
+        scheduler.outbox_delay = max(0.0, config.outbox_delay)
         scheduler.eviction = EvictionWatch(
-            scheduler.server, redis_location(settings),
-            allowed=settings.getbool(ALLOW_EVICTION_SETTING, False),
+            scheduler.server, redis_location(settings), allowed=config.allow_eviction
         )
         scheduler._setup_state()
         return scheduler
@@ -532,10 +530,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def _shard_count_message(self, exc: ShardCountError, count: int) -> str:
         """The error's message, saying where this worker's count came from
         when ``FRONTIER_SHARDS`` is not set (its default)."""
-        if not is_unset(self.crawler.settings, "FRONTIER_SHARDS"):
+        config = FrontierConfig.of(self.crawler)
+        if config.shards is not None:
             return str(exc)
-        where = "on a Redis Cluster" if self.crawler.settings.getbool(
-            "FRONTIER_REDIS_CLUSTER") else "on one Redis server"
+        where = "on a Redis Cluster" if config.redis_cluster else "on one Redis server"
         return f"{exc} (FRONTIER_SHARDS is not set: {count} is its default {where})"
 
     def _site_settings(self) -> dict[str, dict[str, int]]:
@@ -548,17 +546,17 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         :raises ValueError: a site or a value is not valid (the message says
             which setting, site and value).
         """
-        settings = self.crawler.settings
+        config = FrontierConfig.of(self.crawler)
         policy = self.queue.policy
         out = {
             "delay": {**policy.slot_delays, **parse_site_settings(
-                "delay", settings.getdict("FRONTIER_SITE_DELAYS"), "FRONTIER_SITE_DELAYS"
+                "delay", config.site_delays, "FRONTIER_SITE_DELAYS"
             )},
             "conc": {**policy.slot_concurrency, **parse_site_settings(
-                "conc", settings.getdict("FRONTIER_SITE_CONCURRENCY"), "FRONTIER_SITE_CONCURRENCY"
+                "conc", config.site_concurrency, "FRONTIER_SITE_CONCURRENCY"
             )},
             "revisit": parse_site_settings(
-                "revisit", settings.getdict("FRONTIER_SITE_REVISITS"), "FRONTIER_SITE_REVISITS"
+                "revisit", config.site_revisits, "FRONTIER_SITE_REVISITS"
             ),
         }
         return {key: mapping for key, mapping in out.items() if mapping}
@@ -1173,7 +1171,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # RETRY_PRIORITY_ADJUST: what `scrapy deadletters requeue` restores.
             "first_priority": first_priority(
                 request.priority, request.meta,
-                self.crawler.settings.getint("RETRY_PRIORITY_ADJUST", -1),
+                self.crawler.settings.getint("RETRY_PRIORITY_ADJUST"),
             ),
         }
         self._dead(record, slot_of(request))
