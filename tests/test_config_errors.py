@@ -755,7 +755,7 @@ def test_an_acl_revoked_mid_crawl_stops_the_crawl_instead_of_retrying(
         before = _rejected_evalsha(admin)
         assert scheduler.next_request() is None
         assert scheduler.next_request() is None  # no second attempt: no backoff loop
-        scheduler._beat()  # nor from the heartbeat
+        scheduler.heartbeats.beat()  # nor from the heartbeat
         after = _rejected_evalsha(admin)
     finally:
         admin.close()

@@ -1,8 +1,8 @@
 """The shared scheduler: scrapy-redis's Scheduler with leases and an outbox.
 
 :class:`FrontierScheduler` is the class Scrapy loads (``SCHEDULER``): a thin
-adapter between Scrapy's engine and signals and four parts, as Scrapy's own
-scheduler delegates to its queues:
+adapter between Scrapy's engine and signals and the parts it delegates to,
+as Scrapy's own scheduler delegates to its queues:
 
 * :class:`~crawler.frontier.outbox.Outbox`: writes queued, then sent in
   batches (one commit per shard);
@@ -12,31 +12,37 @@ scheduler delegates to its queues:
 * :class:`~crawler.frontier.router.ShardRouter`: which shard the next lease
   call goes to, and where its batch stops;
 * :class:`~crawler.frontier.leasebook.LeaseBook`: the leases held, their
-  buffer, acks, freed slots, give-backs and the last-chance rule.
+  buffer, acks, freed slots, give-backs and the last-chance rule;
+* :class:`~crawler.frontier.opening.Opening`: the checks and set-up at
+  open (configuration errors, scrapy-redis spiders, ``start_urls``);
+* :class:`~crawler.frontier.heartbeat.Heartbeats`: the heartbeats on the
+  reactor and in a thread, which keep the leases held;
+* :class:`~crawler.frontier.eviction.EvictionWatch`: a Redis that evicts
+  keys stops the crawl;
+* :class:`~crawler.frontier.revisits.Revisits` and
+  :class:`~crawler.frontier.deadletters.DeadLetters`: what a fetched
+  request and a request given up become.
 
-The adapter keeps what is Scrapy's: opening and closing, ``enqueue_request``
-(encoding, the local dupefilter memory), ``next_request`` (waking the
-engine), heartbeats, eviction checks, revisits and dead letters.
+The adapter keeps what is Scrapy's: ``open`` and ``close`` (and a forced
+stop), ``enqueue_request`` (encoding, the local dupefilter memory),
+``next_request`` (waking the engine), ``has_pending_requests``, and the
+engine's hooks (a download ended, a request finished).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, Spider, signals
-from scrapy.utils.asyncio import call_later, create_looping_call
+from scrapy.utils.asyncio import call_later
 from scrapy.utils.misc import build_from_crawler, load_object
-from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
-from twisted.internet.threads import deferToThread
 
-from crawler.config import FrontierConfig, close_at_open, stop_on_config_error
+from crawler.config import FrontierConfig
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.backoff import (
     CONFIG_ERROR_PAUSE,
@@ -50,13 +56,12 @@ from crawler.frontier.compat import (
     queue_class,
     refusals,
 )
-from crawler.frontier.connection import (
-    cluster_enabled,
-    config_error_message,
-    drop_connections,
-    get_redis,
-    is_no_master,
-    redis_location,
+from crawler.frontier.connection import get_redis, redis_location
+from crawler.frontier.deadletters import (
+    DEFAULT_PRIORITY_ADJUST,
+    DeadLetters,
+    first_priority,
+    whole_number,
 )
 from crawler.frontier.eviction import EvictionWatch
 from crawler.frontier.feedstop import finish_local_feeds, warn_remote_feeds
@@ -67,87 +72,35 @@ from crawler.frontier.forcedstop import (
     run_bounded,
 )
 from crawler.frontier.health import may_call_redis
-from crawler.frontier.heartbeat import HeartbeatThread
-from crawler.frontier.intake import IntakeKeys
+from crawler.frontier.heartbeat import Heartbeats
 from crawler.frontier.leasebook import REVISIT_META, LeaseBook
+from crawler.frontier.opening import Opening
 from crawler.frontier.outbox import Op, Outbox
-from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.redis_seeds import DurableSeeds
+from crawler.frontier.revisits import Revisits
 from crawler.frontier.router import EMPTY_SHARD_RECHECK, ShardRouter
 from crawler.frontier.session import Session
 from crawler.frontier.shards import ShardCountError
-from crawler.frontier.signals import request_dead, request_fetched
+from crawler.frontier.signals import RETRY_DELAY_META
 from crawler.frontier.sites import SLOT_META, slot_of
-from crawler.frontier.store import (
-    PRIORITY_LIMIT,
-    Committed,
-    Lease,
-    NotDue,
-    Push,
-    Retry,
-    Revisit,
-)
-from crawler.keys import slot_warning
+from crawler.frontier.store import PRIORITY_LIMIT, Committed, Lease, NotDue, Push, Retry
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Self
 
     from scrapy.crawler import Crawler
-    from scrapy.http import Response
-    from scrapy.http.headers import Headers
-    from twisted.python.failure import Failure
 
     from crawler.frontier.queue import LeasedPriorityQueue
 
 logger = logging.getLogger(__name__)
 
+#: Names other modules import from here (their homes are the parts).
 __all__ = [
-    "CONFIG_ERROR_PAUSE", "EMPTY_SHARD_RECHECK", "OUTAGE_BACKOFF_CAP", "RETRY_DELAY_META",
-    "REVISIT_META", "UNREACHABLE", "FrontierScheduler",
+    "CONFIG_ERROR_PAUSE", "DEFAULT_PRIORITY_ADJUST", "EMPTY_SHARD_RECHECK",
+    "OUTAGE_BACKOFF_CAP", "RETRY_DELAY_META", "REVISIT_META", "UNREACHABLE",
+    "FrontierScheduler", "first_priority", "whole_number",
 ]
-
-#: Request meta key: seconds to hold the request in the retry set before it
-#: is queued again (set by :class:`crawler.middlewares.BackoffRetryMiddleware`).
-RETRY_DELAY_META = "frontier_retry_delay"
-#: Meta keys of one download that a revisit does not carry over.
-_NOT_REVISITED = frozenset({
-    "download_latency", "download_slot", "retry_times", RETRY_DELAY_META,
-    "redirect_times", "redirect_ttl",
-})
-#: Conditional headers of the last revisit: the next one sends its own.
-_CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
-
-
-#: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
-DEFAULT_PRIORITY_ADJUST = -1
-
-
-def whole_number(value: Any) -> int | None:
-    """``value`` when it is a whole number (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def first_priority(
-    priority: int, meta: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
-) -> int:
-    """The priority a request had when it was first scheduled, before
-    Scrapy's retries changed it.
-
-    Each retry (:func:`scrapy.downloadermiddlewares.retry.get_retry_request`)
-    adds the request's ``meta["priority_adjust"]``, else
-    ``RETRY_PRIORITY_ADJUST`` (default -1), to its priority and counts itself
-    in ``meta["retry_times"]``; this takes those retries off again, assuming
-    the adjustment did not change between them.
-
-    :param priority: the priority the request has now.
-    :param meta: its meta (``retry_times``, ``priority_adjust``; other types
-        than whole numbers count as absent).
-    :param priority_adjust: ``RETRY_PRIORITY_ADJUST``.
-    """
-    retries = whole_number(meta.get("retry_times")) or 0
-    adjust = whole_number(meta.get("priority_adjust"))
-    return priority - retries * (priority_adjust if adjust is None else adjust)
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -314,7 +267,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         scheduler.seen_max = max(0, config.local_seen)
         scheduler.outbox_delay = max(0.0, config.outbox_delay)
         scheduler.eviction = EvictionWatch(
-            scheduler.server, redis_location(settings), allowed=config.allow_eviction
+            scheduler.server, redis_location(settings), allowed=config.allow_eviction,
+            crawler=crawler,
         )
         scheduler._setup_state()
         return scheduler
@@ -324,8 +278,22 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self.outbox = Outbox(self.outbox_delay, self.flush_outbox, lambda: self.session.down_until)
         self.session = Session(self.server, self.crawler, self.holder, self.outbox, self)
         self.router = ShardRouter(self.holder, self.session, self.outbox, self._housekeeping)
+        self.dead_letters = DeadLetters(self.outbox, self.stats, self.crawler.settings)
+        self.heartbeats = Heartbeats(
+            self.crawler, self.session, self.holder, self.lease_timeout,
+            flush=self.flush_outbox, after_beat=self.eviction.watch,
+        )
         self.book = LeaseBook(
-            self.holder, self.outbox, self.stats, self._dead_entry, self._publish_held
+            self.holder, self.outbox, self.stats, self.dead_letters.entry,
+            self.heartbeats.publish_held,
+        )
+        self.dead_letters.lease_shards = self.book.lease_shards
+        self.heartbeats.book = self.book
+        self.revisits = Revisits(
+            self.book, self.outbox, self.df, self.stats, self.crawler.settings
+        )
+        self.opening = Opening(
+            self.crawler, self.server, self.session, self.eviction, self.holder
         )
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
@@ -336,31 +304,33 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: ``time.monotonic()`` when the next lease call may find work (None:
         #: none was queued when last asked).
         self._due_at: float | None = None
-        self._heartbeat: Any = None
-        #: Marks the worker live and extends its leases from a thread, with
-        #: a Redis client of its own, while a callback blocks the reactor.
-        self._beater: HeartbeatThread | None = None
         self._unhook_forced_stop: Callable[[], None] = lambda: None
         #: Fingerprints this worker recorded in the shared dupefilter, oldest
         #: first (``FRONTIER_LOCAL_SEEN``).
         self._seen: dict[bytes, None] = {}
-        #: Why leasing stopped: Redis evicted keys or may evict them (the
-        #: crawl is closing); None while it has not.
-        self.evicted: str | None = None
-        #: The eviction check running in a thread (:meth:`_watch_evictions`).
-        self._eviction_call: Any = None
         self._problems: set[str] = set()
         #: Whether this worker queues the start requests of the spider's
-        #: ``start_urls`` (:meth:`_claim_start_urls`); True until it knows.
+        #: ``start_urls`` (:meth:`Opening.claim_start_urls
+        #: <crawler.frontier.opening.Opening.claim_start_urls>`); True until
+        #: it knows.
         self._start_urls_mine = True
+
+    @property
+    def evicted(self) -> str | None:
+        """Why leasing stopped: Redis evicted keys or may evict them (the
+        crawl is closing); None while it has not
+        (:attr:`EvictionWatch.evicted <crawler.frontier.eviction.EvictionWatch.evicted>`)."""
+        return self.eviction.evicted
 
     # -- life cycle --------------------------------------------------------------
 
     def open(self, spider: Spider) -> None:
         """Create the queue, hook lease acknowledgement and start heartbeats.
 
-        The first Redis calls (site overrides, ``SCRIPT LOAD``, the worker's
-        ``alive`` script) check the configuration: a wrong password, a
+        The first Redis calls (the eviction policy, the shard count, site
+        overrides, ``SCRIPT LOAD``, the worker's ``alive`` script) check the
+        configuration (:meth:`Opening.check
+        <crawler.frontier.opening.Opening.check>`): a wrong password, a
         database the server lacks or an ACL that forbids what the crawler
         needs is logged in one line and stops the crawl before it starts;
         Redis being down is an outage, waited out later.
@@ -370,6 +340,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         :raises RuntimeError: Scrapy's engine no longer exposes the hook that
             tells when a request is finished.
+        :raises ValueError: a per-site setting is not valid.
         """
         self.spider = spider
         self.df.open()  # its keys come from the spider's name
@@ -381,185 +352,35 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             dupefilter_key=self.df.key,
             bloom=getattr(self.df, "bloom", None),
         )
-        if self.crawler.settings.getbool("ROBOTSTXT_OBEY") and not self.queue.policy.robots_gate:
-            logger.info(
-                "ROBOTSTXT_OBEY without crawler.politeness.SharedRobotsTxtMiddleware: each "
-                "worker fetches robots.txt itself and sites get their full concurrency at "
-                "once (that middleware fetches it once for the cluster and keeps its "
-                "Crawl-delay)", extra={"spider": spider},
-            )
+        self.opening.warn_robots(spider, self.queue)
         if hasattr(spider, "server"):
-            self._adopt_redis_spider(spider)
+            self.opening.adopt_redis_spider(spider)
             # scrapy-redis's own spiders take seeds durably too (redis_seeds.py)
             DurableSeeds.install(self, spider)
+        self.opening.warn_slots(spider, self.queue)
         shards = self.queue.shards
-        if cluster_enabled(self.crawler.settings) and (
-            warning := slot_warning(spider.name, len(shards))
-        ):
-            logger.warning("%s", warning, extra={"spider": spider})
-        self.session.spider = self.book.spider = spider
+        for part in (self.session, self.book, self.dead_letters, self.revisits, self.eviction):
+            part.spider = spider
         self.session.shards = shards
-        self.book.queue = self.queue
+        self.book.queue = self.dead_letters.queue = self.revisits.queue = self.queue
         self.router.open(shards)
-        overrides = self._site_settings()
+        overrides = self.opening.site_settings(self.queue)
         self._hook_engine()
-        if self.refused:
-            self._stop_at_open(self.refused)
+        mine = self.opening.check(spider, self.queue, self.refused, overrides)
+        if mine is None:  # a configuration error: the spider closes once open
             return
-        try:
-            refusal = self.eviction.start()
-            if refusal is not None:
-                self._stop_at_open(refusal)
-                return
-            shards.check_count()
-            for key, mapping in overrides.items():
-                by_shard: dict[int, dict[str, int]] = {}
-                for site, value in mapping.items():
-                    by_shard.setdefault(shards.index_of(site), {})[site] = value
-                for i, part in by_shard.items():
-                    self.server.hset(shards[i].key(key), mapping=part)
-            shards.load_scripts()
-            shards.alive(self.holder)
-            self._start_urls_mine = self._claim_start_urls(spider)
-        except (RedisError, ShardCountError) as exc:
-            message = (
-                self._shard_count_message(exc, len(shards.frontiers))
-                if isinstance(exc, ShardCountError)
-                else config_error_message(exc, self.crawler.settings)
-            )
-            if message is not None:
-                self._stop_at_open(message)
-                return
-            self.session.outage(exc)
-        signals_ = self.crawler.signals
-        signals_.connect(self._on_request_dead, signal=request_dead)
-        signals_.connect(self._on_request_fetched, signal=request_fetched)
-        signals_.connect(self._on_spider_error, signal=signals.spider_error)
-        signals_.connect(self._download_ended, signal=signals.request_left_downloader)
-        self._start_heartbeats()
+        self._start_urls_mine = mine
+        self.dead_letters.connect(self.crawler.signals)
+        self.revisits.connect(self.crawler.signals)
+        self.crawler.signals.connect(self._download_ended, signal=signals.request_left_downloader)
+        self.heartbeats.start(shards, spider)
         if self.flush_on_start:
             self.flush()
             try:
                 shards.check_count()  # the crawl's marker and shard count again
             except (*UNREACHABLE, ShardCountError):
                 pass  # (an outage, met again by the next call; a race with another worker)
-        self._log_resuming()
-
-    def _adopt_redis_spider(self, spider: Spider) -> None:
-        """Give a scrapy-redis spider the settings it read too early.
-
-        Scrapy builds the spider before it runs the add-ons, so
-        scrapy-redis's ``setup_redis`` read ``REDIS_URL`` and
-        ``MAX_IDLE_TIME_BEFORE_CLOSE`` before
-        :class:`crawler.addon.FrontierAddon` took them from the
-        environment, and made a client of its own (no I/O yet) with
-        scrapy-redis's options only. The spider now reads its seeds through
-        one of ours (the settings as the crawl has them, ``REDIS_PARAMS``
-        merged over our timeouts, no retries; on a cluster, one that follows
-        its slots): ``server`` and the client's methods it bound
-        (``fetch_data``, ``count_size``: ``SPOP``/``SCARD``/``LLEN``) are
-        replaced, so that no call goes to the first client's server. A
-        ``max_idle_time`` the spider's class leaves unset is read again
-        from the settings.
-        """
-        old, new = getattr(spider, "server", None), get_redis(self.crawler.settings)
-        setattr(spider, "server", new)  # noqa: B010 (not every spider has it)
-        for name in ("fetch_data", "count_size"):
-            bound: Any = getattr(spider, name, None)
-            if old is not None and getattr(bound, "__self__", None) is old:
-                setattr(spider, name, getattr(new, bound.__name__))
-        if hasattr(spider, "max_idle_time") and getattr(type(spider), "max_idle_time", 0) is None:
-            spider.max_idle_time = self.crawler.settings.getint("MAX_IDLE_TIME_BEFORE_CLOSE")
-
-    def _claim_start_urls(self, spider: Spider) -> bool:
-        """Whether this worker queues the requests of the spider's
-        ``start_urls``: the first worker of the crawl does, the others drop
-        theirs (:meth:`enqueue_request`), so that a spider whose ``start()``
-        is Scrapy's own (a plain ``Spider`` or ``CrawlSpider`` with
-        ``start_urls``) has them crawled once per crawl, not once per
-        worker. The first is the one that sets the marker of its seed list,
-        ``{<name>:start_urls}:start_urls_seeded`` (``SET NX``), the marker
-        :class:`~crawler.frontier.spider.FrontierSpider` sets when it pushes
-        its ``start_urls``; delete it to have them queued again.
-
-        A spider with a ``start()`` of its own (``FrontierSpider``, or one
-        that yields requests other than ``start_urls``) or without
-        ``start_urls`` is left alone: True.
-
-        :raises redis.exceptions.RedisError: Redis failed (the worker then
-            queues them: crawled twice rather than not at all).
-        """
-        urls = getattr(spider, "start_urls", None)
-        if type(spider).start is not Spider.start or not urls:
-            return True
-        seed_list = getattr(spider, "redis_key", None) or (
-            self.crawler.settings.get("REDIS_START_URLS_KEY") or "%(name)s:start_urls"
-        ) % {"name": spider.name}
-        marker = IntakeKeys.for_seed_list(seed_list).seeded
-        mine = bool(self.server.set(marker, str(int(time.time() * 1000)), nx=True))
-        if mine:
-            logger.info(
-                "Queueing the spider's %d start_urls for the whole crawl (marker %s; "
-                "the other workers drop theirs)", len(urls), marker, extra={"spider": spider},
-            )
-        else:
-            logger.info(
-                "start_urls were queued for this crawl already (%s; delete it to queue them "
-                "again): this worker drops its own", marker, extra={"spider": spider},
-            )
-        return mine
-
-    def _log_resuming(self) -> None:
-        """Log scrapy-redis's ``Resuming crawl (N requests scheduled)`` (at
-        INFO) when the frontier already holds requests: queued, waiting for
-        a retry or leased, in every shard. Nothing when Redis cannot be read
-        now (the outage is met, and waited out, by the next call), nor when
-        a counter holds a malformed value (the frontier's calls report it)."""
-        try:
-            scheduled = len(self.queue)
-        except UNREACHABLE:
-            return
-        except (ValueError, ResponseError) as exc:
-            logger.debug("Not counting the requests scheduled: %s", exc,
-                         extra={"spider": self.spider})
-            return
-        if scheduled:
-            logger.info("Resuming crawl (%d requests scheduled)", scheduled,
-                        extra={"spider": self.spider})
-
-    def _shard_count_message(self, exc: ShardCountError, count: int) -> str:
-        """The error's message, saying where this worker's count came from
-        when ``FRONTIER_SHARDS`` is not set (its default)."""
-        config = FrontierConfig.of(self.crawler)
-        if config.shards is not None:
-            return str(exc)
-        where = "on a Redis Cluster" if config.redis_cluster else "on one Redis server"
-        return f"{exc} (FRONTIER_SHARDS is not set: {count} is its default {where})"
-
-    def _site_settings(self) -> dict[str, dict[str, int]]:
-        """``DOWNLOAD_SLOTS``' delays and concurrency, then
-        ``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` (which win
-        for a site both name) and ``FRONTIER_SITE_REVISITS``, as the overrides ``scrapy frontier
-        delay|concurrency|revisit`` would store, by key (``delay``: ms,
-        ``conc``, ``revisit``: ms).
-
-        :raises ValueError: a site or a value is not valid (the message says
-            which setting, site and value).
-        """
-        config = FrontierConfig.of(self.crawler)
-        policy = self.queue.policy
-        out = {
-            "delay": {**policy.slot_delays, **parse_site_settings(
-                "delay", config.site_delays, "FRONTIER_SITE_DELAYS"
-            )},
-            "conc": {**policy.slot_concurrency, **parse_site_settings(
-                "conc", config.site_concurrency, "FRONTIER_SITE_CONCURRENCY"
-            )},
-            "revisit": parse_site_settings(
-                "revisit", config.site_revisits, "FRONTIER_SITE_REVISITS"
-            ),
-        }
-        return {key: mapping for key, mapping in out.items() if mapping}
+        self.opening.log_resuming(spider, self.queue)
 
     def _hook_engine(self) -> None:
         # Scrapy's engine calls _Slot.remove_request(request) once a request
@@ -598,12 +419,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self._unhook_forced_stop()
         wait = min(self.lease_timeout, CLOSE_REDIS_WAIT)
         deadline = time.monotonic() + wait
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
-        if self._beater is not None:
-            # (before the give-backs: a beat after them would extend them)
-            self._beater.stop(timeout=wait)
-            self._beater = None
+        # (before the give-backs: a beat after them would extend them)
+        self.heartbeats.stop(timeout=wait)
         if self._wake_call is not None:
             self._wake_call.cancel()
             self._wake_at = self._wake_call = None
@@ -665,12 +482,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         finish_local_feeds(self.crawler)
         if not self.book.leases:
             return
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
-        if self._beater is not None:
-            # (a beat after the give-back would only extend leases gone)
-            self._beater.stop(timeout=0.2)
-            self._beater = None
+        # (a beat after the give-back would only extend leases gone)
+        self.heartbeats.stop(timeout=0.2)
         held = self.book.give_back_all()
         self.session.down_until = 0.0
         if run_bounded(self.flush_outbox, GIVE_BACK_TIMEOUT):
@@ -812,7 +625,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         them (:attr:`evicted`): the crawl is closing, and what this worker
         holds is given back then.
         """
-        if self.evicted is not None:
+        if self.eviction.evicted is not None:
             return None
         request = self._next_request()
         if request is None:
@@ -949,115 +762,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if self.book.finished(request):
             self._due_at = time.monotonic()  # the drain is over: lease now
 
-    def _beat(self) -> None:
-        """The heartbeat (every third of ``FRONTIER_LEASE_TIMEOUT``): send the
-        outbox, mark this worker live (``{s}:alive``) and extend the leases
-        it holds.
-
-        It also goes while an outage's backoff runs (up to
-        ``OUTAGE_BACKOFF_CAP``, 30 s, past the outage's end): both writes
-        are idempotent. When Redis answers, the backoff ends there, so the
-        leases are extended and the worker goes on within a heartbeat of
-        Redis's return, instead of its leases expiring (another worker would
-        crawl them again) and the other workers' fair shares counting it
-        dead; when Redis is still down, nothing changes (the outage is
-        logged already). After a configuration error it sends nothing (the
-        crawl is closing). A refused call is no outage: the heartbeat goes.
-        """
-        if not may_call_redis(self.crawler):
-            self._publish_held()  # (the heartbeat thread extends them)
-            return
-        self.flush_outbox()
-        probing = self.session.probing()
-        if probing and self.session.config_stopped:
-            return  # a configuration error: no call until the crawl closes
-        # Leases stay extended until their ack is in Redis (an ack refused
-        # or in doubt waits in the outbox).
-        held = self.book.held()
-        if self._beater is not None:
-            self._beater.hold(held)
-        try:
-            # (a node that restarted without the scripts gets them loaded:
-            # FrontierShards._each)
-            self.queue.shards.alive(self.holder)
-            if held:
-                self.queue.shards.extend(held)
-        except UNREACHABLE as exc:
-            if not probing:
-                self.session.failed(exc)
-            elif is_no_master(exc):  # (still a replica behind the endpoint)
-                drop_connections(self.server)
-            return
-        if probing:
-            logger.info("Redis answers the heartbeat: the outage's backoff ends",
-                        extra={"spider": self.spider})
-            self.session.down_until = 0.0
-            self.flush_outbox()
-        self._watch_evictions()
-
-    def _publish_held(self) -> None:
-        """Hand the heartbeat thread the lease ids held now (a snapshot)."""
-        if self._beater is not None:
-            self._beater.hold(self.book.held())
-
-    def _start_heartbeats(self) -> None:
-        """Start both heartbeats, every third of ``FRONTIER_LEASE_TIMEOUT``:
-        :meth:`_beat` on the reactor (it also sends the outbox and ends an
-        outage's backoff), and :class:`HeartbeatThread`, with a Redis client
-        of its own, which goes on while a callback blocks the reactor. Without
-        one (a cluster that does not answer now) the reactor's heartbeat
-        beats alone, and a callback that blocks the reactor longer than a
-        lease loses the worker's leases."""
-        self._heartbeat = create_looping_call(self._beat)
-        self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
-        try:
-            client = get_redis(self.crawler.settings)
-        except (*UNREACHABLE, ValueError) as exc:
-            logger.warning("No heartbeat thread (its Redis client failed: %s): "
-                           "a callback that blocks the reactor for longer than "
-                           "FRONTIER_LEASE_TIMEOUT loses this worker's leases", exc,
-                           extra={"spider": self.spider})
-            return
-        self._beater = HeartbeatThread(
-            self.queue.shards.frontiers, client, self.holder, max(0.1, self.lease_timeout / 3)
-        )
-        self._publish_held()
-        self._beater.start()
-
-    def _watch_evictions(self) -> None:
-        """Check, in a thread, whether Redis evicted keys or may evict them
-        (:meth:`crawler.frontier.eviction.EvictionWatch.check`: ``INFO``
-        and ``CONFIG GET``, on the heartbeat's schedule, one check at a
-        time); :meth:`_evictions_checked` handles the answer."""
-        if self._eviction_call is not None or self.evicted is not None:
-            return
-        self._eviction_call = deferToThread(self.eviction.check)
-        self._eviction_call.addCallbacks(self._evictions_checked, self._eviction_check_failed)
-
-    def _evictions_checked(self, message: str | None) -> None:
-        """Stop leasing when ``message`` says Redis evicted keys or may
-        evict them: one ERROR line (``Configuration error: ...``), the
-        spider closed with the reason ``config_error`` (its leases given
-        back, ``scrapy crawl`` exits with status 1)."""
-        self._eviction_call = None
-        if message is None or self.evicted is not None:
-            return
-        self.evicted = message
-        self.stats.set_value("frontier/evicted", 1)
-        stop_on_config_error(self.crawler, message)
-
-    def _eviction_check_failed(self, failure: Failure) -> None:
-        """A failed eviction check: Redis being down is the heartbeat's to
-        report (the next beat checks again); anything else is logged."""
-        self._eviction_call = None
-        if isinstance(failure.value, UNREACHABLE):
-            logger.debug("Eviction check failed: %s", failure.value, extra={"spider": self.spider})
-            return
-        logger.error(
-            "Eviction check failed: %s", failure.getErrorMessage(),
-            exc_info=failure.value, extra={"spider": self.spider},
-        )
-
     def has_pending_requests(self) -> bool:
         """Whether any request is queued, waiting for a retry or leased, anywhere.
 
@@ -1089,116 +793,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def __len__(self) -> int:
         return len(self.queue)
 
-    # -- revisits ------------------------------------------------------------------
-
-    def _on_request_fetched(
-        self, request: Request, validators: dict[str, str], **kwargs: Any
-    ) -> None:
-        """Commit a revisit of ``request`` with its ack, if this worker leased
-        it (a request fetched outside the frontier, robots.txt say, is not
-        revisited)."""
-        entry = self.book.entries.get(request)
-        if entry is None or not self.queue.frontier.revisit_after_ms:
-            return
-        try:
-            # The request as it was queued: the headers and meta the
-            # downloader middlewares add are this download's, not the next.
-            queued = self.queue.decode(*entry)
-            meta = {k: v for k, v in queued.meta.items() if k not in _NOT_REVISITED}
-            meta[REVISIT_META] = dict(validators)
-            data = self.queue.encode(
-                queued.replace(meta=meta, headers=self._revisit_headers(queued))
-            )
-        except ValueError as exc:  # cannot happen for an entry that was decoded
-            logger.error("Revisit not scheduled: %s", exc, extra={"spider": self.spider})
-            return
-        fingerprint = self.df.request_fingerprint(request)
-        site = slot_of(request)
-        self.outbox.write(
-            "revisits", item=Revisit(data, site, request.priority, fingerprint),
-            shard=self.queue.shards.index_of(site),
-        )
-        self.stats.inc_value("frontier/revisits/scheduled")
-
-    def _revisit_headers(self, queued: Request) -> Headers:
-        """``queued``'s headers less those the downloader middlewares add to
-        each download (a redirect target is queued with them): the last
-        conditional headers, ``Accept-Encoding`` and ``Cookie`` always,
-        ``User-Agent`` and ``DEFAULT_REQUEST_HEADERS`` when they are the
-        settings' values. So a revisit gets the settings of the worker that
-        fetches it, and its entry stays small."""
-        headers = queued.headers.copy()
-        for name in (*_CONDITIONAL, b"Accept-Encoding", b"Cookie"):
-            headers.pop(name, None)
-        settings = self.crawler.settings
-        defaults = {
-            "User-Agent": settings.get("USER_AGENT"),
-            **settings.getdict("DEFAULT_REQUEST_HEADERS"),
-        }
-        for name, value in defaults.items():
-            if value is not None and headers.get(name) == to_bytes(str(value)):
-                headers.pop(name, None)
-        return headers
-
-    # -- dead letters --------------------------------------------------------------
-
-    def _on_request_dead(
-        self, request: Request, reason: str, error: str | None = None, **kwargs: Any
-    ) -> None:
-        self.dead_letter(request, reason, error)
-
-    def _on_spider_error(self, failure: Failure, response: Response, **kwargs: Any) -> None:
-        request = getattr(response, "request", None)
-        if request is not None:
-            self.dead_letter(request, "callback raised", repr(failure.value))
-
     def dead_letter(self, request: Request, reason: str, error: str | None = None) -> None:
         """Record ``request`` in ``{s}:dead`` as JSON: url, reason, attempts,
         last error, time (Unix seconds), the encoded request and the priority
-        it was first scheduled with (for requeue)."""
-        try:
-            encoded: str | None = self.queue.encode(request, compact=False).decode()
-        except ValueError:
-            encoded = None
-        record = {
-            "url": request.url,
-            "reason": reason,
-            "attempts": request.meta.get("retry_times", 0) + 1,
-            "last_error": error,
-            "time": time.time(),
-            "request": encoded,
-            # Before Scrapy's retries lowered it, by this crawl's own
-            # RETRY_PRIORITY_ADJUST: what `scrapy deadletters requeue` restores.
-            "first_priority": first_priority(
-                request.priority, request.meta,
-                self.crawler.settings.getint("RETRY_PRIORITY_ADJUST"),
-            ),
-        }
-        self._dead(record, slot_of(request))
-        logger.warning("Dead letter for %s: %s", request.url, reason)
-
-    def _dead_entry(
-        self, data: bytes, lease_id: str, exc: Exception, site: str | None = None
-    ) -> None:
-        """A leased entry that is no request here: a dead letter with the
-        entry and its site (so ``scrapy deadletters requeue`` can send it back
-        once the cause is fixed, e.g. its Request class made importable)."""
-        reason = f"undecodable frontier entry: {type(exc).__name__}: {exc}"
-        logger.error("%s", reason, extra={"spider": self.spider})
-        record = {"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
-                  "time": time.time(), "request": None, "entry": data.decode("latin-1")}
-        if site is not None:
-            record["site"] = site
-        shard = self.book.lease_shards.pop(lease_id, 0)
-        self._dead(record, site, shard)
-        self.outbox.write("acks", item=lease_id, shard=shard)
-
-    def _dead(self, record: dict[str, Any], site: str | None, shard: int | None = None) -> None:
-        """Queue a dead letter for the shard of ``site`` (or ``shard``)."""
-        if shard is None:
-            shard = 0 if site is None else self.queue.shards.index_of(site)
-        self.outbox.write("dead", item=json.dumps(record, default=str).encode(), shard=shard)
-        self.stats.inc_value("frontier/dead")
+        it was first scheduled with (for requeue):
+        :meth:`DeadLetters.record <crawler.frontier.deadletters.DeadLetters.record>`."""
+        self.dead_letters.record(request, reason, error)
 
     def after_commit(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` once every write queued so far is in Redis.
@@ -1308,19 +908,3 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def wake(self) -> None:
         """Wake the engine now."""
         self._wake_engine()
-
-    def _stop_at_open(self, message: str) -> None:
-        """Report the configuration error ``message`` (one log line) and
-        close the spider once it is open, with no Redis call meanwhile.
-
-        Raised now, CloseSpider would skip the rest of Scrapy's start-up
-        (the item pipelines), whose close then fails: it is raised once the
-        spider is open instead."""
-        self._close_spider = close_at_open(self.crawler, message)
-        self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
-        self.session.stop()
-
-    def _close_at_open(self) -> None:
-        """``spider_opened`` handler after a configuration error at open."""
-        raise self._close_spider
-
