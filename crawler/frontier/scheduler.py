@@ -31,7 +31,6 @@ engine's hooks (a download ended, a request finished).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
@@ -49,13 +48,8 @@ from crawler.frontier.backoff import (
     OUTAGE_BACKOFF_CAP,
     UNREACHABLE,
 )
-from crawler.frontier.compat import (
-    DEFAULT_DUPEFILTER_CLASS,
-    DEFAULT_QUEUE_CLASS,
-    dupefilter_class,
-    queue_class,
-    refusals,
-)
+from crawler.frontier.closing import Closing
+from crawler.frontier.compat import scheduler_options
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.deadletters import (
     DEFAULT_PRIORITY_ADJUST,
@@ -64,19 +58,15 @@ from crawler.frontier.deadletters import (
     whole_number,
 )
 from crawler.frontier.eviction import EvictionWatch
-from crawler.frontier.feedstop import finish_local_feeds, warn_remote_feeds
-from crawler.frontier.forcedstop import (
-    CLOSE_REDIS_WAIT,
-    GIVE_BACK_TIMEOUT,
-    before_reactor_stops,
-    run_bounded,
-)
+from crawler.frontier.feedstop import warn_remote_feeds
+from crawler.frontier.forcedstop import before_reactor_stops
 from crawler.frontier.health import may_call_redis
 from crawler.frontier.heartbeat import Heartbeats
 from crawler.frontier.leasebook import REVISIT_META, LeaseBook
 from crawler.frontier.opening import Opening
 from crawler.frontier.outbox import Op, Outbox
 from crawler.frontier.redis_seeds import DurableSeeds
+from crawler.frontier.reports import Reports
 from crawler.frontier.revisits import Revisits
 from crawler.frontier.router import EMPTY_SHARD_RECHECK, ShardRouter
 from crawler.frontier.session import Session
@@ -110,7 +100,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     (``SCHEDULER_QUEUE_CLASS``); the dupefilter (``DUPEFILTER_CLASS``) gives
     the fingerprints and the set's key. scrapy-redis's settings keep their
     names: ``SCHEDULER_PERSIST``, ``SCHEDULER_FLUSH_ON_START``,
-    ``SCHEDULER_SERIALIZER`` (default here: JSON; never pickle unless named).
+    ``SCHEDULER_SERIALIZER`` (default here: JSON; never pickle unless named;
+    :func:`crawler.frontier.compat.scheduler_options`).
 
     **Leases.** :meth:`next_request` leases a request. Its site's download
     slot (politeness) is freed when the download ends; the lease ends (one
@@ -119,10 +110,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     pipelines (:class:`~crawler.pipelines.MongoPipeline` returns only once an
     item is stored) and every request it yielded was queued, or its failure
     was handled. Leases held are extended every ``FRONTIER_LEASE_TIMEOUT / 3``
-    seconds, from a thread with a Redis client of its own
-    (:class:`~crawler.frontier.heartbeat.HeartbeatThread`: a callback that
-    blocks the reactor does not stop it); a killed worker's leases expire
-    and any worker returns them to the queue. At close, leases not finished are given back.
+    seconds, also while a callback blocks the reactor
+    (:class:`~crawler.frontier.heartbeat.Heartbeats`); a killed worker's
+    leases expire and any worker returns them to the queue. At close, leases
+    not finished are given back (:class:`~crawler.frontier.closing.Closing`).
+    Lease ids are ``<worker id>#<nonce>:<n>``, so a worker restarted under
+    the same id never takes over a dead process's leases.
 
     **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
     no more than the downloader has free slots for, into a local buffer
@@ -132,51 +125,40 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     before a site that joined its shard's ready index more than
     ``FRONTIER_FIFO_SLACK`` seconds (default 0) after another shard's first
     site of that priority (first in, first out across shards). Each worker
-    remembers the
-    last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in the shared
-    dupefilter and drops a repeat of one (``enqueue_request`` returns False)
-    without asking Redis: the shared dupefilter only grows while a crawl
-    runs, so what this worker recorded there stays seen. Redis coming back
-    from an outage, a restart or a failover may hold an older dupefilter,
-    so the memory is cleared whenever Redis could not be reached or had
-    forgotten the scripts.
+    remembers the last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in
+    the shared dupefilter and drops a repeat of one (``enqueue_request``
+    returns False) without asking Redis: the shared dupefilter only grows
+    while a crawl runs, so what this worker recorded there stays seen. Redis
+    coming back from an outage, a restart or a failover may hold an older
+    dupefilter, so the memory is cleared whenever Redis could not be reached
+    or had forgotten the scripts.
 
-    **Outbox.** Writes (new requests, retries, dead letters, freed slots,
-    acks, leases given back) are queued and sent as one atomic
-    ``commit.lua`` call, pipelined with the next lease call (one round trip
-    for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
-    first of them when no lease call comes sooner (one call per shard with
-    ``FRONTIER_SHARDS`` > 1, and an ack waits for the calls of other shards
-    that carry requests queued before it: :meth:`Outbox.batches`). A batch of
-    seeds is therefore queued atomically, a lease is acknowledged only with
-    or after the requests its callback yielded (a worker killed with writes
-    unsent loses the ack with the requests, and its lease is crawled
-    again), and a Redis
-    outage is waited out with backoff: nothing is dropped, the worker keeps
-    running, and the outbox is sent once Redis answers again.
+    **Writes.** Every write (new requests, retries, dead letters, freed
+    slots, acks, leases given back, revisits) is queued in the
+    :class:`~crawler.frontier.outbox.Outbox` and sent as one atomic commit
+    per shard, pipelined with the next lease call or on its own
+    ``FRONTIER_OUTBOX_DELAY`` seconds later: a batch of seeds is queued
+    atomically, and a lease is acknowledged only with or after the requests
+    its callback yielded (a worker killed with writes unsent loses the ack
+    with the requests, and its lease is crawled again). The
+    :class:`~crawler.frontier.session.Session` never sends a call twice,
+    finds out what a call whose reply was lost did before it sends anything
+    else, waits out an outage with backoff (nothing is dropped, the worker
+    keeps running) and logs a call a script refused (a key of the wrong type:
+    nothing was written), sending it again after a backoff until the key is
+    fixed. Bad values the scripts met and worked around are logged once each
+    (:class:`~crawler.frontier.reports.Reports`).
 
-    **Lost replies.** No call is ever sent twice on the client's own
-    initiative (redis-py's retries are off, see
-    :func:`~crawler.frontier.connection.get_redis`). When a reply is lost
-    (the connection drops or times out after the call was sent), the worker
-    does not guess: before it sends anything else it reads the commit
-    marker ``{s}:sent:<holder>`` (did the commit run?) and the lease data
-    of the ids it asked for (which leases did it take?), and goes on from
-    there. Lease ids are ``<worker id>#<nonce>:<n>``, so a worker restarted
-    under the same id never takes over a dead process's leases.
-
-    **Refusals.** A script that refuses a call (a key of the wrong type, a
-    counter that is not a number) has written nothing: it is no outage. The
-    error, which names the key and the value, is logged; the writes stay
-    queued and are sent again after a backoff, until the key is fixed. Bad
-    values the scripts met and worked around (an override that is not a
-    number falls back to the default) are logged once each.
-
-    **Retries and dead letters.** A request whose meta has
-    ``frontier_retry_delay`` goes to the retry set for that many seconds. The
-    signal :data:`~crawler.frontier.signals.request_dead` and a callback that
-    raises (``spider_error``) add a dead letter to ``{s}:dead``; so does an
-    entry that cannot be decoded (a pickled payload, say).
+    **Retries, dead letters, revisits.** A request whose meta has
+    ``frontier_retry_delay`` goes to the retry set for that many seconds. A
+    request given up (signal :data:`~crawler.frontier.signals.request_dead`),
+    one whose callback raised, and a leased entry that cannot be decoded
+    become dead letters in ``{s}:dead``
+    (:class:`~crawler.frontier.deadletters.DeadLetters`). With
+    ``FRONTIER_REVISIT_AFTER`` > 0 a leased request reported fetched is
+    committed with its ack as a conditional revisit
+    (:class:`~crawler.frontier.revisits.Revisits`); a lease call queues due
+    revisits past the dupefilter, and revisits not due are not pending work.
 
     Changes from :class:`scrapy_redis.scheduler.Scheduler` beyond those: built
     with ``from_crawler`` and no I/O (scrapy-redis pings Redis in
@@ -200,15 +182,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     lease: each tells how long to wait, never 0 without progress),
     ``frontier/problems`` (bad values met in Redis),
     ``frontier/revisits/scheduled`` (fetched requests committed as revisits),
-    ``frontier/revisits/leased`` (revisits this worker leased).
-
-    **Revisits.** With ``FRONTIER_REVISIT_AFTER`` > 0, a leased request
-    reported fetched (signal :data:`~crawler.frontier.signals.request_fetched`,
-    sent by :class:`crawler.middlewares.RevisitMiddleware`) is committed with
-    its ack as a revisit, due that many seconds later (or its site's
-    ``{s}:revisit`` override): one per fingerprint, its response's validators
-    in its meta (:data:`REVISIT_META`). A lease call queues due revisits past
-    the dupefilter. Revisits not due are not pending work.
+    ``frontier/revisits/leased`` (revisits this worker leased),
+    ``frontier/evicted``, ``frontier/start_urls/dropped``,
+    ``frontier/last_chance/leased``, ``frontier/last_chance/drains``.
     """
 
     queue: LeasedPriorityQueue
@@ -225,32 +201,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the scheduler and its dupefilter; connect to Redis lazily."""
         settings = crawler.settings
-        kwargs: dict[str, Any] = {
-            "persist": settings.getbool("SCHEDULER_PERSIST"),
-            "flush_on_start": settings.getbool("SCHEDULER_FLUSH_ON_START"),
-        }
-        if value := settings.get("SCHEDULER_QUEUE_KEY"):
-            kwargs["queue_key"] = value
-        refused = refusals(settings)
-        if refused:
-            # Reported in one line when the scheduler opens (no Redis I/O
-            # then); the frontier's own classes keep this object whole.
-            kwargs["queue_cls"] = DEFAULT_QUEUE_CLASS
-            dupefilter_path = DEFAULT_DUPEFILTER_CLASS
-        else:
-            kwargs["queue_cls"] = queue_class(settings)
-            dupefilter_path = dupefilter_class(settings)
-            for setting, path in (
-                ("SCHEDULER_QUEUE_CLASS", kwargs["queue_cls"]),
-                ("DUPEFILTER_CLASS", dupefilter_path),
-            ):
-                given = settings.get(setting)
-                if given and given != path:
-                    logger.info("%s=%s: taken as %s", setting, given, path)
-        serializer = settings.get("SCHEDULER_SERIALIZER")
-        if isinstance(serializer, str):
-            serializer = importlib.import_module(serializer)
-        kwargs["serializer"] = serializer or json_serializer
+        kwargs, dupefilter_path, refused = scheduler_options(settings)
+        kwargs.setdefault("serializer", json_serializer)
         kwargs["dupefilter"] = build_from_crawler(load_object(dupefilter_path), crawler)
         scheduler = cls(server=get_redis(settings), **kwargs)
         scheduler.refused = "; ".join(refused)
@@ -277,7 +229,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: The parts (see the module's docstring).
         self.outbox = Outbox(self.outbox_delay, self.flush_outbox, lambda: self.session.down_until)
         self.session = Session(self.server, self.crawler, self.holder, self.outbox, self)
-        self.router = ShardRouter(self.holder, self.session, self.outbox, self._housekeeping)
+        self.reports = Reports(self.crawler, self.df)
+        self.router = ShardRouter(
+            self.holder, self.session, self.outbox, self.reports.lease_result
+        )
         self.dead_letters = DeadLetters(self.outbox, self.stats, self.crawler.settings)
         self.heartbeats = Heartbeats(
             self.crawler, self.session, self.holder, self.lease_timeout,
@@ -295,6 +250,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self.opening = Opening(
             self.crawler, self.server, self.session, self.eviction, self.holder
         )
+        self.closing = Closing(
+            self.crawler, self.session, self.book, self.heartbeats, self.outbox,
+            holder=self.holder, lease_timeout=self.lease_timeout, flush=self.flush_outbox,
+        )
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
         self.redis_health = self.session.redis_health
@@ -308,7 +267,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: Fingerprints this worker recorded in the shared dupefilter, oldest
         #: first (``FRONTIER_LOCAL_SEEN``).
         self._seen: dict[bytes, None] = {}
-        self._problems: set[str] = set()
         #: Whether this worker queues the start requests of the spider's
         #: ``start_urls`` (:meth:`Opening.claim_start_urls
         #: <crawler.frontier.opening.Opening.claim_start_urls>`); True until
@@ -359,9 +317,10 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             DurableSeeds.install(self, spider)
         self.opening.warn_slots(spider, self.queue)
         shards = self.queue.shards
-        for part in (self.session, self.book, self.dead_letters, self.revisits, self.eviction):
+        for part in (self.session, self.book, self.dead_letters, self.revisits, self.eviction,
+                     self.reports, self.closing):
             part.spider = spider
-        self.session.shards = shards
+        self.session.shards = self.reports.shards = self.closing.shards = shards
         self.book.queue = self.dead_letters.queue = self.revisits.queue = self.queue
         self.router.open(shards)
         overrides = self.opening.site_settings(self.queue)
@@ -401,100 +360,23 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         slot.remove_request = remove_request  # type: ignore[union-attr]
         # A forced stop stops the reactor without closing the engine.
-        self._unhook_forced_stop = before_reactor_stops(self._give_back_at_forced_stop)
+        self._unhook_forced_stop = before_reactor_stops(self.closing.give_back_at_forced_stop)
         warn_remote_feeds(self.crawler)
 
     def close(self, reason: str) -> None:
-        """Give back unfinished leases, send the outbox, stop heartbeats.
-
-        Redis is waited for at most ``CLOSE_REDIS_WAIT`` (10 s, or
-        ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
-        socket timeouts: past it, what was not sent is left out. Nothing
-        is lost: a lease is acknowledged only in or after the commits that
-        queue the requests its page yielded (:meth:`Outbox.batches`), so an
-        unsent ack and its requests go together, the lease expires and the
-        page is crawled again (its items, already stored, are stored again
-        in place).
-        """
+        """Give back unfinished leases, send the outbox, stop heartbeats
+        (:meth:`Closing.close <crawler.frontier.closing.Closing.close>`:
+        Redis is waited for at most ``CLOSE_REDIS_WAIT``, 10 s, or
+        ``FRONTIER_LEASE_TIMEOUT`` when shorter; past it, what was not sent
+        is left out, and nothing is lost: the leases not acknowledged expire
+        and are crawled again). Without ``SCHEDULER_PERSIST``, the queue and
+        the dupefilter are then cleared (when Redis answered)."""
         self._unhook_forced_stop()
-        wait = min(self.lease_timeout, CLOSE_REDIS_WAIT)
-        deadline = time.monotonic() + wait
-        # (before the give-backs: a beat after them would extend them)
-        self.heartbeats.stop(timeout=wait)
         if self._wake_call is not None:
             self._wake_call.cancel()
             self._wake_at = self._wake_call = None
-        sent = run_bounded(
-            lambda: self._send_at_close(deadline),
-            max(0.0, deadline - time.monotonic()) + 0.5,
-            what="The frontier's writes at close",
-        )
-        if not sent:
-            logger.error(
-                "Redis unreachable or refusing at close: %d frontier writes not sent "
-                "within %.0f s (unacknowledged leases will expire and be crawled again)",
-                len(self.outbox), wait, extra={"spider": self.spider},
-            )
-            if sent is None or self.session.unreachable:  # (no answer: no more calls)
-                return  # (the registry forgets this worker after its last heartbeat)
-        try:
-            self.queue.shards.leave(self.holder)
-        except UNREACHABLE:
-            pass  # it stops counting a lease's length after its last heartbeat
-        if not self.persist:
+        if self.closing.close() and not self.persist:
             self.flush()
-
-    def _send_at_close(self, deadline: float) -> bool:
-        """Resolve a call in doubt, give back the leases held, send the
-        outbox; try until ``deadline`` (``time.monotonic()``). Returns
-        whether everything was sent."""
-        # A call in doubt first: the leases it took are given back too.
-        while self.session.in_doubt is not None and time.monotonic() < deadline:
-            self.session.down_until = 0.0
-            if not self.session.resolve():
-                self._pause_until(deadline)
-        held = self.book.give_back_all()
-        if held:
-            self.stats.inc_value("frontier/leases/released", held)
-            logger.info("Gave back %d unfinished leases", held)
-        while self.outbox and time.monotonic() < deadline:
-            self.session.down_until = 0.0
-            if not self.flush_outbox():
-                self._pause_until(deadline)
-        return self.session.in_doubt is None and not self.outbox
-
-    def _pause_until(self, deadline: float) -> None:
-        """Sleep the backoff (0.5 s without one), at most 1 s, until ``deadline``."""
-        time.sleep(max(0.0, min(1.0, self.session.backoff or 0.5, deadline - time.monotonic())))
-
-    def _give_back_at_forced_stop(self) -> None:
-        """The reactor stops before :meth:`close` ran (a second SIGTERM or
-        SIGINT): give every held lease back, with the outbox, in one commit
-        that waits at most ``GIVE_BACK_TIMEOUT`` (2 s) for Redis.
-
-        A give-back is not a failed delivery: the request goes back to the
-        front of its queue with its delivery count unchanged. A reply lost or
-        late is not sent again: the next call of any worker resolves it, or
-        the leases expire (and count as a delivery) as after a crash.
-        Local feed exports are finished first, before the outbox's acks
-        are sent (:func:`~crawler.frontier.feedstop.finish_local_feeds`).
-        """
-        finish_local_feeds(self.crawler)
-        if not self.book.leases:
-            return
-        # (a beat after the give-back would only extend leases gone)
-        self.heartbeats.stop(timeout=0.2)
-        held = self.book.give_back_all()
-        self.session.down_until = 0.0
-        if run_bounded(self.flush_outbox, GIVE_BACK_TIMEOUT):
-            self.stats.inc_value("frontier/leases/released", held)
-            logger.info("Forced stop: gave back %d unfinished leases", held)
-        else:
-            logger.warning(
-                "Forced stop: Redis did not confirm the give-back of %d leases "
-                "within %s s (they come back when they expire)",
-                held, GIVE_BACK_TIMEOUT,
-            )
 
     # -- enqueue -----------------------------------------------------------------
 
@@ -514,7 +396,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         A request of the spider's ``start_urls`` (Scrapy's ``start()`` marks
         it ``is_start_request``) is dropped (False, counted in
         ``frontier/start_urls/dropped``) when another worker queues them for
-        the crawl (:meth:`_claim_start_urls`); the mark is not stored.
+        the crawl (:meth:`Opening.claim_start_urls
+        <crawler.frontier.opening.Opening.claim_start_urls>`); the mark is not
+        stored.
 
         Every duplicate is handed to the dupefilter's ``log(request,
         spider)``, which logs it as Scrapy does (the first one, or all of
@@ -669,12 +553,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.book.last_passed(result[0] if isinstance(result, list) else result, shard)
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
-                self._housekeeping(result[0], shard)
+                self.reports.lease_result(result[0], shard)
                 self.router.leased(shard, result[0])
                 self.book.take(result)
             elif isinstance(result, NotDue):
                 self.stats.inc_value("frontier/lease_calls/not_due")
-                self._housekeeping(result, shard)
+                self.reports.lease_result(result, shard)
                 now = self.router.not_due(shard, result)
                 asked.add(shard)
                 if len(self.router) == 1:
@@ -705,26 +589,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 return False
         self.router.peek_stale()
         return True
-
-    def _housekeeping(self, result: Lease | NotDue, shard: int) -> None:
-        """Count what a lease call to ``shard`` did besides leasing; log what it met."""
-        if result.expired:
-            self.stats.inc_value("frontier/leases/returned", result.expired)
-        if result.dead:
-            self.stats.inc_value("frontier/dead", result.dead)
-            logger.warning(
-                "%d requests moved to the dead-letter list %s by the frontier "
-                "(past FRONTIER_MAX_DELIVERIES, or unreadable)",
-                result.dead, self.queue.shards[shard].key("dead"), extra={"spider": self.spider},
-            )
-        self._log_problems(result.problems)
-
-    def _log_problems(self, problems: tuple[str, ...] | list[str]) -> None:
-        for text in problems:
-            if text not in self._problems:
-                self._problems.add(text)
-                self.stats.inc_value("frontier/problems")
-                logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
 
     def _want(self) -> int:
         """Requests to lease at once: the downloader's free slots, at least 1."""
@@ -852,42 +716,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         }
 
     def committed(self, shard: int, ops: list[Op], reply: Committed | None) -> None:
-        """The writes ``ops`` (``shard``'s commit) are in Redis.
-
-        ``reply`` is the commit's reply; None when its reply was lost and
-        Redis only told that it ran (then which pushes were duplicates is
-        not known, and the log says so).
-        """
-        pushes = [op for op in ops if op.kind == "pushes"]
-        if reply is None:
-            if pushes:
-                logger.info(
-                    "The reply to a frontier commit was lost; it ran, but which of its %d "
-                    "new requests were queued and which were filtered as duplicates is not "
-                    "known: they are not counted in scheduler/enqueued/redis or "
-                    "dupefilter/filtered, nor logged as duplicates",
-                    len(pushes), extra={"spider": self.spider},
-                )
-            return
-        # One flag per push, in the order of the ops (Outbox.commit_of keeps it).
-        for op, queued in zip(pushes, reply.pushed, strict=False):
-            if queued:
-                continue
-            if op.request is None:
-                self.stats.inc_value("dupefilter/filtered")
-                continue
-            self.df.log(op.request, self.spider)
-            self.crawler.signals.send_catch_log(
-                signals.request_dropped, request=op.request, spider=self.spider
-            )
-        for key, n in (
-            ("scheduler/enqueued/redis", sum(reply.pushed)),
-            ("frontier/leases/acked", reply.acked),
-        ):
-            if n:
-                self.stats.inc_value(key, n)
-        self._log_problems(reply.problems)
-        self.router.committed(shard, reply)
+        """The writes ``ops`` (``shard``'s commit) are in Redis: counted and
+        logged (:meth:`Reports.committed
+        <crawler.frontier.reports.Reports.committed>`); ``reply`` is None
+        when its reply was lost and Redis only told that it ran."""
+        self.reports.committed(ops, reply)
+        if reply is not None:
+            self.router.committed(shard, reply)
 
     def leases_found(self, leases: list[Lease]) -> None:
         """The leases a lease call whose reply was lost took: buffered."""
@@ -895,7 +730,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def passed_over(self, result: Lease | NotDue, shard: int) -> None:
         """A lease result sent again: what it met is counted."""
-        self._housekeeping(result, shard)
+        self.reports.lease_result(result, shard)
 
     def forget_shard(self, shard: int) -> None:
         """What was learnt of ``shard`` may be out of date."""
