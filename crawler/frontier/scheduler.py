@@ -37,17 +37,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
-from scrapy.utils.asyncio import call_later
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_redis.scheduler import Scheduler
 
 from crawler.config import FrontierConfig
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.backoff import (
-    CONFIG_ERROR_PAUSE,
-    OUTAGE_BACKOFF_CAP,
-    UNREACHABLE,
-)
+from crawler.frontier.backoff import CONFIG_ERROR_PAUSE, OUTAGE_BACKOFF_CAP, UNREACHABLE
 from crawler.frontier.closing import Closing
 from crawler.frontier.compat import scheduler_options
 from crawler.frontier.connection import get_redis, redis_location
@@ -57,6 +52,7 @@ from crawler.frontier.deadletters import (
     first_priority,
     whole_number,
 )
+from crawler.frontier.enqueuer import Enqueuer
 from crawler.frontier.eviction import EvictionWatch
 from crawler.frontier.feedstop import warn_remote_feeds
 from crawler.frontier.forcedstop import before_reactor_stops
@@ -72,8 +68,8 @@ from crawler.frontier.router import EMPTY_SHARD_RECHECK, ShardRouter
 from crawler.frontier.session import Session
 from crawler.frontier.shards import ShardCountError
 from crawler.frontier.signals import RETRY_DELAY_META
-from crawler.frontier.sites import SLOT_META, slot_of
-from crawler.frontier.store import PRIORITY_LIMIT, Committed, Lease, NotDue, Push, Retry
+from crawler.frontier.store import Committed, Lease, NotDue
+from crawler.frontier.wakeup import WakeUp
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -230,9 +226,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self.outbox = Outbox(self.outbox_delay, self.flush_outbox, lambda: self.session.down_until)
         self.session = Session(self.server, self.crawler, self.holder, self.outbox, self)
         self.reports = Reports(self.crawler, self.df)
-        self.router = ShardRouter(
-            self.holder, self.session, self.outbox, self.reports.lease_result
-        )
+        self.router = ShardRouter(self.holder, self.session, self.outbox, self.reports.lease_result)
+        self.enqueuer = Enqueuer(self.df, self.outbox, self.router, self.stats, self.seen_max)
+        self.wakeup = WakeUp(self.crawler)
         self.dead_letters = DeadLetters(self.outbox, self.stats, self.crawler.settings)
         self.heartbeats = Heartbeats(
             self.crawler, self.session, self.holder, self.lease_timeout,
@@ -244,12 +240,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         )
         self.dead_letters.lease_shards = self.book.lease_shards
         self.heartbeats.book = self.book
-        self.revisits = Revisits(
-            self.book, self.outbox, self.df, self.stats, self.crawler.settings
-        )
-        self.opening = Opening(
-            self.crawler, self.server, self.session, self.eviction, self.holder
-        )
+        self.revisits = Revisits(self.book, self.outbox, self.df, self.stats, self.crawler.settings)
+        self.opening = Opening(self.crawler, self.server, self.session, self.eviction, self.holder)
         self.closing = Closing(
             self.crawler, self.session, self.book, self.heartbeats, self.outbox,
             holder=self.holder, lease_timeout=self.lease_timeout, flush=self.flush_outbox,
@@ -257,16 +249,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
         self.redis_health = self.session.redis_health
-        #: The engine's wake-up for the next due request (_wake_when_due).
-        self._wake_call: Any = None
-        self._wake_at: float | None = None
-        #: ``time.monotonic()`` when the next lease call may find work (None:
-        #: none was queued when last asked).
-        self._due_at: float | None = None
         self._unhook_forced_stop: Callable[[], None] = lambda: None
-        #: Fingerprints this worker recorded in the shared dupefilter, oldest
-        #: first (``FRONTIER_LOCAL_SEEN``).
-        self._seen: dict[bytes, None] = {}
         #: Whether this worker queues the start requests of the spider's
         #: ``start_urls`` (:meth:`Opening.claim_start_urls
         #: <crawler.frontier.opening.Opening.claim_start_urls>`); True until
@@ -318,10 +301,11 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self.opening.warn_slots(spider, self.queue)
         shards = self.queue.shards
         for part in (self.session, self.book, self.dead_letters, self.revisits, self.eviction,
-                     self.reports, self.closing):
+                     self.reports, self.closing, self.enqueuer):
             part.spider = spider
         self.session.shards = self.reports.shards = self.closing.shards = shards
         self.book.queue = self.dead_letters.queue = self.revisits.queue = self.queue
+        self.enqueuer.queue = self.queue
         self.router.open(shards)
         overrides = self.opening.site_settings(self.queue)
         self._hook_engine()
@@ -372,9 +356,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         and are crawled again). Without ``SCHEDULER_PERSIST``, the queue and
         the dupefilter are then cleared (when Redis answered)."""
         self._unhook_forced_stop()
-        if self._wake_call is not None:
-            self._wake_call.cancel()
-            self._wake_at = self._wake_call = None
+        self.wakeup.cancel()
         if self.closing.close() and not self.persist:
             self.flush()
 
@@ -419,81 +401,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if request.meta.pop("is_start_request", False) and not self._start_urls_mine:
             self.stats.inc_value("frontier/start_urls/dropped")
             return False
-        return self._enqueue(request)
-
-    def _enqueue(self, request: Request) -> bool:
-        """:meth:`enqueue_request` past the start requests' check."""
-        delay = request.meta.pop(RETRY_DELAY_META, None)
-        try:
-            # Its site in the frontier, and its slot in Scrapy's downloader.
-            request.meta[SLOT_META] = self.queue.policy.slot_of(request)
-        except ValueError as exc:
-            logger.error("Request %s not scheduled: %s", request.url, exc,
-                         extra={"spider": self.spider})
-            self.stats.inc_value("scheduler/unencodable")
-            return False
-        fingerprint = None
-        if delay is None and not request.dont_filter and self._seen:
-            fingerprint = self.df.request_fingerprint(request)
-            if fingerprint in self._seen:
-                self.df.log(request, self.spider)
-                return False
-        if not -PRIORITY_LIMIT <= request.priority <= PRIORITY_LIMIT:
-            logger.error(
-                "cannot queue request %s: its priority %d is outside the frontier's "
-                "range, -%d to %d (see docs/requests.md)",
-                request.url, request.priority, PRIORITY_LIMIT, PRIORITY_LIMIT,
-                extra={"spider": self.spider},
-            )
-            self.stats.inc_value("scheduler/priority_out_of_range")
-            return False
-        try:
-            data = self.queue.encode(request)
-            if type(request) is not Request or b'{"!i":' in data:
-                self._check_rebuilds(request, data)
-        except ValueError as exc:  # EncodeError, or a callback not on the spider
-            logger.error("%s", exc, extra={"spider": self.spider})
-            self.stats.inc_value("scheduler/unencodable")
-            return False
-        site, priority = request.meta[SLOT_META], request.priority
-        shard = self.queue.shards.index_of(site)
-        if delay is not None:
-            retry = Retry(data, site, priority, float(delay))
-            self.outbox.write("retries", item=retry, shard=shard)
-            self.stats.inc_value("frontier/retries/scheduled")
-            return True
-        if fingerprint is None:
-            fingerprint = self.df.request_fingerprint(request)
-        push = Push(data, site, priority, fingerprint, request.dont_filter)
-        self.outbox.write("pushes", item=push, request=request, shard=shard)
-        self.router.note_push(shard, priority)
-        self._remember(fingerprint)
-        return True
-
-    def _check_rebuilds(self, request: Request, data: bytes) -> None:
-        """Decode ``data`` as a worker will: a Request subclass whose
-        ``__init__`` does not take back what ``to_dict`` gave (Scrapy's
-        :func:`~scrapy.utils.request.request_from_dict` passes every
-        attribute as a keyword), or an item in meta or cb_kwargs whose class
-        cannot be built from its fields, is refused now, not lost when
-        leased. Only subclasses and requests holding items pay for it.
-
-        :raises ValueError: naming the URL, the class and the cause.
-        """
-        try:
-            self.queue.decode(data, slot_of(request))
-        except Exception as exc:
-            raise ValueError(
-                f"cannot store request {request.url} in Redis: {type(request).__name__} "
-                f"cannot be rebuilt from its stored form ({type(exc).__name__}: {exc})"
-            ) from exc
-
-    def _remember(self, fingerprint: bytes) -> None:
-        if self.seen_max:
-            seen = self._seen
-            seen[fingerprint] = None
-            if len(seen) > self.seen_max:
-                del seen[next(iter(seen))]  # the oldest
+        return self.enqueuer.enqueue(request)
 
     # -- lease -------------------------------------------------------------------
 
@@ -513,28 +421,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             return None
         request = self._next_request()
         if request is None:
-            self._wake_when_due()
+            self.wakeup.when_due()
         return request
-
-    def _wake_when_due(self) -> None:
-        """Wake the engine in :meth:`next_due` seconds, unless a wake-up is
-        already set for then or sooner."""
-        if self._due_at is None:
-            return
-        at = self._due_at
-        due = max(0.0, at - time.monotonic())
-        if self._wake_at is not None and self._wake_at <= at:
-            return
-        if self._wake_call is not None:
-            self._wake_call.cancel()
-        self._wake_at = at
-        self._wake_call = call_later(due, self._wake_engine)
-
-    def _wake_engine(self) -> None:
-        self._wake_at = self._wake_call = None
-        slot = getattr(getattr(self.crawler, "engine", None), "_slot", None)
-        if slot is not None:
-            slot.nextcall.schedule()
 
     def _next_request(self) -> Request | None:
         if self.book.ready or not self._before_lease() or self.book.holding_back():
@@ -545,7 +433,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if shard is None or shard in asked or shard >= len(self.router):
                 shard = self.router.next_shard(asked)
             if shard is None:  # every shard said: nothing due now
-                self._due_at = self.router.earliest_due()
+                self.wakeup.due_at = self.router.earliest_due()
                 return None
             ids = self.book.new_ids(self._want())
             result = self.session.exchange(ids, shard)
@@ -562,7 +450,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 now = self.router.not_due(shard, result)
                 asked.add(shard)
                 if len(self.router) == 1:
-                    self._due_at = None if result.wait is None else now + result.wait
+                    self.wakeup.due_at = None if result.wait is None else now + result.wait
             # (leases found out after a lost reply are in the buffer too)
             if self.book.ready:
                 return self.book.hand_out()
@@ -606,9 +494,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Seconds until a site or retry becomes due, as the last lease that
         found nothing due reported (None: nothing was queued then). The spider
         sleeps that long before it wakes the engine."""
-        if self._due_at is None:
-            return None
-        return max(0.0, self._due_at - time.monotonic())
+        return self.wakeup.next_due
 
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
         """``request_left_downloader``: a leased request's slot is freed."""
@@ -618,13 +504,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # worth a lease of its shard now, not when the last NotDue said.
             now = time.monotonic()
             self.router.slot_freed(shard, now)
-            if self._due_at is not None and self._due_at > now:
-                self._due_at = now
+            self.wakeup.sooner(now)
 
     def _finished(self, request: Request) -> None:
         """The engine is done with ``request``: its lease is acknowledged."""
         if self.book.finished(request):
-            self._due_at = time.monotonic()  # the drain is over: lease now
+            self.wakeup.due_at = time.monotonic()  # the drain is over: lease now
 
     def has_pending_requests(self) -> bool:
         """Whether any request is queued, waiting for a retry or leased, anywhere.
@@ -738,8 +623,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def forget_seen(self) -> None:
         """Forget the fingerprints this worker recorded (``FRONTIER_LOCAL_SEEN``)."""
-        self._seen.clear()
+        self.enqueuer.forget_seen()
 
     def wake(self) -> None:
         """Wake the engine now."""
-        self._wake_engine()
+        self.wakeup.now()
