@@ -410,7 +410,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         Served from the local buffer while it holds any; otherwise the
         outbox and one ``lease.lua`` call, in one round trip, refill it (see
-        *Batches* and *Outbox*). With None, the engine is woken when the
+        *Batches* and *Writes*). With None, the engine is woken when the
         first site or retry becomes due (:meth:`next_due`), whatever the
         spider: Scrapy's engine otherwise asks again only when a download
         ends, or every 5 seconds. None once Redis evicted keys or may evict
