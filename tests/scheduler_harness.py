@@ -91,9 +91,9 @@ def open_scheduler(
     scheduler = build_from_crawler(FrontierScheduler, crawler)
     reactor_loop()
     scheduler.open(crawler.spider)
-    if not heartbeat_thread and scheduler._beater is not None:
-        scheduler._beater.stop(timeout=5)
-        scheduler._beater = None
+    if not heartbeat_thread and scheduler.heartbeats.thread is not None:
+        scheduler.heartbeats.thread.stop(timeout=5)
+        scheduler.heartbeats.thread = None
     _opened.append(scheduler)
     return scheduler, crawler
 
@@ -104,12 +104,12 @@ def stop_opened() -> None:
     them at exit)."""
     while _opened:
         scheduler = _opened.pop()
-        beat = scheduler._heartbeat
+        beat = scheduler.heartbeats.loop
         if beat is not None and beat.running:
             beat.stop()
-        if scheduler._beater is not None:  # the heartbeat thread: no beat after the test
-            scheduler._beater.stop(timeout=5)
-            scheduler._beater = None
+        if scheduler.heartbeats.thread is not None:  # the heartbeat thread: no beat after the test
+            scheduler.heartbeats.thread.stop(timeout=5)
+            scheduler.heartbeats.thread = None
         if scheduler.outbox.flush_call is not None:  # its outbox timer: no write after the test
             scheduler.outbox.flush_call.cancel()
             scheduler.outbox.flush_call = None

@@ -74,7 +74,7 @@ def test_the_heartbeat_thread_keeps_leases_while_the_reactor_does_not_turn(
     assert scheduler.flush_outbox()
     held = harness.lease_all(scheduler)
     assert len(held) == 2
-    beater = scheduler._beater
+    beater = scheduler.heartbeats.thread
     assert beater is not None
     assert sorted(id_ for ids in beater.held().values() for id_ in ids) == sorted(
         scheduler.book.leases.values()
@@ -98,7 +98,7 @@ def test_the_heartbeat_thread_keeps_leases_while_the_reactor_does_not_turn(
     wait_for(lambda: beater.beats >= start + 2, 10, "two more beats", 0.05)
     assert rds.zcard(other.key("leases")) == 1
     scheduler.close("finished")
-    assert scheduler._beater is None
+    assert scheduler.heartbeats.thread is None
     assert beater._thread is not None
     assert not beater._thread.is_alive()
     assert rds.zcard(other.key("leases")) == 0  # given back, and no beat revived it

@@ -483,6 +483,54 @@ def test_every_setting_of_ours_has_its_default_in_the_table_and_a_field_in_the_c
     assert FrontierConfig.from_settings(Settings()) == defaults
 
 
+def _string_constants(trees: list[ast.Module]) -> dict[str, str]:
+    """Module-level ``NAME = "text"`` of every module (a setting's name
+    kept in a constant, e.g. ``ALLOW_EVICTION_SETTING``)."""
+    out: dict[str, str] = {}
+    for tree in trees:
+        for stmt in tree.body:
+            if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+                    and isinstance(stmt.value.value, str)):
+                out.update((t.id, stmt.value.value) for t in stmt.targets
+                           if isinstance(t, ast.Name))
+    return out
+
+
+def _reads_with_a_default_at_the_read() -> list[str]:
+    """``<x>.get*(NAME, default)`` in crawler/ where NAME (written out, or a
+    module constant) is a setting of :data:`SETTINGS` or Scrapy's: one
+    ``path:line: call`` each. ``os.environ`` reads are no settings."""
+    paths = sorted((PROJECT_DIR / "crawler").rglob("*.py"))
+    trees = [ast.parse(path.read_text(), str(path)) for path in paths]
+    constants = _string_constants(trees)
+    found = []
+    for path, tree in zip(paths, trees, strict=True):
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _GETTERS - {"set"} and node.args):
+                continue
+            if ast.unparse(node.func.value).endswith("environ"):
+                continue
+            first = node.args[0]
+            name = (first.value if isinstance(first, ast.Constant) else
+                    constants.get(first.id) if isinstance(first, ast.Name) else None)
+            if not isinstance(name, str) or not (
+                name in SETTINGS or hasattr(default_settings, name)
+            ):
+                continue
+            if len(node.args) > 1 or any(k.arg == "default" for k in node.keywords):
+                where = path.relative_to(PROJECT_DIR)
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_setting_is_read_with_a_default_written_at_the_read() -> None:
+    # Ours come from crawler.config (FrontierConfig, setting_value), whose
+    # defaults are the table's; Scrapy's and scrapy-redis's from the
+    # settings object, whose defaults are theirs.
+    assert _reads_with_a_default_at_the_read() == []
+
+
 def _readme_defaults() -> dict[str, str]:
     """Setting -> the default the README's "## Settings" table gives, as
     written (the first backticked word of the default cell that is the
@@ -707,7 +755,7 @@ def test_an_acl_revoked_mid_crawl_stops_the_crawl_instead_of_retrying(
         before = _rejected_evalsha(admin)
         assert scheduler.next_request() is None
         assert scheduler.next_request() is None  # no second attempt: no backoff loop
-        scheduler._beat()  # nor from the heartbeat
+        scheduler.heartbeats.beat()  # nor from the heartbeat
         after = _rejected_evalsha(admin)
     finally:
         admin.close()

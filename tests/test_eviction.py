@@ -127,7 +127,7 @@ def test_keys_evicted_mid_crawl_stop_leasing_with_one_line(small_redis: RedisSer
     evicted = _fill(small_redis.url)
     assert evicted > 0
     # the heartbeat's check (run in a thread by the heartbeat)
-    scheduler._evictions_checked(scheduler.eviction.check())
+    scheduler.eviction.checked(scheduler.eviction.check())
     message = config_error_of(crawler)
     assert message is not None
     assert "evicted" in message and "maxmemory-policy allkeys-lru" in message, message
@@ -141,7 +141,7 @@ def test_a_policy_changed_mid_crawl_stops_leasing(small_redis: RedisServer) -> N
     scheduler, crawler = harness.open_scheduler(small_redis.url, _Spider)
     _seed(scheduler, 5)
     redis.Redis.from_url(small_redis.url).config_set("maxmemory-policy", "volatile-lru")
-    scheduler._evictions_checked(scheduler.eviction.check())
+    scheduler.eviction.checked(scheduler.eviction.check())
     message = config_error_of(crawler)
     assert message is not None and "changed its maxmemory-policy to volatile-lru" in message
     assert scheduler.next_request() is None
@@ -150,7 +150,7 @@ def test_a_policy_changed_mid_crawl_stops_leasing(small_redis: RedisServer) -> N
 def test_noeviction_lets_the_crawl_go_on(small_redis: RedisServer) -> None:
     scheduler, crawler = harness.open_scheduler(small_redis.url, _Spider)
     _seed(scheduler, 5)
-    scheduler._evictions_checked(scheduler.eviction.check())
+    scheduler.eviction.checked(scheduler.eviction.check())
     assert config_error_of(crawler) is None
     assert len(harness.lease_all(scheduler)) == 5
 
@@ -184,7 +184,7 @@ def test_a_user_forbidden_config_and_info_is_warned_not_refused(
     assert config_error_of(crawler) is None
     assert "cannot tell whether it may evict" in caplog.text
     _seed(scheduler, 2)
-    scheduler._evictions_checked(scheduler.eviction.check())
+    scheduler.eviction.checked(scheduler.eviction.check())
     assert config_error_of(crawler) is None
     assert len(harness.lease_all(scheduler)) == 2
 

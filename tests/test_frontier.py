@@ -301,7 +301,7 @@ def test_the_local_memory_of_fingerprints_is_bounded(redis_url: str) -> None:
     scheduler, _ = open_scheduler(redis_url, FRONTIER_LOCAL_SEEN=3)
     for i in range(5):
         scheduler.enqueue_request(Request(f"https://a.example/{i}"))
-    assert len(scheduler._seen) == 3
+    assert len(scheduler.enqueuer.seen) == 3
     # The oldest were forgotten: Redis filters their repeats instead.
     assert scheduler.enqueue_request(Request("https://a.example/0"))
     assert not scheduler.enqueue_request(Request("https://a.example/4"))
@@ -412,6 +412,6 @@ def test_the_local_memory_is_dropped_when_redis_may_have_rolled_back(
 def test_the_local_memory_is_dropped_on_an_outage(redis_url: str) -> None:
     scheduler, _ = open_scheduler(redis_url)
     scheduler.enqueue_request(Request("https://a.example/x"))
-    assert scheduler._seen
+    assert scheduler.enqueuer.seen
     scheduler.session.outage(ConnectionError("gone"))
-    assert not scheduler._seen
+    assert not scheduler.enqueuer.seen

@@ -500,7 +500,7 @@ def test_a_lease_whose_ack_is_refused_stays_extended_until_the_ack_is_in(
 
     def beaten() -> bool:  # a heartbeat every quarter of a lease
         scheduler.session.down_until = 0.0
-        scheduler._beat()
+        scheduler.heartbeats.beat()
         seconds, micros = rds.time()
         return seconds * 1000 + micros // 1000 > until
 
@@ -619,13 +619,13 @@ def test_the_heartbeat_during_an_outages_backoff_keeps_the_leases_and_ends_it(
             scheduler.session.outage(RedisConnectionError("gone"))
             down_until = scheduler.session.down_until
             assert down_until > time.monotonic() + 25
-            scheduler._beat()  # Redis still down: nothing changes
+            scheduler.heartbeats.beat()  # Redis still down: nothing changes
             assert scheduler.session.down_until == down_until
             assert crawler.stats.get_value("frontier/redis/outages") == 1
         seconds, micros = rds.time()
         now_ms = seconds * 1000 + micros // 1000
         rds.zadd("{beat}:leases", {lease_id: now_ms + 1000}, xx=True)  # about to expire
-        scheduler._beat()  # Redis is back, the backoff not over
+        scheduler.heartbeats.beat()  # Redis is back, the backoff not over
         assert scheduler.session.down_until == 0.0
         assert rds.zscore("{beat}:leases", lease_id) >= now_ms + 25_000  # extended
         assert crawler.stats.get_value("frontier/redis/outages") == 1
@@ -651,7 +651,7 @@ def test_a_heartbeat_that_meets_noscript_is_an_outage_not_a_refusal(
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     rds.script_flush()  # (as a restart: Redis keeps no scripts)
     rds.zrem("{beat}:alive", scheduler.holder)
-    scheduler._beat()  # the backoff runs: a probe; it loads the scripts again
+    scheduler.heartbeats.beat()  # the backoff runs: a probe; it loads the scripts again
     assert scheduler.session.down_until == 0.0
     assert rds.zscore("{beat}:alive", scheduler.holder) is not None
     assert crawler.stats.get_value("frontier/redis/outages") == 1

@@ -164,7 +164,7 @@ def test_a_scrapy_redis_setting_the_frontier_cannot_honour_is_refused_at_open_in
     assert errors[0].startswith(f"Configuration error: {line}"), errors
     assert "\n" not in errors[0]
     with pytest.raises(CloseSpider):
-        scheduler._close_at_open()
+        scheduler.opening.close_at_open()
     assert rds.keys("*") == []  # refused before any Redis call
 
 
@@ -524,7 +524,7 @@ def test_a_scrapy_redis_spider_reads_redis_and_its_idle_time_as_the_add_on_set_t
     spider = crawler.spider
     early = redis_lib.Redis(host="127.0.0.1", port=1)  # what setup_redis made too early
     spider.server, spider.count_size, spider.max_idle_time = early, early.llen, 0
-    scheduler._adopt_redis_spider(spider)
+    scheduler.opening.adopt_redis_spider(spider)
     rds.lpush("idleclosing:start_urls", "http://a.example/")
     assert spider.count_size("idleclosing:start_urls") == 1
     assert spider.server is not early

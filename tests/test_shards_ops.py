@@ -206,7 +206,7 @@ def test_request_seen_outside_a_crawl_agrees_with_the_crawl(
     # ... recorded where the crawl looks: the scheduler drops them now.
     for request in fresh:
         scheduler.enqueue_request(request)
-    scheduler._seen.clear()
+    scheduler.enqueuer.seen.clear()
     assert scheduler.flush_outbox()
     assert sum(_queued(rds, "quotes", shards)) == len(sites)
 

@@ -52,7 +52,7 @@ def test_a_flushed_crawl_is_reported_vanished_not_clean(
     _seed(scheduler, 6)
     assert len(harness.lease_all(scheduler)) == 6
     rds.flushdb()  # FLUSHDB, or Redis restarted without persistence
-    scheduler._beat()  # the worker goes on: its heartbeat writes again
+    scheduler.heartbeats.beat()  # the worker goes on: its heartbeat writes again
     missing, printed = _status(rds)
     assert missing == [created_key("gone")]
     assert "structures missing: {gone}:created" in printed and "evicted or flushed?" in printed

@@ -21,6 +21,7 @@ No I/O here.
 from __future__ import annotations
 
 import importlib
+import logging
 import pickle  # only to recognise pickle.loads in a serializer; never called
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,9 @@ from scrapy.utils.misc import load_object
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
+
+#: The scheduler's logger: what it takes a setting as is its to say.
+logger = logging.getLogger("crawler.frontier.scheduler")
 
 __all__ = [
     "DEFAULT_DUPEFILTER_KEY",
@@ -37,6 +41,7 @@ __all__ = [
     "dupefilter_key",
     "queue_class",
     "refusals",
+    "scheduler_options",
     "uses_frontier_scheduler",
 ]
 
@@ -214,3 +219,43 @@ def refusals(settings: BaseSettings) -> list[str]:
     if settings.getbool("REDIS_DECODE_RESPONSES"):
         out.append("REDIS_DECODE_RESPONSES=True: not supported (the frontier reads bytes)")
     return out
+
+
+def scheduler_options(settings: BaseSettings) -> tuple[dict[str, Any], str, list[str]]:
+    """What the frontier's scheduler takes from scrapy-redis's settings.
+
+    :returns: the keywords of :class:`scrapy_redis.scheduler.Scheduler`
+        that come from settings (``persist``, ``flush_on_start``,
+        ``queue_key`` when set, ``queue_cls``, and ``serializer`` when
+        ``SCHEDULER_SERIALIZER`` is set: a module, imported), the
+        dupefilter's class path, and the settings refused
+        (:func:`refusals`; then the frontier's own classes are used, and
+        the refusal is reported when the scheduler opens). A setting taken
+        as the frontier's class is logged at INFO.
+    """
+    kwargs: dict[str, Any] = {
+        "persist": settings.getbool("SCHEDULER_PERSIST"),
+        "flush_on_start": settings.getbool("SCHEDULER_FLUSH_ON_START"),
+    }
+    if value := settings.get("SCHEDULER_QUEUE_KEY"):
+        kwargs["queue_key"] = value
+    refused = refusals(settings)
+    if refused:
+        kwargs["queue_cls"] = DEFAULT_QUEUE_CLASS
+        dupefilter_path = DEFAULT_DUPEFILTER_CLASS
+    else:
+        kwargs["queue_cls"] = queue_class(settings)
+        dupefilter_path = dupefilter_class(settings)
+        for setting, path in (
+            ("SCHEDULER_QUEUE_CLASS", kwargs["queue_cls"]),
+            ("DUPEFILTER_CLASS", dupefilter_path),
+        ):
+            given = settings.get(setting)
+            if given and given != path:
+                logger.info("%s=%s: taken as %s", setting, given, path)
+    serializer = settings.get("SCHEDULER_SERIALIZER")
+    if isinstance(serializer, str):
+        serializer = importlib.import_module(serializer)
+    if serializer:
+        kwargs["serializer"] = serializer
+    return kwargs, dupefilter_path, refused

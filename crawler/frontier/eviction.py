@@ -21,8 +21,13 @@ leases and fingerprints are lost without a word.
 The policy is read with ``CONFIG GET maxmemory-policy``, or from ``INFO
 memory`` (``maxmemory_policy``) when ``CONFIG`` is not allowed (managed
 Redis services rename or forbid it). On a Redis Cluster every master is
-read. The scheduler checks at open and on its heartbeat, in a thread
-(:meth:`EvictionWatch.check`), so the reactor never waits for it.
+read. The scheduler checks at open (:meth:`EvictionWatch.start`) and after
+each heartbeat, in a thread (:meth:`EvictionWatch.watch`), so the reactor
+never waits for it; what it finds stops leasing (:attr:`EvictionWatch.evicted`)
+and closes the spider with the reason ``config_error``.
+
+Collaborators: the crawl's Redis client and its crawler (stats,
+:func:`crawler.config.stop_on_config_error`).
 """
 
 from __future__ import annotations
@@ -32,13 +37,20 @@ from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
+from twisted.internet.threads import deferToThread
 
+from crawler.config import stop_on_config_error
+from crawler.frontier.backoff import UNREACHABLE
 from crawler.keys import created_key, shards_key
 
 if TYPE_CHECKING:
     from redis import Redis
+    from scrapy.crawler import Crawler
+    from twisted.python.failure import Failure
 
 logger = logging.getLogger(__name__)
+#: The scheduler's logger: a failed check logs as the scheduler does.
+scheduler_logger = logging.getLogger("crawler.frontier.scheduler")
 
 __all__ = [
     "ALLOW_EVICTION_SETTING",
@@ -159,22 +171,32 @@ def policy_refusal(policy: str, where: str) -> str:
 class EvictionWatch:
     """What the crawl's Redis may have evicted since the worker started.
 
-    :meth:`start` and :meth:`check` make blocking Redis calls: the
-    scheduler runs :meth:`check` in a thread.
+    :meth:`start` and :meth:`check` make blocking Redis calls:
+    :meth:`watch` runs :meth:`check` in a thread.
 
     :param client: the crawl's Redis client.
     :param where: where Redis is, for messages (password masked).
     :param allowed: ``FRONTIER_ALLOW_EVICTION``: evictions are warned
         about, not stopped for.
+    :param crawler: the crawl's crawler, stopped by :meth:`checked` (None:
+        :meth:`checked` only records what it was told).
+    :ivar evicted: why leasing stopped: Redis evicted keys or may evict
+        them (the crawl is closing); None while it has not.
     """
 
-    def __init__(self, client: Redis, where: str, *, allowed: bool) -> None:
+    def __init__(self, client: Redis, where: str, *, allowed: bool,
+                 crawler: Crawler | None = None) -> None:
         self.client = client
         self.where = where
         self.allowed = allowed
+        self.crawler = crawler
         #: ``evicted_keys`` when first read (None: not read yet).
         self.baseline: int | None = None
         self._warned = 0
+        self.evicted: str | None = None
+        #: The check running in a thread (:meth:`watch`).
+        self._call: Any = None
+        self.spider: Any = None
 
     def start(self) -> str | None:
         """Read the policy and the eviction count at start.
@@ -249,3 +271,40 @@ class EvictionWatch:
                 f"{fix[1:]}, or set {ALLOW_EVICTION_SETTING}=True to accept losing work"
             )
         return None
+
+    def watch(self) -> None:
+        """Run :meth:`check` in a thread, one check at a time, unless leasing
+        stopped already; :meth:`checked` handles the answer."""
+        if self._call is not None or self.evicted is not None:
+            return
+        self._call = deferToThread(self.check)
+        self._call.addCallbacks(self.checked, self._check_failed)
+
+    def checked(self, message: str | None) -> None:
+        """Stop leasing when ``message`` (from :meth:`check`) says Redis
+        evicted keys or may evict them: :attr:`evicted` set,
+        ``frontier/evicted`` set to 1, one ERROR line (``Configuration
+        error: ...``) and the spider closed with the reason
+        ``config_error`` (its leases given back, ``scrapy crawl`` exits
+        with status 1)."""
+        self._call = None
+        if message is None or self.evicted is not None:
+            return
+        self.evicted = message
+        if self.crawler is not None:
+            if self.crawler.stats is not None:
+                self.crawler.stats.set_value("frontier/evicted", 1)
+            stop_on_config_error(self.crawler, message)
+
+    def _check_failed(self, failure: Failure) -> None:
+        """A failed check: Redis being down is the heartbeat's to report
+        (the next beat checks again); anything else is logged."""
+        self._call = None
+        if isinstance(failure.value, UNREACHABLE):
+            scheduler_logger.debug("Eviction check failed: %s", failure.value,
+                                   extra={"spider": self.spider})
+            return
+        scheduler_logger.error(
+            "Eviction check failed: %s", failure.getErrorMessage(),
+            exc_info=failure.value, extra={"spider": self.spider},
+        )

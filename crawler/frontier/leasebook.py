@@ -15,9 +15,12 @@ more is leased while it is held or while a drain for one runs
 Collaborators: the outbox (the writes), the crawl's
 :class:`~crawler.frontier.queue.LeasedPriorityQueue` (decoding, shards;
 set at open as :attr:`LeaseBook.queue`), the crawl's stats, and two
-callbacks of the scheduler: ``dead_entry`` (a leased entry that cannot be
-decoded) and ``changed`` (the leases held changed: the heartbeat thread
-is told).
+callbacks: ``dead_entry`` (a leased entry that cannot be decoded: the
+scheduler gives :meth:`DeadLetters.entry
+<crawler.frontier.deadletters.DeadLetters.entry>`) and ``changed`` (the
+leases held changed: :meth:`Heartbeats.publish_held
+<crawler.frontier.heartbeat.Heartbeats.publish_held>` tells the heartbeat
+thread).
 """
 
 from __future__ import annotations

@@ -11,11 +11,14 @@ before them on other shards.
 
 Collaborators: the :class:`~crawler.frontier.session.Session` sends the
 batches and tells the outbox which ops are in Redis (:meth:`Outbox.remove`,
-:meth:`Outbox.settle`); the scheduler
-(:class:`~crawler.frontier.scheduler.FrontierScheduler`) and the
-:class:`~crawler.frontier.leasebook.LeaseBook` queue writes
-(:meth:`Outbox.write`); the timer calls the ``flush`` callable given at
-construction (the scheduler's ``flush_outbox``). No Redis call is made here.
+:meth:`Outbox.settle`); the scheduler's parts queue writes
+(:meth:`Outbox.write`: the :class:`~crawler.frontier.enqueuer.Enqueuer`,
+the :class:`~crawler.frontier.leasebook.LeaseBook`, the
+:class:`~crawler.frontier.deadletters.DeadLetters`, the
+:class:`~crawler.frontier.revisits.Revisits`, and the
+:class:`~crawler.frontier.scheduler.FrontierScheduler`'s ``after_commit``);
+the timer calls the ``flush`` callable given at construction (the
+scheduler's ``flush_outbox``). No Redis call is made here.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Collaborators: the crawl's :class:`~crawler.frontier.shards.FrontierShards`
 (peeks), the :class:`~crawler.frontier.session.Session` (a peek that fails
 is an outage; scripts lost are loaded again), the
 :class:`~crawler.frontier.outbox.Outbox` (pushes not yet committed) and the
-scheduler's ``housekeeping`` (what a peek met besides its answer).
+``housekeeping`` callable (what a peek met besides its answer: the
+scheduler gives :meth:`Reports.lease_result
+<crawler.frontier.reports.Reports.lease_result>`).
 """
 
 from __future__ import annotations

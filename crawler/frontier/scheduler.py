@@ -1,8 +1,8 @@
 """The shared scheduler: scrapy-redis's Scheduler with leases and an outbox.
 
 :class:`FrontierScheduler` is the class Scrapy loads (``SCHEDULER``): a thin
-adapter between Scrapy's engine and signals and four parts, as Scrapy's own
-scheduler delegates to its queues:
+adapter between Scrapy's engine and signals and the parts it delegates to,
+as Scrapy's own scheduler delegates to its queues:
 
 * :class:`~crawler.frontier.outbox.Outbox`: writes queued, then sent in
   batches (one commit per shard);
@@ -12,142 +12,81 @@ scheduler delegates to its queues:
 * :class:`~crawler.frontier.router.ShardRouter`: which shard the next lease
   call goes to, and where its batch stops;
 * :class:`~crawler.frontier.leasebook.LeaseBook`: the leases held, their
-  buffer, acks, freed slots, give-backs and the last-chance rule.
+  buffer, acks, freed slots, give-backs and the last-chance rule;
+* :class:`~crawler.frontier.opening.Opening`: the checks and set-up at
+  open (configuration errors, scrapy-redis spiders, ``start_urls``);
+* :class:`~crawler.frontier.heartbeat.Heartbeats`: the heartbeats on the
+  reactor and in a thread, which keep the leases held;
+* :class:`~crawler.frontier.eviction.EvictionWatch`: a Redis that evicts
+  keys stops the crawl;
+* :class:`~crawler.frontier.revisits.Revisits` and
+  :class:`~crawler.frontier.deadletters.DeadLetters`: what a fetched
+  request and a request given up become.
 
-The adapter keeps what is Scrapy's: opening and closing, ``enqueue_request``
-(encoding, the local dupefilter memory), ``next_request`` (waking the
-engine), heartbeats, eviction checks, revisits and dead letters.
+The adapter keeps what is Scrapy's: ``open`` and ``close`` (and a forced
+stop), ``enqueue_request`` (encoding, the local dupefilter memory),
+``next_request`` (waking the engine), ``has_pending_requests``, and the
+engine's hooks (a download ended, a request finished).
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, Spider, signals
-from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.misc import build_from_crawler, load_object
-from scrapy.utils.python import to_bytes
 from scrapy_redis.scheduler import Scheduler
-from twisted.internet.threads import deferToThread
 
-from crawler.config import close_at_open, is_unset, stop_on_config_error, worker_id
+from crawler.config import FrontierConfig
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.backoff import (
-    CONFIG_ERROR_PAUSE,
-    OUTAGE_BACKOFF_CAP,
-    UNREACHABLE,
+from crawler.frontier.backoff import CONFIG_ERROR_PAUSE, OUTAGE_BACKOFF_CAP, UNREACHABLE
+from crawler.frontier.closing import Closing
+from crawler.frontier.compat import scheduler_options
+from crawler.frontier.connection import get_redis, redis_location
+from crawler.frontier.deadletters import (
+    DEFAULT_PRIORITY_ADJUST,
+    DeadLetters,
+    first_priority,
+    whole_number,
 )
-from crawler.frontier.compat import (
-    DEFAULT_DUPEFILTER_CLASS,
-    DEFAULT_QUEUE_CLASS,
-    dupefilter_class,
-    queue_class,
-    refusals,
-)
-from crawler.frontier.connection import (
-    cluster_enabled,
-    config_error_message,
-    drop_connections,
-    get_redis,
-    is_no_master,
-    redis_location,
-)
-from crawler.frontier.eviction import ALLOW_EVICTION_SETTING, EvictionWatch
-from crawler.frontier.feedstop import finish_local_feeds, warn_remote_feeds
-from crawler.frontier.forcedstop import (
-    CLOSE_REDIS_WAIT,
-    GIVE_BACK_TIMEOUT,
-    before_reactor_stops,
-    run_bounded,
-)
+from crawler.frontier.enqueuer import Enqueuer
+from crawler.frontier.eviction import EvictionWatch
+from crawler.frontier.feedstop import warn_remote_feeds
+from crawler.frontier.forcedstop import before_reactor_stops
 from crawler.frontier.health import may_call_redis
-from crawler.frontier.heartbeat import HeartbeatThread
-from crawler.frontier.intake import IntakeKeys
+from crawler.frontier.heartbeat import Heartbeats
 from crawler.frontier.leasebook import REVISIT_META, LeaseBook
+from crawler.frontier.opening import Opening
 from crawler.frontier.outbox import Op, Outbox
-from crawler.frontier.overrides import parse_site_settings
 from crawler.frontier.redis_seeds import DurableSeeds
+from crawler.frontier.reports import Reports
+from crawler.frontier.revisits import Revisits
 from crawler.frontier.router import EMPTY_SHARD_RECHECK, ShardRouter
 from crawler.frontier.session import Session
 from crawler.frontier.shards import ShardCountError
-from crawler.frontier.signals import request_dead, request_fetched
-from crawler.frontier.sites import SLOT_META, slot_of
-from crawler.frontier.store import (
-    PRIORITY_LIMIT,
-    Committed,
-    Lease,
-    NotDue,
-    Push,
-    Retry,
-    Revisit,
-)
-from crawler.keys import slot_warning
+from crawler.frontier.signals import RETRY_DELAY_META
+from crawler.frontier.store import Committed, Lease, NotDue
+from crawler.frontier.wakeup import WakeUp
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Self
 
     from scrapy.crawler import Crawler
-    from scrapy.http import Response
-    from scrapy.http.headers import Headers
-    from twisted.python.failure import Failure
 
     from crawler.frontier.queue import LeasedPriorityQueue
 
 logger = logging.getLogger(__name__)
 
+#: Names other modules import from here (their homes are the parts).
 __all__ = [
-    "CONFIG_ERROR_PAUSE", "EMPTY_SHARD_RECHECK", "OUTAGE_BACKOFF_CAP", "RETRY_DELAY_META",
-    "REVISIT_META", "UNREACHABLE", "FrontierScheduler",
+    "CONFIG_ERROR_PAUSE", "DEFAULT_PRIORITY_ADJUST", "EMPTY_SHARD_RECHECK",
+    "OUTAGE_BACKOFF_CAP", "RETRY_DELAY_META", "REVISIT_META", "UNREACHABLE",
+    "FrontierScheduler", "first_priority", "whole_number",
 ]
-
-#: Request meta key: seconds to hold the request in the retry set before it
-#: is queued again (set by :class:`crawler.middlewares.BackoffRetryMiddleware`).
-RETRY_DELAY_META = "frontier_retry_delay"
-#: Meta keys of one download that a revisit does not carry over.
-_NOT_REVISITED = frozenset({
-    "download_latency", "download_slot", "retry_times", RETRY_DELAY_META,
-    "redirect_times", "redirect_ttl",
-})
-#: Conditional headers of the last revisit: the next one sends its own.
-_CONDITIONAL = (b"If-None-Match", b"If-Modified-Since")
-
-
-#: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
-DEFAULT_PRIORITY_ADJUST = -1
-
-
-def whole_number(value: Any) -> int | None:
-    """``value`` when it is a whole number (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def first_priority(
-    priority: int, meta: dict[str, Any], priority_adjust: int = DEFAULT_PRIORITY_ADJUST
-) -> int:
-    """The priority a request had when it was first scheduled, before
-    Scrapy's retries changed it.
-
-    Each retry (:func:`scrapy.downloadermiddlewares.retry.get_retry_request`)
-    adds the request's ``meta["priority_adjust"]``, else
-    ``RETRY_PRIORITY_ADJUST`` (default -1), to its priority and counts itself
-    in ``meta["retry_times"]``; this takes those retries off again, assuming
-    the adjustment did not change between them.
-
-    :param priority: the priority the request has now.
-    :param meta: its meta (``retry_times``, ``priority_adjust``; other types
-        than whole numbers count as absent).
-    :param priority_adjust: ``RETRY_PRIORITY_ADJUST``.
-    """
-    retries = whole_number(meta.get("retry_times")) or 0
-    adjust = whole_number(meta.get("priority_adjust"))
-    return priority - retries * (priority_adjust if adjust is None else adjust)
 
 
 class FrontierScheduler(Scheduler):  # type: ignore[misc]
@@ -157,7 +96,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     (``SCHEDULER_QUEUE_CLASS``); the dupefilter (``DUPEFILTER_CLASS``) gives
     the fingerprints and the set's key. scrapy-redis's settings keep their
     names: ``SCHEDULER_PERSIST``, ``SCHEDULER_FLUSH_ON_START``,
-    ``SCHEDULER_SERIALIZER`` (default here: JSON; never pickle unless named).
+    ``SCHEDULER_SERIALIZER`` (default here: JSON; never pickle unless named;
+    :func:`crawler.frontier.compat.scheduler_options`).
 
     **Leases.** :meth:`next_request` leases a request. Its site's download
     slot (politeness) is freed when the download ends; the lease ends (one
@@ -166,10 +106,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     pipelines (:class:`~crawler.pipelines.MongoPipeline` returns only once an
     item is stored) and every request it yielded was queued, or its failure
     was handled. Leases held are extended every ``FRONTIER_LEASE_TIMEOUT / 3``
-    seconds, from a thread with a Redis client of its own
-    (:class:`~crawler.frontier.heartbeat.HeartbeatThread`: a callback that
-    blocks the reactor does not stop it); a killed worker's leases expire
-    and any worker returns them to the queue. At close, leases not finished are given back.
+    seconds, also while a callback blocks the reactor
+    (:class:`~crawler.frontier.heartbeat.Heartbeats`); a killed worker's
+    leases expire and any worker returns them to the queue. At close, leases
+    not finished are given back (:class:`~crawler.frontier.closing.Closing`).
+    Lease ids are ``<worker id>#<nonce>:<n>``, so a worker restarted under
+    the same id never takes over a dead process's leases.
 
     **Batches.** A lease call takes up to ``FRONTIER_LEASE_BATCH`` requests,
     no more than the downloader has free slots for, into a local buffer
@@ -179,51 +121,40 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     before a site that joined its shard's ready index more than
     ``FRONTIER_FIFO_SLACK`` seconds (default 0) after another shard's first
     site of that priority (first in, first out across shards). Each worker
-    remembers the
-    last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in the shared
-    dupefilter and drops a repeat of one (``enqueue_request`` returns False)
-    without asking Redis: the shared dupefilter only grows while a crawl
-    runs, so what this worker recorded there stays seen. Redis coming back
-    from an outage, a restart or a failover may hold an older dupefilter,
-    so the memory is cleared whenever Redis could not be reached or had
-    forgotten the scripts.
+    remembers the last ``FRONTIER_LOCAL_SEEN`` fingerprints it recorded in
+    the shared dupefilter and drops a repeat of one (``enqueue_request``
+    returns False) without asking Redis: the shared dupefilter only grows
+    while a crawl runs, so what this worker recorded there stays seen. Redis
+    coming back from an outage, a restart or a failover may hold an older
+    dupefilter, so the memory is cleared whenever Redis could not be reached
+    or had forgotten the scripts.
 
-    **Outbox.** Writes (new requests, retries, dead letters, freed slots,
-    acks, leases given back) are queued and sent as one atomic
-    ``commit.lua`` call, pipelined with the next lease call (one round trip
-    for both), or on their own ``FRONTIER_OUTBOX_DELAY`` seconds after the
-    first of them when no lease call comes sooner (one call per shard with
-    ``FRONTIER_SHARDS`` > 1, and an ack waits for the calls of other shards
-    that carry requests queued before it: :meth:`Outbox.batches`). A batch of
-    seeds is therefore queued atomically, a lease is acknowledged only with
-    or after the requests its callback yielded (a worker killed with writes
-    unsent loses the ack with the requests, and its lease is crawled
-    again), and a Redis
-    outage is waited out with backoff: nothing is dropped, the worker keeps
-    running, and the outbox is sent once Redis answers again.
+    **Writes.** Every write (new requests, retries, dead letters, freed
+    slots, acks, leases given back, revisits) is queued in the
+    :class:`~crawler.frontier.outbox.Outbox` and sent as one atomic commit
+    per shard, pipelined with the next lease call or on its own
+    ``FRONTIER_OUTBOX_DELAY`` seconds later: a batch of seeds is queued
+    atomically, and a lease is acknowledged only with or after the requests
+    its callback yielded (a worker killed with writes unsent loses the ack
+    with the requests, and its lease is crawled again). The
+    :class:`~crawler.frontier.session.Session` never sends a call twice,
+    finds out what a call whose reply was lost did before it sends anything
+    else, waits out an outage with backoff (nothing is dropped, the worker
+    keeps running) and logs a call a script refused (a key of the wrong type:
+    nothing was written), sending it again after a backoff until the key is
+    fixed. Bad values the scripts met and worked around are logged once each
+    (:class:`~crawler.frontier.reports.Reports`).
 
-    **Lost replies.** No call is ever sent twice on the client's own
-    initiative (redis-py's retries are off, see
-    :func:`~crawler.frontier.connection.get_redis`). When a reply is lost
-    (the connection drops or times out after the call was sent), the worker
-    does not guess: before it sends anything else it reads the commit
-    marker ``{s}:sent:<holder>`` (did the commit run?) and the lease data
-    of the ids it asked for (which leases did it take?), and goes on from
-    there. Lease ids are ``<worker id>#<nonce>:<n>``, so a worker restarted
-    under the same id never takes over a dead process's leases.
-
-    **Refusals.** A script that refuses a call (a key of the wrong type, a
-    counter that is not a number) has written nothing: it is no outage. The
-    error, which names the key and the value, is logged; the writes stay
-    queued and are sent again after a backoff, until the key is fixed. Bad
-    values the scripts met and worked around (an override that is not a
-    number falls back to the default) are logged once each.
-
-    **Retries and dead letters.** A request whose meta has
-    ``frontier_retry_delay`` goes to the retry set for that many seconds. The
-    signal :data:`~crawler.frontier.signals.request_dead` and a callback that
-    raises (``spider_error``) add a dead letter to ``{s}:dead``; so does an
-    entry that cannot be decoded (a pickled payload, say).
+    **Retries, dead letters, revisits.** A request whose meta has
+    ``frontier_retry_delay`` goes to the retry set for that many seconds. A
+    request given up (signal :data:`~crawler.frontier.signals.request_dead`),
+    one whose callback raised, and a leased entry that cannot be decoded
+    become dead letters in ``{s}:dead``
+    (:class:`~crawler.frontier.deadletters.DeadLetters`). With
+    ``FRONTIER_REVISIT_AFTER`` > 0 a leased request reported fetched is
+    committed with its ack as a conditional revisit
+    (:class:`~crawler.frontier.revisits.Revisits`); a lease call queues due
+    revisits past the dupefilter, and revisits not due are not pending work.
 
     Changes from :class:`scrapy_redis.scheduler.Scheduler` beyond those: built
     with ``from_crawler`` and no I/O (scrapy-redis pings Redis in
@@ -247,15 +178,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     lease: each tells how long to wait, never 0 without progress),
     ``frontier/problems`` (bad values met in Redis),
     ``frontier/revisits/scheduled`` (fetched requests committed as revisits),
-    ``frontier/revisits/leased`` (revisits this worker leased).
-
-    **Revisits.** With ``FRONTIER_REVISIT_AFTER`` > 0, a leased request
-    reported fetched (signal :data:`~crawler.frontier.signals.request_fetched`,
-    sent by :class:`crawler.middlewares.RevisitMiddleware`) is committed with
-    its ack as a revisit, due that many seconds later (or its site's
-    ``{s}:revisit`` override): one per fingerprint, its response's validators
-    in its meta (:data:`REVISIT_META`). A lease call queues due revisits past
-    the dupefilter. Revisits not due are not pending work.
+    ``frontier/revisits/leased`` (revisits this worker leased),
+    ``frontier/evicted``, ``frontier/start_urls/dropped``,
+    ``frontier/last_chance/leased``, ``frontier/last_chance/drains``.
     """
 
     queue: LeasedPriorityQueue
@@ -272,51 +197,26 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the scheduler and its dupefilter; connect to Redis lazily."""
         settings = crawler.settings
-        kwargs: dict[str, Any] = {
-            "persist": settings.getbool("SCHEDULER_PERSIST"),
-            "flush_on_start": settings.getbool("SCHEDULER_FLUSH_ON_START"),
-        }
-        if value := settings.get("SCHEDULER_QUEUE_KEY"):
-            kwargs["queue_key"] = value
-        refused = refusals(settings)
-        if refused:
-            # Reported in one line when the scheduler opens (no Redis I/O
-            # then); the frontier's own classes keep this object whole.
-            kwargs["queue_cls"] = DEFAULT_QUEUE_CLASS
-            dupefilter_path = DEFAULT_DUPEFILTER_CLASS
-        else:
-            kwargs["queue_cls"] = queue_class(settings)
-            dupefilter_path = dupefilter_class(settings)
-            for setting, path in (
-                ("SCHEDULER_QUEUE_CLASS", kwargs["queue_cls"]),
-                ("DUPEFILTER_CLASS", dupefilter_path),
-            ):
-                given = settings.get(setting)
-                if given and given != path:
-                    logger.info("%s=%s: taken as %s", setting, given, path)
-        serializer = settings.get("SCHEDULER_SERIALIZER")
-        if isinstance(serializer, str):
-            serializer = importlib.import_module(serializer)
-        kwargs["serializer"] = serializer or json_serializer
+        kwargs, dupefilter_path, refused = scheduler_options(settings)
+        kwargs.setdefault("serializer", json_serializer)
         kwargs["dupefilter"] = build_from_crawler(load_object(dupefilter_path), crawler)
         scheduler = cls(server=get_redis(settings), **kwargs)
         scheduler.refused = "; ".join(refused)
         scheduler.stats = crawler.stats
         scheduler.crawler = crawler
-        scheduler.lease_timeout = settings.getfloat("FRONTIER_LEASE_TIMEOUT", 60.0)
-        scheduler.worker_id = worker_id(settings)
+        config = FrontierConfig.of(crawler)
+        scheduler.lease_timeout = config.lease_timeout
+        scheduler.worker_id = config.worker
         # One holder per process: a worker restarted under the same id gets
         # lease ids of its own.
         scheduler.holder = f"{scheduler.worker_id}#{os.urandom(4).hex()}"
-        scheduler.lease_batch = max(1, settings.getint("FRONTIER_LEASE_BATCH", 16))
-        scheduler.fifo_slack_us = round(
-            max(0.0, settings.getfloat("FRONTIER_FIFO_SLACK", 0.0)) * 1_000_000
-        )
-        scheduler.seen_max = max(0, settings.getint("FRONTIER_LOCAL_SEEN", 100_000))
-        scheduler.outbox_delay = max(0.0, settings.getfloat("FRONTIER_OUTBOX_DELAY", 0.05))
+        scheduler.lease_batch = max(1, config.lease_batch)
+        scheduler.fifo_slack_us = round(max(0.0, config.fifo_slack) * 1_000_000)
+        scheduler.seen_max = max(0, config.local_seen)
+        scheduler.outbox_delay = max(0.0, config.outbox_delay)
         scheduler.eviction = EvictionWatch(
-            scheduler.server, redis_location(settings),
-            allowed=settings.getbool(ALLOW_EVICTION_SETTING, False),
+            scheduler.server, redis_location(settings), allowed=config.allow_eviction,
+            crawler=crawler,
         )
         scheduler._setup_state()
         return scheduler
@@ -325,44 +225,53 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         #: The parts (see the module's docstring).
         self.outbox = Outbox(self.outbox_delay, self.flush_outbox, lambda: self.session.down_until)
         self.session = Session(self.server, self.crawler, self.holder, self.outbox, self)
-        self.router = ShardRouter(self.holder, self.session, self.outbox, self._housekeeping)
+        self.reports = Reports(self.crawler, self.df)
+        self.router = ShardRouter(self.holder, self.session, self.outbox, self.reports.lease_result)
+        self.enqueuer = Enqueuer(self.df, self.outbox, self.router, self.stats, self.seen_max)
+        self.wakeup = WakeUp(self.crawler)
+        self.dead_letters = DeadLetters(self.outbox, self.stats, self.crawler.settings)
+        self.heartbeats = Heartbeats(
+            self.crawler, self.session, self.holder, self.lease_timeout,
+            flush=self.flush_outbox, after_beat=self.eviction.watch,
+        )
         self.book = LeaseBook(
-            self.holder, self.outbox, self.stats, self._dead_entry, self._publish_held
+            self.holder, self.outbox, self.stats, self.dead_letters.entry,
+            self.heartbeats.publish_held,
+        )
+        self.dead_letters.lease_shards = self.book.lease_shards
+        self.heartbeats.book = self.book
+        self.revisits = Revisits(self.book, self.outbox, self.df, self.stats, self.crawler.settings)
+        self.opening = Opening(self.crawler, self.server, self.session, self.eviction, self.holder)
+        self.closing = Closing(
+            self.crawler, self.session, self.book, self.heartbeats, self.outbox,
+            holder=self.holder, lease_timeout=self.lease_timeout, flush=self.flush_outbox,
         )
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
         self.redis_health = self.session.redis_health
-        #: The engine's wake-up for the next due request (_wake_when_due).
-        self._wake_call: Any = None
-        self._wake_at: float | None = None
-        #: ``time.monotonic()`` when the next lease call may find work (None:
-        #: none was queued when last asked).
-        self._due_at: float | None = None
-        self._heartbeat: Any = None
-        #: Marks the worker live and extends its leases from a thread, with
-        #: a Redis client of its own, while a callback blocks the reactor.
-        self._beater: HeartbeatThread | None = None
         self._unhook_forced_stop: Callable[[], None] = lambda: None
-        #: Fingerprints this worker recorded in the shared dupefilter, oldest
-        #: first (``FRONTIER_LOCAL_SEEN``).
-        self._seen: dict[bytes, None] = {}
-        #: Why leasing stopped: Redis evicted keys or may evict them (the
-        #: crawl is closing); None while it has not.
-        self.evicted: str | None = None
-        #: The eviction check running in a thread (:meth:`_watch_evictions`).
-        self._eviction_call: Any = None
-        self._problems: set[str] = set()
         #: Whether this worker queues the start requests of the spider's
-        #: ``start_urls`` (:meth:`_claim_start_urls`); True until it knows.
+        #: ``start_urls`` (:meth:`Opening.claim_start_urls
+        #: <crawler.frontier.opening.Opening.claim_start_urls>`); True until
+        #: it knows.
         self._start_urls_mine = True
+
+    @property
+    def evicted(self) -> str | None:
+        """Why leasing stopped: Redis evicted keys or may evict them (the
+        crawl is closing); None while it has not
+        (:attr:`EvictionWatch.evicted <crawler.frontier.eviction.EvictionWatch.evicted>`)."""
+        return self.eviction.evicted
 
     # -- life cycle --------------------------------------------------------------
 
     def open(self, spider: Spider) -> None:
         """Create the queue, hook lease acknowledgement and start heartbeats.
 
-        The first Redis calls (site overrides, ``SCRIPT LOAD``, the worker's
-        ``alive`` script) check the configuration: a wrong password, a
+        The first Redis calls (the eviction policy, the shard count, site
+        overrides, ``SCRIPT LOAD``, the worker's ``alive`` script) check the
+        configuration (:meth:`Opening.check
+        <crawler.frontier.opening.Opening.check>`): a wrong password, a
         database the server lacks or an ACL that forbids what the crawler
         needs is logged in one line and stops the crawl before it starts;
         Redis being down is an outage, waited out later.
@@ -372,6 +281,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         :raises RuntimeError: Scrapy's engine no longer exposes the hook that
             tells when a request is finished.
+        :raises ValueError: a per-site setting is not valid.
         """
         self.spider = spider
         self.df.open()  # its keys come from the spider's name
@@ -383,185 +293,37 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             dupefilter_key=self.df.key,
             bloom=getattr(self.df, "bloom", None),
         )
-        if self.crawler.settings.getbool("ROBOTSTXT_OBEY") and not self.queue.policy.robots_gate:
-            logger.info(
-                "ROBOTSTXT_OBEY without crawler.politeness.SharedRobotsTxtMiddleware: each "
-                "worker fetches robots.txt itself and sites get their full concurrency at "
-                "once (that middleware fetches it once for the cluster and keeps its "
-                "Crawl-delay)", extra={"spider": spider},
-            )
+        self.opening.warn_robots(spider, self.queue)
         if hasattr(spider, "server"):
-            self._adopt_redis_spider(spider)
+            self.opening.adopt_redis_spider(spider)
             # scrapy-redis's own spiders take seeds durably too (redis_seeds.py)
             DurableSeeds.install(self, spider)
+        self.opening.warn_slots(spider, self.queue)
         shards = self.queue.shards
-        if cluster_enabled(self.crawler.settings) and (
-            warning := slot_warning(spider.name, len(shards))
-        ):
-            logger.warning("%s", warning, extra={"spider": spider})
-        self.session.spider = self.book.spider = spider
-        self.session.shards = shards
-        self.book.queue = self.queue
+        for part in (self.session, self.book, self.dead_letters, self.revisits, self.eviction,
+                     self.reports, self.closing, self.enqueuer):
+            part.spider = spider
+        self.session.shards = self.reports.shards = self.closing.shards = shards
+        self.book.queue = self.dead_letters.queue = self.revisits.queue = self.queue
+        self.enqueuer.queue = self.queue
         self.router.open(shards)
-        overrides = self._site_settings()
+        overrides = self.opening.site_settings(self.queue)
         self._hook_engine()
-        if self.refused:
-            self._stop_at_open(self.refused)
+        mine = self.opening.check(spider, self.queue, self.refused, overrides)
+        if mine is None:  # a configuration error: the spider closes once open
             return
-        try:
-            refusal = self.eviction.start()
-            if refusal is not None:
-                self._stop_at_open(refusal)
-                return
-            shards.check_count()
-            for key, mapping in overrides.items():
-                by_shard: dict[int, dict[str, int]] = {}
-                for site, value in mapping.items():
-                    by_shard.setdefault(shards.index_of(site), {})[site] = value
-                for i, part in by_shard.items():
-                    self.server.hset(shards[i].key(key), mapping=part)
-            shards.load_scripts()
-            shards.alive(self.holder)
-            self._start_urls_mine = self._claim_start_urls(spider)
-        except (RedisError, ShardCountError) as exc:
-            message = (
-                self._shard_count_message(exc, len(shards.frontiers))
-                if isinstance(exc, ShardCountError)
-                else config_error_message(exc, self.crawler.settings)
-            )
-            if message is not None:
-                self._stop_at_open(message)
-                return
-            self.session.outage(exc)
-        signals_ = self.crawler.signals
-        signals_.connect(self._on_request_dead, signal=request_dead)
-        signals_.connect(self._on_request_fetched, signal=request_fetched)
-        signals_.connect(self._on_spider_error, signal=signals.spider_error)
-        signals_.connect(self._download_ended, signal=signals.request_left_downloader)
-        self._start_heartbeats()
+        self._start_urls_mine = mine
+        self.dead_letters.connect(self.crawler.signals)
+        self.revisits.connect(self.crawler.signals)
+        self.crawler.signals.connect(self._download_ended, signal=signals.request_left_downloader)
+        self.heartbeats.start(shards, spider)
         if self.flush_on_start:
             self.flush()
             try:
                 shards.check_count()  # the crawl's marker and shard count again
             except (*UNREACHABLE, ShardCountError):
                 pass  # (an outage, met again by the next call; a race with another worker)
-        self._log_resuming()
-
-    def _adopt_redis_spider(self, spider: Spider) -> None:
-        """Give a scrapy-redis spider the settings it read too early.
-
-        Scrapy builds the spider before it runs the add-ons, so
-        scrapy-redis's ``setup_redis`` read ``REDIS_URL`` and
-        ``MAX_IDLE_TIME_BEFORE_CLOSE`` before
-        :class:`crawler.addon.FrontierAddon` took them from the
-        environment, and made a client of its own (no I/O yet) with
-        scrapy-redis's options only. The spider now reads its seeds through
-        one of ours (the settings as the crawl has them, ``REDIS_PARAMS``
-        merged over our timeouts, no retries; on a cluster, one that follows
-        its slots): ``server`` and the client's methods it bound
-        (``fetch_data``, ``count_size``: ``SPOP``/``SCARD``/``LLEN``) are
-        replaced, so that no call goes to the first client's server. A
-        ``max_idle_time`` the spider's class leaves unset is read again
-        from the settings.
-        """
-        old, new = getattr(spider, "server", None), get_redis(self.crawler.settings)
-        setattr(spider, "server", new)  # noqa: B010 (not every spider has it)
-        for name in ("fetch_data", "count_size"):
-            bound: Any = getattr(spider, name, None)
-            if old is not None and getattr(bound, "__self__", None) is old:
-                setattr(spider, name, getattr(new, bound.__name__))
-        if hasattr(spider, "max_idle_time") and getattr(type(spider), "max_idle_time", 0) is None:
-            spider.max_idle_time = self.crawler.settings.getint("MAX_IDLE_TIME_BEFORE_CLOSE")
-
-    def _claim_start_urls(self, spider: Spider) -> bool:
-        """Whether this worker queues the requests of the spider's
-        ``start_urls``: the first worker of the crawl does, the others drop
-        theirs (:meth:`enqueue_request`), so that a spider whose ``start()``
-        is Scrapy's own (a plain ``Spider`` or ``CrawlSpider`` with
-        ``start_urls``) has them crawled once per crawl, not once per
-        worker. The first is the one that sets the marker of its seed list,
-        ``{<name>:start_urls}:start_urls_seeded`` (``SET NX``), the marker
-        :class:`~crawler.frontier.spider.FrontierSpider` sets when it pushes
-        its ``start_urls``; delete it to have them queued again.
-
-        A spider with a ``start()`` of its own (``FrontierSpider``, or one
-        that yields requests other than ``start_urls``) or without
-        ``start_urls`` is left alone: True.
-
-        :raises redis.exceptions.RedisError: Redis failed (the worker then
-            queues them: crawled twice rather than not at all).
-        """
-        urls = getattr(spider, "start_urls", None)
-        if type(spider).start is not Spider.start or not urls:
-            return True
-        seed_list = getattr(spider, "redis_key", None) or (
-            self.crawler.settings.get("REDIS_START_URLS_KEY") or "%(name)s:start_urls"
-        ) % {"name": spider.name}
-        marker = IntakeKeys.for_seed_list(seed_list).seeded
-        mine = bool(self.server.set(marker, str(int(time.time() * 1000)), nx=True))
-        if mine:
-            logger.info(
-                "Queueing the spider's %d start_urls for the whole crawl (marker %s; "
-                "the other workers drop theirs)", len(urls), marker, extra={"spider": spider},
-            )
-        else:
-            logger.info(
-                "start_urls were queued for this crawl already (%s; delete it to queue them "
-                "again): this worker drops its own", marker, extra={"spider": spider},
-            )
-        return mine
-
-    def _log_resuming(self) -> None:
-        """Log scrapy-redis's ``Resuming crawl (N requests scheduled)`` (at
-        INFO) when the frontier already holds requests: queued, waiting for
-        a retry or leased, in every shard. Nothing when Redis cannot be read
-        now (the outage is met, and waited out, by the next call), nor when
-        a counter holds a malformed value (the frontier's calls report it)."""
-        try:
-            scheduled = len(self.queue)
-        except UNREACHABLE:
-            return
-        except (ValueError, ResponseError) as exc:
-            logger.debug("Not counting the requests scheduled: %s", exc,
-                         extra={"spider": self.spider})
-            return
-        if scheduled:
-            logger.info("Resuming crawl (%d requests scheduled)", scheduled,
-                        extra={"spider": self.spider})
-
-    def _shard_count_message(self, exc: ShardCountError, count: int) -> str:
-        """The error's message, saying where this worker's count came from
-        when ``FRONTIER_SHARDS`` is not set (its default)."""
-        if not is_unset(self.crawler.settings, "FRONTIER_SHARDS"):
-            return str(exc)
-        where = "on a Redis Cluster" if self.crawler.settings.getbool(
-            "FRONTIER_REDIS_CLUSTER") else "on one Redis server"
-        return f"{exc} (FRONTIER_SHARDS is not set: {count} is its default {where})"
-
-    def _site_settings(self) -> dict[str, dict[str, int]]:
-        """``DOWNLOAD_SLOTS``' delays and concurrency, then
-        ``FRONTIER_SITE_DELAYS`` / ``FRONTIER_SITE_CONCURRENCY`` (which win
-        for a site both name) and ``FRONTIER_SITE_REVISITS``, as the overrides ``scrapy frontier
-        delay|concurrency|revisit`` would store, by key (``delay``: ms,
-        ``conc``, ``revisit``: ms).
-
-        :raises ValueError: a site or a value is not valid (the message says
-            which setting, site and value).
-        """
-        settings = self.crawler.settings
-        policy = self.queue.policy
-        out = {
-            "delay": {**policy.slot_delays, **parse_site_settings(
-                "delay", settings.getdict("FRONTIER_SITE_DELAYS"), "FRONTIER_SITE_DELAYS"
-            )},
-            "conc": {**policy.slot_concurrency, **parse_site_settings(
-                "conc", settings.getdict("FRONTIER_SITE_CONCURRENCY"), "FRONTIER_SITE_CONCURRENCY"
-            )},
-            "revisit": parse_site_settings(
-                "revisit", settings.getdict("FRONTIER_SITE_REVISITS"), "FRONTIER_SITE_REVISITS"
-            ),
-        }
-        return {key: mapping for key, mapping in out.items() if mapping}
+        self.opening.log_resuming(spider, self.queue)
 
     def _hook_engine(self) -> None:
         # Scrapy's engine calls _Slot.remove_request(request) once a request
@@ -582,108 +344,21 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         slot.remove_request = remove_request  # type: ignore[union-attr]
         # A forced stop stops the reactor without closing the engine.
-        self._unhook_forced_stop = before_reactor_stops(self._give_back_at_forced_stop)
+        self._unhook_forced_stop = before_reactor_stops(self.closing.give_back_at_forced_stop)
         warn_remote_feeds(self.crawler)
 
     def close(self, reason: str) -> None:
-        """Give back unfinished leases, send the outbox, stop heartbeats.
-
-        Redis is waited for at most ``CLOSE_REDIS_WAIT`` (10 s, or
-        ``FRONTIER_LEASE_TIMEOUT`` when shorter), in a thread whatever the
-        socket timeouts: past it, what was not sent is left out. Nothing
-        is lost: a lease is acknowledged only in or after the commits that
-        queue the requests its page yielded (:meth:`Outbox.batches`), so an
-        unsent ack and its requests go together, the lease expires and the
-        page is crawled again (its items, already stored, are stored again
-        in place).
-        """
+        """Give back unfinished leases, send the outbox, stop heartbeats
+        (:meth:`Closing.close <crawler.frontier.closing.Closing.close>`:
+        Redis is waited for at most ``CLOSE_REDIS_WAIT``, 10 s, or
+        ``FRONTIER_LEASE_TIMEOUT`` when shorter; past it, what was not sent
+        is left out, and nothing is lost: the leases not acknowledged expire
+        and are crawled again). Without ``SCHEDULER_PERSIST``, the queue and
+        the dupefilter are then cleared (when Redis answered)."""
         self._unhook_forced_stop()
-        wait = min(self.lease_timeout, CLOSE_REDIS_WAIT)
-        deadline = time.monotonic() + wait
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
-        if self._beater is not None:
-            # (before the give-backs: a beat after them would extend them)
-            self._beater.stop(timeout=wait)
-            self._beater = None
-        if self._wake_call is not None:
-            self._wake_call.cancel()
-            self._wake_at = self._wake_call = None
-        sent = run_bounded(
-            lambda: self._send_at_close(deadline),
-            max(0.0, deadline - time.monotonic()) + 0.5,
-            what="The frontier's writes at close",
-        )
-        if not sent:
-            logger.error(
-                "Redis unreachable or refusing at close: %d frontier writes not sent "
-                "within %.0f s (unacknowledged leases will expire and be crawled again)",
-                len(self.outbox), wait, extra={"spider": self.spider},
-            )
-            if sent is None or self.session.unreachable:  # (no answer: no more calls)
-                return  # (the registry forgets this worker after its last heartbeat)
-        try:
-            self.queue.shards.leave(self.holder)
-        except UNREACHABLE:
-            pass  # it stops counting a lease's length after its last heartbeat
-        if not self.persist:
+        self.wakeup.cancel()
+        if self.closing.close() and not self.persist:
             self.flush()
-
-    def _send_at_close(self, deadline: float) -> bool:
-        """Resolve a call in doubt, give back the leases held, send the
-        outbox; try until ``deadline`` (``time.monotonic()``). Returns
-        whether everything was sent."""
-        # A call in doubt first: the leases it took are given back too.
-        while self.session.in_doubt is not None and time.monotonic() < deadline:
-            self.session.down_until = 0.0
-            if not self.session.resolve():
-                self._pause_until(deadline)
-        held = self.book.give_back_all()
-        if held:
-            self.stats.inc_value("frontier/leases/released", held)
-            logger.info("Gave back %d unfinished leases", held)
-        while self.outbox and time.monotonic() < deadline:
-            self.session.down_until = 0.0
-            if not self.flush_outbox():
-                self._pause_until(deadline)
-        return self.session.in_doubt is None and not self.outbox
-
-    def _pause_until(self, deadline: float) -> None:
-        """Sleep the backoff (0.5 s without one), at most 1 s, until ``deadline``."""
-        time.sleep(max(0.0, min(1.0, self.session.backoff or 0.5, deadline - time.monotonic())))
-
-    def _give_back_at_forced_stop(self) -> None:
-        """The reactor stops before :meth:`close` ran (a second SIGTERM or
-        SIGINT): give every held lease back, with the outbox, in one commit
-        that waits at most ``GIVE_BACK_TIMEOUT`` (2 s) for Redis.
-
-        A give-back is not a failed delivery: the request goes back to the
-        front of its queue with its delivery count unchanged. A reply lost or
-        late is not sent again: the next call of any worker resolves it, or
-        the leases expire (and count as a delivery) as after a crash.
-        Local feed exports are finished first, before the outbox's acks
-        are sent (:func:`~crawler.frontier.feedstop.finish_local_feeds`).
-        """
-        finish_local_feeds(self.crawler)
-        if not self.book.leases:
-            return
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
-        if self._beater is not None:
-            # (a beat after the give-back would only extend leases gone)
-            self._beater.stop(timeout=0.2)
-            self._beater = None
-        held = self.book.give_back_all()
-        self.session.down_until = 0.0
-        if run_bounded(self.flush_outbox, GIVE_BACK_TIMEOUT):
-            self.stats.inc_value("frontier/leases/released", held)
-            logger.info("Forced stop: gave back %d unfinished leases", held)
-        else:
-            logger.warning(
-                "Forced stop: Redis did not confirm the give-back of %d leases "
-                "within %s s (they come back when they expire)",
-                held, GIVE_BACK_TIMEOUT,
-            )
 
     # -- enqueue -----------------------------------------------------------------
 
@@ -703,7 +378,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         A request of the spider's ``start_urls`` (Scrapy's ``start()`` marks
         it ``is_start_request``) is dropped (False, counted in
         ``frontier/start_urls/dropped``) when another worker queues them for
-        the crawl (:meth:`_claim_start_urls`); the mark is not stored.
+        the crawl (:meth:`Opening.claim_start_urls
+        <crawler.frontier.opening.Opening.claim_start_urls>`); the mark is not
+        stored.
 
         Every duplicate is handed to the dupefilter's ``log(request,
         spider)``, which logs it as Scrapy does (the first one, or all of
@@ -724,81 +401,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         if request.meta.pop("is_start_request", False) and not self._start_urls_mine:
             self.stats.inc_value("frontier/start_urls/dropped")
             return False
-        return self._enqueue(request)
-
-    def _enqueue(self, request: Request) -> bool:
-        """:meth:`enqueue_request` past the start requests' check."""
-        delay = request.meta.pop(RETRY_DELAY_META, None)
-        try:
-            # Its site in the frontier, and its slot in Scrapy's downloader.
-            request.meta[SLOT_META] = self.queue.policy.slot_of(request)
-        except ValueError as exc:
-            logger.error("Request %s not scheduled: %s", request.url, exc,
-                         extra={"spider": self.spider})
-            self.stats.inc_value("scheduler/unencodable")
-            return False
-        fingerprint = None
-        if delay is None and not request.dont_filter and self._seen:
-            fingerprint = self.df.request_fingerprint(request)
-            if fingerprint in self._seen:
-                self.df.log(request, self.spider)
-                return False
-        if not -PRIORITY_LIMIT <= request.priority <= PRIORITY_LIMIT:
-            logger.error(
-                "cannot queue request %s: its priority %d is outside the frontier's "
-                "range, -%d to %d (see docs/requests.md)",
-                request.url, request.priority, PRIORITY_LIMIT, PRIORITY_LIMIT,
-                extra={"spider": self.spider},
-            )
-            self.stats.inc_value("scheduler/priority_out_of_range")
-            return False
-        try:
-            data = self.queue.encode(request)
-            if type(request) is not Request or b'{"!i":' in data:
-                self._check_rebuilds(request, data)
-        except ValueError as exc:  # EncodeError, or a callback not on the spider
-            logger.error("%s", exc, extra={"spider": self.spider})
-            self.stats.inc_value("scheduler/unencodable")
-            return False
-        site, priority = request.meta[SLOT_META], request.priority
-        shard = self.queue.shards.index_of(site)
-        if delay is not None:
-            retry = Retry(data, site, priority, float(delay))
-            self.outbox.write("retries", item=retry, shard=shard)
-            self.stats.inc_value("frontier/retries/scheduled")
-            return True
-        if fingerprint is None:
-            fingerprint = self.df.request_fingerprint(request)
-        push = Push(data, site, priority, fingerprint, request.dont_filter)
-        self.outbox.write("pushes", item=push, request=request, shard=shard)
-        self.router.note_push(shard, priority)
-        self._remember(fingerprint)
-        return True
-
-    def _check_rebuilds(self, request: Request, data: bytes) -> None:
-        """Decode ``data`` as a worker will: a Request subclass whose
-        ``__init__`` does not take back what ``to_dict`` gave (Scrapy's
-        :func:`~scrapy.utils.request.request_from_dict` passes every
-        attribute as a keyword), or an item in meta or cb_kwargs whose class
-        cannot be built from its fields, is refused now, not lost when
-        leased. Only subclasses and requests holding items pay for it.
-
-        :raises ValueError: naming the URL, the class and the cause.
-        """
-        try:
-            self.queue.decode(data, slot_of(request))
-        except Exception as exc:
-            raise ValueError(
-                f"cannot store request {request.url} in Redis: {type(request).__name__} "
-                f"cannot be rebuilt from its stored form ({type(exc).__name__}: {exc})"
-            ) from exc
-
-    def _remember(self, fingerprint: bytes) -> None:
-        if self.seen_max:
-            seen = self._seen
-            seen[fingerprint] = None
-            if len(seen) > self.seen_max:
-                del seen[next(iter(seen))]  # the oldest
+        return self.enqueuer.enqueue(request)
 
     # -- lease -------------------------------------------------------------------
 
@@ -807,39 +410,19 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         Served from the local buffer while it holds any; otherwise the
         outbox and one ``lease.lua`` call, in one round trip, refill it (see
-        *Batches* and *Outbox*). With None, the engine is woken when the
+        *Batches* and *Writes*). With None, the engine is woken when the
         first site or retry becomes due (:meth:`next_due`), whatever the
         spider: Scrapy's engine otherwise asks again only when a download
         ends, or every 5 seconds. None once Redis evicted keys or may evict
         them (:attr:`evicted`): the crawl is closing, and what this worker
         holds is given back then.
         """
-        if self.evicted is not None:
+        if self.eviction.evicted is not None:
             return None
         request = self._next_request()
         if request is None:
-            self._wake_when_due()
+            self.wakeup.when_due()
         return request
-
-    def _wake_when_due(self) -> None:
-        """Wake the engine in :meth:`next_due` seconds, unless a wake-up is
-        already set for then or sooner."""
-        if self._due_at is None:
-            return
-        at = self._due_at
-        due = max(0.0, at - time.monotonic())
-        if self._wake_at is not None and self._wake_at <= at:
-            return
-        if self._wake_call is not None:
-            self._wake_call.cancel()
-        self._wake_at = at
-        self._wake_call = call_later(due, self._wake_engine)
-
-    def _wake_engine(self) -> None:
-        self._wake_at = self._wake_call = None
-        slot = getattr(getattr(self.crawler, "engine", None), "_slot", None)
-        if slot is not None:
-            slot.nextcall.schedule()
 
     def _next_request(self) -> Request | None:
         if self.book.ready or not self._before_lease() or self.book.holding_back():
@@ -850,7 +433,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             if shard is None or shard in asked or shard >= len(self.router):
                 shard = self.router.next_shard(asked)
             if shard is None:  # every shard said: nothing due now
-                self._due_at = self.router.earliest_due()
+                self.wakeup.due_at = self.router.earliest_due()
                 return None
             ids = self.book.new_ids(self._want())
             result = self.session.exchange(ids, shard)
@@ -858,16 +441,16 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self.book.last_passed(result[0] if isinstance(result, list) else result, shard)
             if isinstance(result, list):
                 self.stats.inc_value("frontier/lease_calls")
-                self._housekeeping(result[0], shard)
+                self.reports.lease_result(result[0], shard)
                 self.router.leased(shard, result[0])
                 self.book.take(result)
             elif isinstance(result, NotDue):
                 self.stats.inc_value("frontier/lease_calls/not_due")
-                self._housekeeping(result, shard)
+                self.reports.lease_result(result, shard)
                 now = self.router.not_due(shard, result)
                 asked.add(shard)
                 if len(self.router) == 1:
-                    self._due_at = None if result.wait is None else now + result.wait
+                    self.wakeup.due_at = None if result.wait is None else now + result.wait
             # (leases found out after a lost reply are in the buffer too)
             if self.book.ready:
                 return self.book.hand_out()
@@ -895,26 +478,6 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self.router.peek_stale()
         return True
 
-    def _housekeeping(self, result: Lease | NotDue, shard: int) -> None:
-        """Count what a lease call to ``shard`` did besides leasing; log what it met."""
-        if result.expired:
-            self.stats.inc_value("frontier/leases/returned", result.expired)
-        if result.dead:
-            self.stats.inc_value("frontier/dead", result.dead)
-            logger.warning(
-                "%d requests moved to the dead-letter list %s by the frontier "
-                "(past FRONTIER_MAX_DELIVERIES, or unreadable)",
-                result.dead, self.queue.shards[shard].key("dead"), extra={"spider": self.spider},
-            )
-        self._log_problems(result.problems)
-
-    def _log_problems(self, problems: tuple[str, ...] | list[str]) -> None:
-        for text in problems:
-            if text not in self._problems:
-                self._problems.add(text)
-                self.stats.inc_value("frontier/problems")
-                logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
-
     def _want(self) -> int:
         """Requests to lease at once: the downloader's free slots, at least 1."""
         engine = getattr(self.crawler, "engine", None)
@@ -931,9 +494,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Seconds until a site or retry becomes due, as the last lease that
         found nothing due reported (None: nothing was queued then). The spider
         sleeps that long before it wakes the engine."""
-        if self._due_at is None:
-            return None
-        return max(0.0, self._due_at - time.monotonic())
+        return self.wakeup.next_due
 
     def _download_ended(self, request: Request, **kwargs: Any) -> None:
         """``request_left_downloader``: a leased request's slot is freed."""
@@ -943,122 +504,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
             # worth a lease of its shard now, not when the last NotDue said.
             now = time.monotonic()
             self.router.slot_freed(shard, now)
-            if self._due_at is not None and self._due_at > now:
-                self._due_at = now
+            self.wakeup.sooner(now)
 
     def _finished(self, request: Request) -> None:
         """The engine is done with ``request``: its lease is acknowledged."""
         if self.book.finished(request):
-            self._due_at = time.monotonic()  # the drain is over: lease now
-
-    def _beat(self) -> None:
-        """The heartbeat (every third of ``FRONTIER_LEASE_TIMEOUT``): send the
-        outbox, mark this worker live (``{s}:alive``) and extend the leases
-        it holds.
-
-        It also goes while an outage's backoff runs (up to
-        ``OUTAGE_BACKOFF_CAP``, 30 s, past the outage's end): both writes
-        are idempotent. When Redis answers, the backoff ends there, so the
-        leases are extended and the worker goes on within a heartbeat of
-        Redis's return, instead of its leases expiring (another worker would
-        crawl them again) and the other workers' fair shares counting it
-        dead; when Redis is still down, nothing changes (the outage is
-        logged already). After a configuration error it sends nothing (the
-        crawl is closing). A refused call is no outage: the heartbeat goes.
-        """
-        if not may_call_redis(self.crawler):
-            self._publish_held()  # (the heartbeat thread extends them)
-            return
-        self.flush_outbox()
-        probing = self.session.probing()
-        if probing and self.session.config_stopped:
-            return  # a configuration error: no call until the crawl closes
-        # Leases stay extended until their ack is in Redis (an ack refused
-        # or in doubt waits in the outbox).
-        held = self.book.held()
-        if self._beater is not None:
-            self._beater.hold(held)
-        try:
-            # (a node that restarted without the scripts gets them loaded:
-            # FrontierShards._each)
-            self.queue.shards.alive(self.holder)
-            if held:
-                self.queue.shards.extend(held)
-        except UNREACHABLE as exc:
-            if not probing:
-                self.session.failed(exc)
-            elif is_no_master(exc):  # (still a replica behind the endpoint)
-                drop_connections(self.server)
-            return
-        if probing:
-            logger.info("Redis answers the heartbeat: the outage's backoff ends",
-                        extra={"spider": self.spider})
-            self.session.down_until = 0.0
-            self.flush_outbox()
-        self._watch_evictions()
-
-    def _publish_held(self) -> None:
-        """Hand the heartbeat thread the lease ids held now (a snapshot)."""
-        if self._beater is not None:
-            self._beater.hold(self.book.held())
-
-    def _start_heartbeats(self) -> None:
-        """Start both heartbeats, every third of ``FRONTIER_LEASE_TIMEOUT``:
-        :meth:`_beat` on the reactor (it also sends the outbox and ends an
-        outage's backoff), and :class:`HeartbeatThread`, with a Redis client
-        of its own, which goes on while a callback blocks the reactor. Without
-        one (a cluster that does not answer now) the reactor's heartbeat
-        beats alone, and a callback that blocks the reactor longer than a
-        lease loses the worker's leases."""
-        self._heartbeat = create_looping_call(self._beat)
-        self._heartbeat.start(max(0.1, self.lease_timeout / 3), now=False)
-        try:
-            client = get_redis(self.crawler.settings)
-        except (*UNREACHABLE, ValueError) as exc:
-            logger.warning("No heartbeat thread (its Redis client failed: %s): "
-                           "a callback that blocks the reactor for longer than "
-                           "FRONTIER_LEASE_TIMEOUT loses this worker's leases", exc,
-                           extra={"spider": self.spider})
-            return
-        self._beater = HeartbeatThread(
-            self.queue.shards.frontiers, client, self.holder, max(0.1, self.lease_timeout / 3)
-        )
-        self._publish_held()
-        self._beater.start()
-
-    def _watch_evictions(self) -> None:
-        """Check, in a thread, whether Redis evicted keys or may evict them
-        (:meth:`crawler.frontier.eviction.EvictionWatch.check`: ``INFO``
-        and ``CONFIG GET``, on the heartbeat's schedule, one check at a
-        time); :meth:`_evictions_checked` handles the answer."""
-        if self._eviction_call is not None or self.evicted is not None:
-            return
-        self._eviction_call = deferToThread(self.eviction.check)
-        self._eviction_call.addCallbacks(self._evictions_checked, self._eviction_check_failed)
-
-    def _evictions_checked(self, message: str | None) -> None:
-        """Stop leasing when ``message`` says Redis evicted keys or may
-        evict them: one ERROR line (``Configuration error: ...``), the
-        spider closed with the reason ``config_error`` (its leases given
-        back, ``scrapy crawl`` exits with status 1)."""
-        self._eviction_call = None
-        if message is None or self.evicted is not None:
-            return
-        self.evicted = message
-        self.stats.set_value("frontier/evicted", 1)
-        stop_on_config_error(self.crawler, message)
-
-    def _eviction_check_failed(self, failure: Failure) -> None:
-        """A failed eviction check: Redis being down is the heartbeat's to
-        report (the next beat checks again); anything else is logged."""
-        self._eviction_call = None
-        if isinstance(failure.value, UNREACHABLE):
-            logger.debug("Eviction check failed: %s", failure.value, extra={"spider": self.spider})
-            return
-        logger.error(
-            "Eviction check failed: %s", failure.getErrorMessage(),
-            exc_info=failure.value, extra={"spider": self.spider},
-        )
+            self.wakeup.due_at = time.monotonic()  # the drain is over: lease now
 
     def has_pending_requests(self) -> bool:
         """Whether any request is queued, waiting for a retry or leased, anywhere.
@@ -1091,116 +542,12 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     def __len__(self) -> int:
         return len(self.queue)
 
-    # -- revisits ------------------------------------------------------------------
-
-    def _on_request_fetched(
-        self, request: Request, validators: dict[str, str], **kwargs: Any
-    ) -> None:
-        """Commit a revisit of ``request`` with its ack, if this worker leased
-        it (a request fetched outside the frontier, robots.txt say, is not
-        revisited)."""
-        entry = self.book.entries.get(request)
-        if entry is None or not self.queue.frontier.revisit_after_ms:
-            return
-        try:
-            # The request as it was queued: the headers and meta the
-            # downloader middlewares add are this download's, not the next.
-            queued = self.queue.decode(*entry)
-            meta = {k: v for k, v in queued.meta.items() if k not in _NOT_REVISITED}
-            meta[REVISIT_META] = dict(validators)
-            data = self.queue.encode(
-                queued.replace(meta=meta, headers=self._revisit_headers(queued))
-            )
-        except ValueError as exc:  # cannot happen for an entry that was decoded
-            logger.error("Revisit not scheduled: %s", exc, extra={"spider": self.spider})
-            return
-        fingerprint = self.df.request_fingerprint(request)
-        site = slot_of(request)
-        self.outbox.write(
-            "revisits", item=Revisit(data, site, request.priority, fingerprint),
-            shard=self.queue.shards.index_of(site),
-        )
-        self.stats.inc_value("frontier/revisits/scheduled")
-
-    def _revisit_headers(self, queued: Request) -> Headers:
-        """``queued``'s headers less those the downloader middlewares add to
-        each download (a redirect target is queued with them): the last
-        conditional headers, ``Accept-Encoding`` and ``Cookie`` always,
-        ``User-Agent`` and ``DEFAULT_REQUEST_HEADERS`` when they are the
-        settings' values. So a revisit gets the settings of the worker that
-        fetches it, and its entry stays small."""
-        headers = queued.headers.copy()
-        for name in (*_CONDITIONAL, b"Accept-Encoding", b"Cookie"):
-            headers.pop(name, None)
-        settings = self.crawler.settings
-        defaults = {
-            "User-Agent": settings.get("USER_AGENT"),
-            **settings.getdict("DEFAULT_REQUEST_HEADERS"),
-        }
-        for name, value in defaults.items():
-            if value is not None and headers.get(name) == to_bytes(str(value)):
-                headers.pop(name, None)
-        return headers
-
-    # -- dead letters --------------------------------------------------------------
-
-    def _on_request_dead(
-        self, request: Request, reason: str, error: str | None = None, **kwargs: Any
-    ) -> None:
-        self.dead_letter(request, reason, error)
-
-    def _on_spider_error(self, failure: Failure, response: Response, **kwargs: Any) -> None:
-        request = getattr(response, "request", None)
-        if request is not None:
-            self.dead_letter(request, "callback raised", repr(failure.value))
-
     def dead_letter(self, request: Request, reason: str, error: str | None = None) -> None:
         """Record ``request`` in ``{s}:dead`` as JSON: url, reason, attempts,
         last error, time (Unix seconds), the encoded request and the priority
-        it was first scheduled with (for requeue)."""
-        try:
-            encoded: str | None = self.queue.encode(request, compact=False).decode()
-        except ValueError:
-            encoded = None
-        record = {
-            "url": request.url,
-            "reason": reason,
-            "attempts": request.meta.get("retry_times", 0) + 1,
-            "last_error": error,
-            "time": time.time(),
-            "request": encoded,
-            # Before Scrapy's retries lowered it, by this crawl's own
-            # RETRY_PRIORITY_ADJUST: what `scrapy deadletters requeue` restores.
-            "first_priority": first_priority(
-                request.priority, request.meta,
-                self.crawler.settings.getint("RETRY_PRIORITY_ADJUST", -1),
-            ),
-        }
-        self._dead(record, slot_of(request))
-        logger.warning("Dead letter for %s: %s", request.url, reason)
-
-    def _dead_entry(
-        self, data: bytes, lease_id: str, exc: Exception, site: str | None = None
-    ) -> None:
-        """A leased entry that is no request here: a dead letter with the
-        entry and its site (so ``scrapy deadletters requeue`` can send it back
-        once the cause is fixed, e.g. its Request class made importable)."""
-        reason = f"undecodable frontier entry: {type(exc).__name__}: {exc}"
-        logger.error("%s", reason, extra={"spider": self.spider})
-        record = {"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
-                  "time": time.time(), "request": None, "entry": data.decode("latin-1")}
-        if site is not None:
-            record["site"] = site
-        shard = self.book.lease_shards.pop(lease_id, 0)
-        self._dead(record, site, shard)
-        self.outbox.write("acks", item=lease_id, shard=shard)
-
-    def _dead(self, record: dict[str, Any], site: str | None, shard: int | None = None) -> None:
-        """Queue a dead letter for the shard of ``site`` (or ``shard``)."""
-        if shard is None:
-            shard = 0 if site is None else self.queue.shards.index_of(site)
-        self.outbox.write("dead", item=json.dumps(record, default=str).encode(), shard=shard)
-        self.stats.inc_value("frontier/dead")
+        it was first scheduled with (for requeue):
+        :meth:`DeadLetters.record <crawler.frontier.deadletters.DeadLetters.record>`."""
+        self.dead_letters.record(request, reason, error)
 
     def after_commit(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` once every write queued so far is in Redis.
@@ -1254,42 +601,13 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         }
 
     def committed(self, shard: int, ops: list[Op], reply: Committed | None) -> None:
-        """The writes ``ops`` (``shard``'s commit) are in Redis.
-
-        ``reply`` is the commit's reply; None when its reply was lost and
-        Redis only told that it ran (then which pushes were duplicates is
-        not known, and the log says so).
-        """
-        pushes = [op for op in ops if op.kind == "pushes"]
-        if reply is None:
-            if pushes:
-                logger.info(
-                    "The reply to a frontier commit was lost; it ran, but which of its %d "
-                    "new requests were queued and which were filtered as duplicates is not "
-                    "known: they are not counted in scheduler/enqueued/redis or "
-                    "dupefilter/filtered, nor logged as duplicates",
-                    len(pushes), extra={"spider": self.spider},
-                )
-            return
-        # One flag per push, in the order of the ops (Outbox.commit_of keeps it).
-        for op, queued in zip(pushes, reply.pushed, strict=False):
-            if queued:
-                continue
-            if op.request is None:
-                self.stats.inc_value("dupefilter/filtered")
-                continue
-            self.df.log(op.request, self.spider)
-            self.crawler.signals.send_catch_log(
-                signals.request_dropped, request=op.request, spider=self.spider
-            )
-        for key, n in (
-            ("scheduler/enqueued/redis", sum(reply.pushed)),
-            ("frontier/leases/acked", reply.acked),
-        ):
-            if n:
-                self.stats.inc_value(key, n)
-        self._log_problems(reply.problems)
-        self.router.committed(shard, reply)
+        """The writes ``ops`` (``shard``'s commit) are in Redis: counted and
+        logged (:meth:`Reports.committed
+        <crawler.frontier.reports.Reports.committed>`); ``reply`` is None
+        when its reply was lost and Redis only told that it ran."""
+        self.reports.committed(ops, reply)
+        if reply is not None:
+            self.router.committed(shard, reply)
 
     def leases_found(self, leases: list[Lease]) -> None:
         """The leases a lease call whose reply was lost took: buffered."""
@@ -1297,7 +615,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def passed_over(self, result: Lease | NotDue, shard: int) -> None:
         """A lease result sent again: what it met is counted."""
-        self._housekeeping(result, shard)
+        self.reports.lease_result(result, shard)
 
     def forget_shard(self, shard: int) -> None:
         """What was learnt of ``shard`` may be out of date."""
@@ -1305,24 +623,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
     def forget_seen(self) -> None:
         """Forget the fingerprints this worker recorded (``FRONTIER_LOCAL_SEEN``)."""
-        self._seen.clear()
+        self.enqueuer.forget_seen()
 
     def wake(self) -> None:
         """Wake the engine now."""
-        self._wake_engine()
-
-    def _stop_at_open(self, message: str) -> None:
-        """Report the configuration error ``message`` (one log line) and
-        close the spider once it is open, with no Redis call meanwhile.
-
-        Raised now, CloseSpider would skip the rest of Scrapy's start-up
-        (the item pipelines), whose close then fails: it is raised once the
-        spider is open instead."""
-        self._close_spider = close_at_open(self.crawler, message)
-        self.crawler.signals.connect(self._close_at_open, signal=signals.spider_opened)
-        self.session.stop()
-
-    def _close_at_open(self) -> None:
-        """``spider_opened`` handler after a configuration error at open."""
-        raise self._close_spider
-
+        self.wakeup.now()

@@ -1,8 +1,9 @@
-"""Signals of the frontier, sent through ``crawler.signals``."""
+"""What middlewares tell the frontier: its signals, sent through
+``crawler.signals``, and the request meta key of a retry's delay."""
 
 from __future__ import annotations
 
-__all__ = ["request_dead", "request_fetched"]
+__all__ = ["RETRY_DELAY_META", "request_dead", "request_fetched"]
 
 #: A request has failed for good and belongs in the dead-letter queue.
 #: Arguments: ``request`` (scrapy.Request), ``reason`` (str, e.g. "gave up
@@ -17,3 +18,7 @@ request_dead = object()
 #: values, str, to send as ``If-None-Match`` / ``If-Modified-Since``; may be
 #: empty). The scheduler commits the revisit with the request's ack.
 request_fetched = object()
+
+#: Request meta key: seconds to hold the request in the retry set before it
+#: is queued again (set by :class:`crawler.middlewares.BackoffRetryMiddleware`).
+RETRY_DELAY_META = "frontier_retry_delay"
