@@ -172,3 +172,46 @@ def test_a_worker_of_another_protocol_stops_with_one_configuration_error(
     assert scheduler.next_request() is None
     assert _evalsha_calls(rds) == before
     assert crawler.stats.get_value("frontier/redis/outages") is None
+
+
+def _alive_key(scheduler: Any) -> str:
+    return str(scheduler.queue.shards[0].key("alive"))
+
+
+def test_a_worker_refuses_to_open_beside_a_live_worker_of_an_older_version(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A worker of a version before the named protocol counts itself live
+    (``{s}:alive``) and records no protocol: a new worker opening on that
+    crawl stops at open with one line naming that worker, and writes no
+    liveness of its own (a rolling upgrade never mixes entry formats)."""
+    first, _ = harness.open_scheduler(redis_url, _Spider)
+    alive = _alive_key(first)
+    now_ms = int(rds.time()[0]) * 1000
+    rds.zadd(alive, {"old-worker": now_ms})  # (what an older worker's lease call writes)
+    second, crawler = harness.open_scheduler(redis_url, _Spider)
+    message = config_error_of(crawler)
+    assert message is not None and "\n" not in message
+    assert "worker old-worker" in message and "speaks an older protocol" in message
+    assert "scrapy frontier stop" in message
+    assert rds.zscore(alive, second.holder) is None
+
+
+def test_a_worker_opens_beside_live_workers_of_its_own_protocol_and_after_a_stopped_one(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """Workers of one version open side by side; an older worker that left
+    (its liveness removed at close) or went silent past a lease's length no
+    longer stops a new one, and its record is dropped."""
+    first, _ = harness.open_scheduler(redis_url, _Spider, FRONTIER_LEASE_TIMEOUT=5)
+    alive = _alive_key(first)
+    speaks = alive.removesuffix("alive") + "speaks"
+    now_ms = int(rds.time()[0]) * 1000
+    rds.zadd(alive, {"gone-worker": now_ms - 6000})  # silent for longer than a lease
+    rds.hset(speaks, "gone-worker", "0")
+    second, crawler = harness.open_scheduler(redis_url, _Spider, FRONTIER_LEASE_TIMEOUT=5)
+    assert config_error_of(crawler) is None
+    assert rds.hget(speaks, second.holder) == str(protocol.VERSION).encode()
+    assert rds.hget(speaks, first.holder) == str(protocol.VERSION).encode()
+    assert rds.hget(speaks, "gone-worker") is None
+    assert rds.zscore(alive, "gone-worker") is None

@@ -160,7 +160,7 @@ class Opening:
                 for i, part in by_shard.items():
                     self.server.hset(shards[i].key(key), mapping=part)
             shards.load_scripts()
-            shards.alive(self.holder)
+            shards.alive(self.holder, check=True)
             return self.claim_start_urls(spider)
         except (RedisError, ShardCountError) as exc:
             message = (

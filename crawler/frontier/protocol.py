@@ -95,6 +95,7 @@ SHARD_KEYS: tuple[tuple[str, str], ...] = (
     ("robots_down", "robots:down"),
     ("forget", "forget"),
     ("dead_trimmed", "dead:trimmed"),
+    ("speaks", "speaks"),
 )
 
 #: The keys of one call after :data:`SHARD_KEYS`: ``K.marker`` is the
@@ -207,11 +208,22 @@ def payloads(ops: dict[str, Sequence[Sequence[Any]]]) -> tuple[dict[str, int], l
 
 
 _REFUSAL = re.compile(r"frontier protocol (\S+) not understood by this script \(speaks (\S+)\)")
+_MIXED = re.compile(r"frontier protocol mixed: worker (\S+) speaks (\S+), seen (\S+) s ago")
 
 
 def refusal(error: BaseException | str) -> str | None:
     """The one-line configuration error for a script's refusal of this
     worker's protocol version, or None when ``error`` is no such refusal."""
+    mixed = _MIXED.search(str(error))
+    if mixed is not None:
+        worker, speaks, ago = mixed.groups()
+        spoken = "an older protocol" if speaks == "none" else f"protocol {speaks}"
+        return (
+            f"worker {worker}, live on this crawl ({ago} s ago), speaks {spoken}; this "
+            f"worker speaks {VERSION}: stop every worker (scrapy frontier stop SPIDER), "
+            "upgrade them all, then start them (a killed worker counts as live for "
+            "FRONTIER_LEASE_TIMEOUT)"
+        )
     found = _REFUSAL.search(str(error))
     if found is None:
         return None

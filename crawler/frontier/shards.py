@@ -230,9 +230,10 @@ class FrontierShards:
         """Load the Lua scripts (``SCRIPT LOAD``; on a cluster, every master)."""
         self.frontiers[0].load_scripts()
 
-    def alive(self, holder: str) -> None:
-        """:meth:`Frontier.alive` on every shard."""
-        self._each(lambda f, pipe: f.alive(holder, client=pipe))
+    def alive(self, holder: str, *, check: bool = False) -> None:
+        """:meth:`Frontier.alive` on every shard (``check``: at open, refuse
+        while a live worker speaks another protocol)."""
+        self._each(lambda f, pipe: f.alive(holder, client=pipe, check=check))
 
     def leave(self, holder: str) -> None:
         """:meth:`Frontier.leave` on every shard (one pipeline per node).
@@ -254,6 +255,7 @@ class FrontierShards:
                 with pipe:
                     for i in indices:
                         pipe.zrem(self.frontiers[i].key("alive"), holder)
+                        pipe.hdel(self.frontiers[i].key("speaks"), holder)
                         pipe.delete(self.frontiers[i].marker_key(holder))
                     pipe.execute()
             except (RedisError, RedisClusterException) as exc:

@@ -69,6 +69,8 @@ key                                 type    holds
                                             attempt ms> <failures> <first failure ms>``
 ``{s}:alive``                       zset    holder -> ms of its last lease call
                                             or heartbeat
+``{s}:speaks``                      hash    holder -> the protocol it speaks
+                                            (crawler/frontier/protocol.py)
 ``{s}:sent:<holder>``               string  sequence number of the holder's last
                                             commit (found out after a lost reply);
                                             deleted when the worker closes, else
@@ -697,19 +699,30 @@ class Frontier:
                 leases.append(Lease(data, site, lease_id, deliveries))
         return committed, leases
 
-    def alive(self, worker: str, client: Any = None) -> None:
+    def alive(self, worker: str, client: Any = None, *, check: bool = False) -> None:
         """Count ``worker`` (a holder) as live in fair shares now (at open
-        and on each heartbeat; lease calls do it too). A worker silent for a
-        lease's length stops counting.
+        and on each heartbeat; lease calls do it too), and record that it
+        speaks :data:`protocol.VERSION` (``{s}:speaks``). A worker silent
+        for a lease's length stops counting.
 
-        :param client: a redis-py pipeline to queue the call on."""
-        self._alive(keys=self._keys, args=[self._alive_header({"holder": worker})],
-                    client=client)
+        :param client: a redis-py pipeline to queue the call on.
+        :param check: (at open) refuse while another live worker speaks
+            another protocol, or none (a version before it).
+        :raises redis.exceptions.ResponseError: ``frontier protocol mixed``
+            (with ``check``), which :func:`protocol.refusal` words as a
+            configuration error."""
+        options: dict[str, Any] = {"holder": worker}
+        if check:
+            options.update(check=1, live_ms=self.lease_timeout_ms)
+        self._alive(keys=self._keys, args=[self._alive_header(options)], client=client)
 
     def leave(self, worker: str) -> None:
         """Stop counting ``worker`` as live (it closes): the others' fair
         shares grow at once, not a lease's length later."""
-        self.redis.zrem(self.key("alive"), worker)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.key("alive"), worker)
+        pipe.hdel(self.key("speaks"), worker)
+        pipe.execute()
 
     def set_delay(self, site: str, delay_ms: int | None) -> tuple[bool, int]:
         """Set ``site``'s delay override to ``delay_ms`` (None: remove it)

@@ -245,9 +245,10 @@ local K = {
   robots_down = KEYS[29],
   forget = KEYS[30],
   dead_trimmed = KEYS[31],
-  marker = KEYS[32],
+  speaks = KEYS[32],
+  marker = KEYS[33],
 }
-local N_KEYS = 32
+local N_KEYS = 33
 local PAYLOADS = {
   'ids', 1,
   'claim', 1,
