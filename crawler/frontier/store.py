@@ -108,6 +108,7 @@ from redis import StrictRedis
 from redis.client import Pipeline
 
 from crawler.frontier import protocol
+from crawler.frontier.policy import Policy
 from crawler.frontier.protocol import Committed, Lease, NotDue
 
 if TYPE_CHECKING:
@@ -345,6 +346,13 @@ class Frontier:
         self.robots_gate = robots_gate
         self.jitter = max(0.0, jitter)
         self.site_jitter = {site: max(0.0, j) for site, j in (site_jitter or {}).items()}
+        #: Each site's pace and capacity as the scripts compute them
+        #: (lib.lua's site_policy), from this frontier's defaults.
+        self.policy = Policy(
+            delay_ms=self.default_delay_ms, margin=delay_margin,
+            concurrency=default_concurrency, gate=robots_gate, jitter=self.jitter,
+            site_jitter=self.site_jitter,
+        )
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency or has this worker's fair share taken, and
         #: none waits for its delay (an ack elsewhere frees a slot; the
