@@ -1,14 +1,18 @@
 """Politeness shared by all workers: robots.txt once per cluster, adaptive slowing.
 
-Both downloader middlewares write per-site figures into the frontier's Redis
-hashes, which ``lua/lease.lua`` reads when it paces a site:
+Both downloader middlewares tell the frontier a site's inputs through its
+calls (:class:`~crawler.frontier.store.Frontier`'s ``robots_fetched``,
+``robots_down``, ``open_slot``, ``set_slow``), never by writing its indexes;
+the frontier keeps them in per-site hashes, which the site policy
+(``lua/lib.lua``'s ``site_policy``, :mod:`crawler.frontier.policy`) reads
+when it paces a site:
 
 * ``{<spider>}:rdelay``: site -> ``Crawl-delay`` of its robots.txt, ms;
 * ``{<spider>}:slow``: site -> extra delay after 429/503 or slow responses, ms.
 
 A site's delay between two requests, across all workers, is then
 ``max(FRONTIER_DELAY or its {s}:delay override, its Crawl-delay) + its slow
-delay``, times ``1 + FRONTIER_DELAY_MARGIN``.
+delay``, times ``1 + FRONTIER_DELAY_MARGIN`` (:class:`crawler.frontier.policy.Policy`).
 
 robots.txt itself is kept in ``{<spider>}:robots`` (site -> ``fetched\\nbody``,
 the body compacted to the rules for the crawl's user agent: :func:`compact_robots`)
@@ -52,8 +56,9 @@ from crawler.frontier.health import (
     spider_closing,
 )
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
+from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
-from crawler.frontier.slots import RobotsGate, SitePolicy
+from crawler.frontier.slots import RobotsGate
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -310,9 +315,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
-        settings = crawler.settings
         config = FrontierConfig.of(crawler)
         self._redis: Redis | None = None
+        self._frontier: FrontierShards | None = None
         self.ttl = config.robots_ttl
         #: Seconds this worker uses a site's rules without reading Redis
         #: again at most: half of FRONTIER_SITE_FORGET_AFTER, so that a site
@@ -321,10 +326,6 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         #: instead of being served by a local copy with no Crawl-delay and
         #: no rules in the frontier.
         self.local_max = config.site_forget_after / 2
-        self.margin = config.delay_margin
-        #: The sites' delay without an override, whole ms (FRONTIER_DELAY,
-        #: else DOWNLOAD_DELAY: SitePolicy), as lease.lua gets it.
-        self.default_delay_ms = round(SitePolicy.from_settings(settings).delay * 1000)
         #: Slots (not hosts) whose robots.txt gate this worker opened, with
         #: time.monotonic() until which it trusts that it is open.
         self._gates: dict[str, float] = {}
@@ -367,6 +368,17 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if self._redis is None:
             self._redis = get_redis(self.crawler.settings)
         return self._redis
+
+    @property
+    def frontier(self) -> FrontierShards:
+        """The crawl's frontier shards, through which this middleware tells
+        a site's robots.txt state and Crawl-delay (built on first use)."""
+        if self._frontier is None:
+            assert self.crawler.spider is not None
+            self._frontier = FrontierShards.from_crawler_settings(
+                self.redis, self.crawler, self.crawler.spider.name
+            )
+        return self._frontier
 
     def _prefix(self, site: str) -> str:
         """The key prefix of the frontier shard that holds ``site``."""
@@ -422,14 +434,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             or ""
         )
         delay = rules.crawl_delay(agent)
-        prefix = self._prefix(slot)
         try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(prefix + "robots", "\t" + slot, "1")
-                pipe.hget(prefix + "rdelay", slot)
-                _, known = pipe.execute()
-            if delay and round(delay * 1000) > (_whole_ms(known) or 0):
-                self.redis.hset(prefix + "rdelay", slot, round(delay * 1000))
+            self.frontier.for_site(slot).open_slot(slot, round(delay * 1000) if delay else None)
         except UNREACHABLE as exc:
             if not self._config_error(exc):
                 logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
@@ -707,15 +713,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
     def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
         """Store ``down`` for every worker and let go of the lock; with
         ``hold``, no request of ``site`` is leased before ``down.next_ms``."""
-        prefix = self._prefix(site)
         try:
-            with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(prefix + "robots:down", site, down.encode())
-                if hold:
-                    pipe.hset(prefix + "due", site, down.next_ms)
-                    pipe.zadd(prefix + "wait", {site: down.next_ms}, xx=True)
-                pipe.delete(prefix + "robots:lock:" + site)
-                pipe.execute()
+            self.frontier.for_site(site).robots_down(
+                site, down.encode(), down.next_ms if hold else None
+            )
         except UNREACHABLE as exc:
             # This worker's request waits all the same; the others fetch
             # robots.txt themselves once the lock expires.
@@ -779,32 +780,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
-        prefix = self._prefix(site)
-        now_ms = self._now_ms()
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(prefix + "delay", site)
-            pipe.hget(prefix + "slow", site)
-            pipe.hget(prefix + "due", site)
-            own, slow, due_before = pipe.execute()
-        own_ms = _whole_ms(own)
-        pace_ms = max(
-            self.default_delay_ms if own_ms is None else own_ms,
-            round(delay * 1000) if delay else 0,
-        ) + (_whole_ms(slow) or 0)
-        due = now_ms + math.floor(pace_ms * (1 + self.margin))
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(prefix + "robots", site, f"{time.time()}\n".encode() + body)
-            pipe.hdel(prefix + "robots:down", site)
-            if delay:
-                pipe.hset(prefix + "rdelay", site, round(delay * 1000))
-                logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
-            else:
-                pipe.hdel(prefix + "rdelay", site)
-            if pace_ms and due > (_whole_ms(due_before) or 0):
-                pipe.hset(prefix + "due", site, due)
-                pipe.zadd(prefix + "wait", {site: due}, xx=True)
-            pipe.delete(prefix + "robots:lock:" + site)
-            pipe.execute()
+        delay_ms = round(delay * 1000) if delay else None
+        self.frontier.for_site(site).robots_fetched(
+            site, f"{time.time()}\n".encode() + body, delay_ms, self._now_ms()
+        )
+        if delay:
+            logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
 
 
 class AdaptiveSlowdownMiddleware:
@@ -833,6 +814,7 @@ class AdaptiveSlowdownMiddleware:
         config = FrontierConfig.of(crawler)
         self.crawler = crawler
         self._redis: Redis | None = None
+        self._frontier: FrontierShards | None = None
         self.start = config.adaptive_start * 1000
         self.max = config.adaptive_max * 1000
         self.latency = config.adaptive_latency
@@ -849,6 +831,17 @@ class AdaptiveSlowdownMiddleware:
             self._redis = get_redis(self.crawler.settings)
         return self._redis
 
+    @property
+    def frontier(self) -> FrontierShards:
+        """The crawl's frontier shards, through which this middleware sets a
+        site's slow delay (built on first use)."""
+        if self._frontier is None:
+            assert self.crawler.spider is not None
+            self._frontier = FrontierShards.from_crawler_settings(
+                self.redis, self.crawler, self.crawler.spider.name
+            )
+        return self._frontier
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; NotConfigured when switched off."""
@@ -860,10 +853,6 @@ class AdaptiveSlowdownMiddleware:
         """Adjust the extra delay of the request's site (its download slot)
         from this response."""
         site = slot_of(request)
-        assert self.crawler.spider is not None
-        key = site_prefix(
-            self.crawler.spider.name, site, shard_count(self.crawler.settings)
-        ) + "slow"
         known = self._slow.get(site)
         now = time.monotonic()
         latency = float(request.meta.get("download_latency") or 0.0)
@@ -879,9 +868,9 @@ class AdaptiveSlowdownMiddleware:
             if known is not None and not fresh and not pushed_back:
                 # Not heard from for long: housekeeping may have forgotten
                 # the site (its mark deleted), or others slowed it further.
-                slow = _number(self.redis.hget(key, site))
+                slow = _number(self.frontier.for_site(site).slow_of(site))
             if pushed_back:
-                current = _number(self.redis.hget(key, site))
+                current = _number(self.frontier.for_site(site).slow_of(site))
                 new = min(self.max, max(self.start, 2 * max(current, slow)))
                 assert self.crawler.stats is not None
                 self.crawler.stats.inc_value("frontier/adaptive/slowed")
@@ -892,11 +881,10 @@ class AdaptiveSlowdownMiddleware:
             else:
                 self._slow.pop(site, None)
                 return response
+            self.frontier.for_site(site).set_slow(site, round(new))
             if new:
-                self.redis.hset(key, site, round(new))
                 self._remember(site, new, now)
             else:
-                self.redis.hdel(key, site)
                 self._slow.pop(site, None)
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
@@ -927,15 +915,6 @@ def _first_bytes(body: bytes) -> bytes:
     if body[ROBOTS_MAX_BYTES:ROBOTS_MAX_BYTES + 1] in (b"\n", b"\r"):
         return head  # the last line ends right at the limit
     return head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
-
-
-def _whole_ms(raw: Any) -> int | None:
-    """A stored whole number of ms (``{s}:delay``, ``{s}:slow``, ``{s}:due``),
-    or None when absent or not one (``lease.lua`` then uses its default)."""
-    if raw is None:
-        return None
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 15 else None
 
 
 def _number(raw: Any) -> float:

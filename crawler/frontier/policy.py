@@ -104,6 +104,13 @@ class Policy:
     jitter: float = 0.0
     site_jitter: Mapping[str, float] = field(default_factory=dict)
 
+    @staticmethod
+    def stored_ms(raw: bytes | str | None) -> int | None:
+        """A stored whole number of ms (``{s}:delay``, ``{s}:slow``,
+        ``{s}:due``...) as the scripts read it, or None when absent or not
+        one."""
+        return _stored(raw, _NAT)
+
     def delay(self, stored: SiteInputs) -> int:
         """The site's pace, ms: its delay (override, else :attr:`delay_ms`),
         at least its Crawl-delay, plus its slow delay, times 1 + margin,
