@@ -24,11 +24,12 @@ of the Redis server's clock): see :class:`SharedRobotsTxtMiddleware`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from protego import _protego
 from redis.exceptions import ResponseError
@@ -37,10 +38,12 @@ from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.robotstxt import ProtegoRobotParser, decode_robotstxt
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
+from twisted.internet.threads import deferToThread
 
 from crawler.config import FrontierConfig, stop_on_config_error
 from crawler.frontier.connection import (
@@ -53,6 +56,7 @@ from crawler.frontier.health import (
     PROBE_INTERVAL,
     may_call_redis,
     note_redis_failure,
+    on_running_reactor,
     spider_closing,
 )
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
@@ -88,12 +92,18 @@ GIVE_UP_MS = 30 * 86_400_000
 RULES_SWEEP_MIN = 1024
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Self
 
     from redis import Redis
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.robotstxt import RobotParser
+    from twisted.python.failure import Failure
+
+    from crawler.frontier.store import Frontier
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -380,6 +390,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             )
         return self._frontier
 
+    def _frontier_of(self, site: str) -> Frontier:
+        """The frontier shard that holds ``site``."""
+        return self.frontier.for_site(site)
+
     def _prefix(self, site: str) -> str:
         """The key prefix of the frontier shard that holds ``site``."""
         assert self.crawler.spider is not None
@@ -423,7 +437,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         its Crawl-delay in ``{s}:rdelay`` when the host asks for a larger
         one than the slot has. Once per slot per worker within
         :attr:`local_max` seconds; best effort (Redis out of reach: the slot
-        stays served one at a time until the next request tries again).
+        stays served one at a time until the next request tries again). On
+        a running reactor the Redis calls run in a thread, not awaited.
         """
         now = time.monotonic()
         if self._gates.get(slot, 0.0) > now:
@@ -434,15 +449,35 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             or ""
         )
         delay = rules.crawl_delay(agent)
-        try:
-            self.frontier.for_site(slot).open_slot(slot, round(delay * 1000) if delay else None)
-        except UNREACHABLE as exc:
-            if not self._config_error(exc):
-                logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
-            return
         if len(self._gates) >= self._sweep_at:
             self._gates = {s: until for s, until in self._gates.items() if until > now}
+        # (marked open at once, so that the requests met meanwhile do not
+        # open it again; unmarked when the call fails)
         self._gates[slot] = now + self.local_max
+        call = functools.partial(
+            self._frontier_of(slot).open_slot, slot, round(delay * 1000) if delay else None
+        )
+        if not on_running_reactor():
+            try:
+                call()
+            except UNREACHABLE as exc:
+                self._gate_failed(slot, exc)
+            return
+        deferToThread(call).addErrback(self._gate_error, slot)
+
+    def _gate_error(self, failure: Failure, slot: str) -> None:
+        """The thread that opened the gate of ``slot`` failed (:meth:`_gate_failed`)."""
+        self._gate_failed(slot, failure.value or RuntimeError(str(failure)))
+
+    def _gate_failed(self, slot: str, exc: BaseException) -> None:
+        """Opening the gate of ``slot`` failed: the next request of it tries
+        again. Redis out of reach is logged as a warning, anything else as an
+        error."""
+        self._gates.pop(slot, None)
+        if not isinstance(exc, UNREACHABLE):
+            logger.error("Could not open the robots.txt gate of slot %s: %r", slot, exc)
+        elif not self._config_error(exc):
+            logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
 
     async def _rules_for(self, request: Request) -> RobotParser | _Wait:  # noqa: PLR0911
         """The rules of ``request``'s site: this worker's copy while fresh,
@@ -657,7 +692,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 body = _first_bytes(response.body)  # RFC 9309 section 2.5
             # else 4xx (or a redirect not followed): unavailable, no rules
         if failure is not None:
-            return self._unreachable(site, stored, failure)
+            return await self._unreachable(site, stored, failure)
         agent = to_unicode(
             self._robotstxt_useragent
             or request.headers.get(b"User-Agent", self._default_useragent)
@@ -672,7 +707,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         await self.crawler.signals.send_catch_log_async(
             signal=signals.robots_parsed, robotparser=parser, request=request
         )
-        self._store(site, body, parser.crawl_delay(agent))
+        await self._store(site, body, parser.crawl_delay(agent))
         if stored.down is not None:
             logger.info(
                 "robots.txt of %s answered (%s) after %d failed attempts; its requests go on",
@@ -680,7 +715,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             )
         return parser
 
-    def _unreachable(self, site: str, stored: _Stored, reason: str) -> RobotParser | _Wait:
+    async def _unreachable(
+        self, site: str, stored: _Stored, reason: str
+    ) -> RobotParser | _Wait:
         """robots.txt of ``site`` could not be fetched: share when to try
         again; keep its stale rules if any, else the request waits."""
         self._stats.inc_value("robotstxt/unreachable/count")
@@ -688,7 +725,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         attempt = prev.attempt + 1 if prev is not None else 1
         wait = backoff_delay(attempt, self.retry_base, self.retry_max, self.jitter)
         try:
-            now_ms = self._now_ms()
+            now_ms = await _off_reactor(self._now_ms)
         except UNREACHABLE:
             now_ms = round(time.time() * 1000)
         since = prev.since_ms if prev is not None else now_ms
@@ -698,24 +735,26 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 "robots.txt of %s unreachable (%s); the rules fetched %.0fs ago are kept; "
                 "next try in %.1fs", site, reason, time.time() - (stored.fetched or 0), wait,
             )
-            self._hold(site, down, hold=False)
+            await self._hold(site, down, hold=False)
             return self._keep(site, stored.body, wait)
         if now_ms - since >= GIVE_UP_MS:
             logger.warning(
                 "robots.txt of %s unreachable (%s) for %.0f days: crawled as if it had none "
                 "(RFC 9309 section 2.3.1.4)", site, reason, (now_ms - since) / 86_400_000,
             )
-            self._store(site, b"", None)
+            await self._store(site, b"", None)
             return self._keep(site, b"", self.ttl)
-        self._hold(site, down, hold=True)
+        await self._hold(site, down, hold=True)
         return _Wait(wait, attempt, reason)
 
-    def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
+    async def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
         """Store ``down`` for every worker and let go of the lock; with
-        ``hold``, no request of ``site`` is leased before ``down.next_ms``."""
+        ``hold``, no request of ``site`` is leased before ``down.next_ms``.
+        The Redis call runs off the reactor's thread."""
         try:
-            self.frontier.for_site(site).robots_down(
-                site, down.encode(), down.next_ms if hold else None
+            await _off_reactor(
+                self._frontier_of(site).robots_down,
+                site, down.encode(), down.next_ms if hold else None,
             )
         except UNREACHABLE as exc:
             # This worker's request waits all the same; the others fetch
@@ -759,7 +798,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             )
         return later
 
-    def _store(self, site: str, body: bytes, delay: float | None) -> None:
+    async def _store(self, site: str, body: bytes, delay: float | None) -> None:
         """Share the robots.txt and Crawl-delay of ``site`` with every worker.
 
         The site's next due time is also pushed to a whole delay from now
@@ -768,10 +807,11 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         by ``FRONTIER_DELAY_MARGIN`` as ``lease.lua`` paces it. The request
         that waited for robots.txt reaches the site a moment after this; its
         due time ran from its lease, before robots.txt was fetched, so the
-        next request would otherwise follow it at once.
+        next request would otherwise follow it at once. The Redis calls run
+        off the reactor's thread (:func:`_off_reactor`).
         """
         try:
-            self._share(site, body, delay)
+            await _off_reactor(self._share, site, body, delay)
         except UNREACHABLE as exc:
             # This worker obeys it already; the others fetch it themselves
             # once the lock expires.
@@ -781,7 +821,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
         delay_ms = round(delay * 1000) if delay else None
-        self.frontier.for_site(site).robots_fetched(
+        self._frontier_of(site).robots_fetched(
             site, f"{time.time()}\n".encode() + body, delay_ms, self._now_ms()
         )
         if delay:
@@ -902,6 +942,18 @@ class AdaptiveSlowdownMiddleware:
             }
             self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._slow))
         self._slow[site] = (delay, now)
+
+
+async def _off_reactor(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` in a thread of the reactor's pool when a reactor runs
+    (a blocking Redis call then does not hold the reactor), else here.
+
+    :raises Exception: what ``call`` raises.
+    """
+    if not on_running_reactor():
+        return call(*args)
+    result: T = await maybe_deferred_to_future(deferToThread(call, *args))
+    return result
 
 
 def _first_bytes(body: bytes) -> bytes:
