@@ -13,6 +13,7 @@ import pytest
 
 from crawler.frontier import protocol
 from crawler.frontier.policy import Policy, SiteInputs, SitePace
+from crawler.frontier.store import Frontier
 
 if TYPE_CHECKING:
     import redis
@@ -131,3 +132,31 @@ def test_bad_values_are_reported_by_the_script(rds: redis.Redis) -> None:
     assert [p.decode() for p in problems] == [
         f'{PREFIX}delay {SITE} = "1.5" ignored (delay must be whole ms >= 0: default used)'
     ]
+
+
+def test_robots_fetched_pushes_the_next_due_time_to_one_pace_never_forward(
+    rds: redis.Redis,
+) -> None:
+    frontier = Frontier(rds, "policy_test", default_delay=1.0, delay_margin=0.1)
+    rds.hset(PREFIX + "slow", SITE, "500")
+    rds.zadd(PREFIX + "wait", {SITE: 5})
+    frontier.robots_fetched(SITE, b"1\nUser-agent: *\n", 2000, NOW)
+    # max(1000, Crawl-delay 2000) + 500, times 1.1
+    expected = frontier.policy.of(SITE, SiteInputs(rdelay="2000", slow="500"), NOW)
+    assert expected.delay_ms == 2750
+    assert rds.hget(PREFIX + "due", SITE) == str(NOW + 2750).encode()
+    assert rds.zscore(PREFIX + "wait", SITE) == NOW + 2750
+    assert rds.hget(PREFIX + "rdelay", SITE) == b"2000"
+    frontier.robots_fetched(SITE, b"2\n", None, NOW - 10_000)  # an earlier due: kept
+    assert rds.hget(PREFIX + "due", SITE) == str(NOW + 2750).encode()
+    assert rds.hget(PREFIX + "rdelay", SITE) is None
+    assert rds.hget(PREFIX + "robots", SITE) == b"2\n"
+    rds.delete(*(PREFIX + k for k in ("slow", "wait", "due", "rdelay", "robots")))
+
+
+def test_the_frontiers_policy_is_its_lease_scripts(rds: redis.Redis) -> None:
+    frontier = Frontier(rds, "policy_test", default_delay=0.5, default_concurrency=3,
+                        delay_margin=0.2, robots_gate=True, jitter=0.1,
+                        site_jitter={"a.example": 0.3})
+    assert frontier.policy == Policy(delay_ms=500, margin=0.2, concurrency=3, gate=True,
+                                     jitter=0.1, site_jitter={"a.example": 0.3})
