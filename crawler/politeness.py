@@ -243,6 +243,21 @@ class _Stored(NamedTuple):
     down: RobotsDown | None
 
 
+class _Read(NamedTuple):
+    """What Redis holds of a site's robots.txt, read in one go.
+
+    :ivar robots: its ``{s}:robots`` value, or None.
+    :ivar down: its ``{s}:robots:down`` value, or None.
+    :ivar now_ms: the Redis server's clock, ms, read when ``down`` is set.
+    :ivar problems: the bad values met (a key that is not a hash).
+    """
+
+    robots: bytes | None
+    down: bytes | None
+    now_ms: int | None
+    problems: list[str]
+
+
 class _Wait(NamedTuple):
     """A request must wait: robots.txt of its site is unreachable.
 
@@ -501,11 +516,11 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 await asyncio.sleep(PROBE_INTERVAL)
                 continue
             try:
-                rules, stored = self._from_redis(site)
+                rules, stored = self._from_redis(site, await _off_reactor(self._read, site))
                 if rules is not None:
                     return rules
                 backoff = 0.0  # (Redis answered: a failure next starts over)
-                if self.redis.set(lock, "1", nx=True, px=self._lock_ms):
+                if await _off_reactor(self._lock, lock):
                     break
             except UNREACHABLE as exc:
                 if self._config_error(exc):
@@ -552,19 +567,41 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             if not may_call_redis(self.crawler):
                 continue  # (Redis down: the next turn tries again)
             try:
-                self.redis.pexpire(lock, self._lock_ms)
+                await _off_reactor(self.redis.pexpire, lock, self._lock_ms)
             except UNREACHABLE as exc:
                 logger.debug("Could not renew the robots.txt lock %s: %s", lock, exc)
 
-    def _from_redis(self, site: str) -> tuple[RobotParser | _Wait | None, _Stored]:
-        """The rules of ``site`` as Redis holds them (fresh, or stale ones
-        while robots.txt is unreachable), a wait (unreachable, no rules
-        known), or None: robots.txt is to be fetched.
+    def _lock(self, lock: str) -> bool:
+        """Take the robots.txt lock ``lock`` (``SET NX``, for
+        :attr:`_lock_ms`): whether this worker fetches robots.txt.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        return bool(self.redis.set(lock, "1", nx=True, px=self._lock_ms))
+
+    def _read(self, site: str) -> _Read:
+        """What Redis holds of ``site``'s robots.txt (blocking: run it off
+        the reactor, :func:`_off_reactor`).
 
         :raises redis.exceptions.RedisError: Redis failed.
         """
         prefix = self._prefix(site)
-        raw = self._hget(prefix + "robots", site)
+        problems: list[str] = []
+        raw = self._hget(prefix + "robots", site, problems)
+        raw_down = self._hget(prefix + "robots:down", site, problems)
+        now_ms = self._now_ms() if raw_down is not None else None
+        return _Read(raw, raw_down, now_ms, problems)
+
+    def _from_redis(
+        self, site: str, read: _Read
+    ) -> tuple[RobotParser | _Wait | None, _Stored]:
+        """The rules of ``site`` as Redis holds them (``read``: fresh, or
+        stale ones while robots.txt is unreachable), a wait (unreachable,
+        no rules known), or None: robots.txt is to be fetched."""
+        prefix = self._prefix(site)
+        for problem in read.problems:
+            self._problem(problem)
+        raw, raw_down = read.robots, read.down
         body, fetched = None, None
         if raw is not None:
             stamp, newline, text = raw.partition(b"\n")
@@ -577,7 +614,6 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             else:
                 self._problem(f"{prefix}robots {site} is not 'fetched\\nbody': ignored")
                 fetched = None
-        raw_down = self._hget(prefix + "robots:down", site)
         down = parse_down(raw_down)
         if raw_down is not None and down is None:
             self._problem(f"{prefix}robots:down {site} = {raw_down[:60]!r} is malformed: ignored")
@@ -586,9 +622,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             age = time.time() - fetched
             if age < self.ttl:
                 return self._keep(site, body, self.ttl - age), stored
-        if down is None:
+        if down is None or read.now_ms is None:
             return None, stored
-        now_ms = self._now_ms()
+        now_ms = read.now_ms
         if now_ms >= down.next_ms:
             return None, stored
         wait = (down.next_ms - now_ms) / 1000
@@ -597,8 +633,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             return self._keep(site, body, wait), stored
         return _Wait(wait, down.attempt), stored
 
-    def _hget(self, key: str, site: str) -> bytes | None:
-        """``HGET key site``; a key of another type counts as no value.
+    def _hget(self, key: str, site: str, problems: list[str]) -> bytes | None:
+        """``HGET key site``; a key of another type counts as no value (and
+        is added to ``problems``).
 
         :raises redis.exceptions.RedisError: Redis failed or refused (any
             error but ``WRONGTYPE``).
@@ -608,7 +645,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
-            self._problem(f"{key} is not a hash: ignored")
+            problems.append(f"{key} is not a hash: ignored")
             return None
         return value
 
