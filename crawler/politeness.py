@@ -1,14 +1,18 @@
 """Politeness shared by all workers: robots.txt once per cluster, adaptive slowing.
 
-Both downloader middlewares write per-site figures into the frontier's Redis
-hashes, which ``lua/lease.lua`` reads when it paces a site:
+Both downloader middlewares tell the frontier a site's inputs through its
+calls (:class:`~crawler.frontier.store.Frontier`'s ``robots_fetched``,
+``robots_down``, ``open_slot``, ``set_slow``), never by writing its indexes;
+the frontier keeps them in per-site hashes, which the site policy
+(``lua/lib.lua``'s ``site_policy``, :mod:`crawler.frontier.policy`) reads
+when it paces a site:
 
 * ``{<spider>}:rdelay``: site -> ``Crawl-delay`` of its robots.txt, ms;
 * ``{<spider>}:slow``: site -> extra delay after 429/503 or slow responses, ms.
 
 A site's delay between two requests, across all workers, is then
 ``max(FRONTIER_DELAY or its {s}:delay override, its Crawl-delay) + its slow
-delay``, times ``1 + FRONTIER_DELAY_MARGIN``.
+delay``, times ``1 + FRONTIER_DELAY_MARGIN`` (:class:`crawler.frontier.policy.Policy`).
 
 robots.txt itself is kept in ``{<spider>}:robots`` (site -> ``fetched\\nbody``,
 the body compacted to the rules for the crawl's user agent: :func:`compact_robots`)
@@ -20,11 +24,12 @@ of the Redis server's clock): see :class:`SharedRobotsTxtMiddleware`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from protego import _protego
 from redis.exceptions import ResponseError
@@ -33,10 +38,12 @@ from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.robotstxt import ProtegoRobotParser, decode_robotstxt
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
+from twisted.internet.threads import deferToThread
 
 from crawler.config import FrontierConfig, stop_on_config_error
 from crawler.frontier.connection import (
@@ -49,11 +56,13 @@ from crawler.frontier.health import (
     PROBE_INTERVAL,
     may_call_redis,
     note_redis_failure,
+    on_running_reactor,
     spider_closing,
 )
 from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
+from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
-from crawler.frontier.slots import RobotsGate, SitePolicy
+from crawler.frontier.slots import RobotsGate
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -83,12 +92,18 @@ GIVE_UP_MS = 30 * 86_400_000
 RULES_SWEEP_MIN = 1024
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Self
 
     from redis import Redis
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.robotstxt import RobotParser
+    from twisted.python.failure import Failure
+
+    from crawler.frontier.store import Frontier
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +243,21 @@ class _Stored(NamedTuple):
     down: RobotsDown | None
 
 
+class _Read(NamedTuple):
+    """What Redis holds of a site's robots.txt, read in one go.
+
+    :ivar robots: its ``{s}:robots`` value, or None.
+    :ivar down: its ``{s}:robots:down`` value, or None.
+    :ivar now_ms: the Redis server's clock, ms, read when ``down`` is set.
+    :ivar problems: the bad values met (a key that is not a hash).
+    """
+
+    robots: bytes | None
+    down: bytes | None
+    now_ms: int | None
+    problems: list[str]
+
+
 class _Wait(NamedTuple):
     """A request must wait: robots.txt of its site is unreachable.
 
@@ -310,9 +340,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
-        settings = crawler.settings
         config = FrontierConfig.of(crawler)
         self._redis: Redis | None = None
+        self._frontier: FrontierShards | None = None
         self.ttl = config.robots_ttl
         #: Seconds this worker uses a site's rules without reading Redis
         #: again at most: half of FRONTIER_SITE_FORGET_AFTER, so that a site
@@ -321,10 +351,6 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         #: instead of being served by a local copy with no Crawl-delay and
         #: no rules in the frontier.
         self.local_max = config.site_forget_after / 2
-        self.margin = config.delay_margin
-        #: The sites' delay without an override, whole ms (FRONTIER_DELAY,
-        #: else DOWNLOAD_DELAY: SitePolicy), as lease.lua gets it.
-        self.default_delay_ms = round(SitePolicy.from_settings(settings).delay * 1000)
         #: Slots (not hosts) whose robots.txt gate this worker opened, with
         #: time.monotonic() until which it trusts that it is open.
         self._gates: dict[str, float] = {}
@@ -367,6 +393,21 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if self._redis is None:
             self._redis = get_redis(self.crawler.settings)
         return self._redis
+
+    @property
+    def frontier(self) -> FrontierShards:
+        """The crawl's frontier shards, through which this middleware tells
+        a site's robots.txt state and Crawl-delay (built on first use)."""
+        if self._frontier is None:
+            assert self.crawler.spider is not None
+            self._frontier = FrontierShards.from_crawler_settings(
+                self.redis, self.crawler, self.crawler.spider.name
+            )
+        return self._frontier
+
+    def _frontier_of(self, site: str) -> Frontier:
+        """The frontier shard that holds ``site``."""
+        return self.frontier.for_site(site)
 
     def _prefix(self, site: str) -> str:
         """The key prefix of the frontier shard that holds ``site``."""
@@ -411,7 +452,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         its Crawl-delay in ``{s}:rdelay`` when the host asks for a larger
         one than the slot has. Once per slot per worker within
         :attr:`local_max` seconds; best effort (Redis out of reach: the slot
-        stays served one at a time until the next request tries again).
+        stays served one at a time until the next request tries again). On
+        a running reactor the Redis calls run in a thread, not awaited.
         """
         now = time.monotonic()
         if self._gates.get(slot, 0.0) > now:
@@ -422,21 +464,35 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             or ""
         )
         delay = rules.crawl_delay(agent)
-        prefix = self._prefix(slot)
-        try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(prefix + "robots", "\t" + slot, "1")
-                pipe.hget(prefix + "rdelay", slot)
-                _, known = pipe.execute()
-            if delay and round(delay * 1000) > (_whole_ms(known) or 0):
-                self.redis.hset(prefix + "rdelay", slot, round(delay * 1000))
-        except UNREACHABLE as exc:
-            if not self._config_error(exc):
-                logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
-            return
         if len(self._gates) >= self._sweep_at:
             self._gates = {s: until for s, until in self._gates.items() if until > now}
+        # (marked open at once, so that the requests met meanwhile do not
+        # open it again; unmarked when the call fails)
         self._gates[slot] = now + self.local_max
+        call = functools.partial(
+            self._frontier_of(slot).open_slot, slot, round(delay * 1000) if delay else None
+        )
+        if not on_running_reactor():
+            try:
+                call()
+            except UNREACHABLE as exc:
+                self._gate_failed(slot, exc)
+            return
+        deferToThread(call).addErrback(self._gate_error, slot)
+
+    def _gate_error(self, failure: Failure, slot: str) -> None:
+        """The thread that opened the gate of ``slot`` failed (:meth:`_gate_failed`)."""
+        self._gate_failed(slot, failure.value or RuntimeError(str(failure)))
+
+    def _gate_failed(self, slot: str, exc: BaseException) -> None:
+        """Opening the gate of ``slot`` failed: the next request of it tries
+        again. Redis out of reach is logged as a warning, anything else as an
+        error."""
+        self._gates.pop(slot, None)
+        if not isinstance(exc, UNREACHABLE):
+            logger.error("Could not open the robots.txt gate of slot %s: %r", slot, exc)
+        elif not self._config_error(exc):
+            logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
 
     async def _rules_for(self, request: Request) -> RobotParser | _Wait:  # noqa: PLR0911
         """The rules of ``request``'s site: this worker's copy while fresh,
@@ -460,11 +516,11 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 await asyncio.sleep(PROBE_INTERVAL)
                 continue
             try:
-                rules, stored = self._from_redis(site)
+                rules, stored = self._from_redis(site, await _off_reactor(self._read, site))
                 if rules is not None:
                     return rules
                 backoff = 0.0  # (Redis answered: a failure next starts over)
-                if self.redis.set(lock, "1", nx=True, px=self._lock_ms):
+                if await _off_reactor(self._lock, lock):
                     break
             except UNREACHABLE as exc:
                 if self._config_error(exc):
@@ -511,19 +567,41 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             if not may_call_redis(self.crawler):
                 continue  # (Redis down: the next turn tries again)
             try:
-                self.redis.pexpire(lock, self._lock_ms)
+                await _off_reactor(self.redis.pexpire, lock, self._lock_ms)
             except UNREACHABLE as exc:
                 logger.debug("Could not renew the robots.txt lock %s: %s", lock, exc)
 
-    def _from_redis(self, site: str) -> tuple[RobotParser | _Wait | None, _Stored]:
-        """The rules of ``site`` as Redis holds them (fresh, or stale ones
-        while robots.txt is unreachable), a wait (unreachable, no rules
-        known), or None: robots.txt is to be fetched.
+    def _lock(self, lock: str) -> bool:
+        """Take the robots.txt lock ``lock`` (``SET NX``, for
+        :attr:`_lock_ms`): whether this worker fetches robots.txt.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        return bool(self.redis.set(lock, "1", nx=True, px=self._lock_ms))
+
+    def _read(self, site: str) -> _Read:
+        """What Redis holds of ``site``'s robots.txt (blocking: run it off
+        the reactor, :func:`_off_reactor`).
 
         :raises redis.exceptions.RedisError: Redis failed.
         """
         prefix = self._prefix(site)
-        raw = self._hget(prefix + "robots", site)
+        problems: list[str] = []
+        raw = self._hget(prefix + "robots", site, problems)
+        raw_down = self._hget(prefix + "robots:down", site, problems)
+        now_ms = self._now_ms() if raw_down is not None else None
+        return _Read(raw, raw_down, now_ms, problems)
+
+    def _from_redis(
+        self, site: str, read: _Read
+    ) -> tuple[RobotParser | _Wait | None, _Stored]:
+        """The rules of ``site`` as Redis holds them (``read``: fresh, or
+        stale ones while robots.txt is unreachable), a wait (unreachable,
+        no rules known), or None: robots.txt is to be fetched."""
+        prefix = self._prefix(site)
+        for problem in read.problems:
+            self._problem(problem)
+        raw, raw_down = read.robots, read.down
         body, fetched = None, None
         if raw is not None:
             stamp, newline, text = raw.partition(b"\n")
@@ -536,7 +614,6 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             else:
                 self._problem(f"{prefix}robots {site} is not 'fetched\\nbody': ignored")
                 fetched = None
-        raw_down = self._hget(prefix + "robots:down", site)
         down = parse_down(raw_down)
         if raw_down is not None and down is None:
             self._problem(f"{prefix}robots:down {site} = {raw_down[:60]!r} is malformed: ignored")
@@ -545,9 +622,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             age = time.time() - fetched
             if age < self.ttl:
                 return self._keep(site, body, self.ttl - age), stored
-        if down is None:
+        if down is None or read.now_ms is None:
             return None, stored
-        now_ms = self._now_ms()
+        now_ms = read.now_ms
         if now_ms >= down.next_ms:
             return None, stored
         wait = (down.next_ms - now_ms) / 1000
@@ -556,8 +633,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             return self._keep(site, body, wait), stored
         return _Wait(wait, down.attempt), stored
 
-    def _hget(self, key: str, site: str) -> bytes | None:
-        """``HGET key site``; a key of another type counts as no value.
+    def _hget(self, key: str, site: str, problems: list[str]) -> bytes | None:
+        """``HGET key site``; a key of another type counts as no value (and
+        is added to ``problems``).
 
         :raises redis.exceptions.RedisError: Redis failed or refused (any
             error but ``WRONGTYPE``).
@@ -567,7 +645,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         except ResponseError as exc:
             if not str(exc).startswith("WRONGTYPE"):
                 raise
-            self._problem(f"{key} is not a hash: ignored")
+            problems.append(f"{key} is not a hash: ignored")
             return None
         return value
 
@@ -651,7 +729,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 body = _first_bytes(response.body)  # RFC 9309 section 2.5
             # else 4xx (or a redirect not followed): unavailable, no rules
         if failure is not None:
-            return self._unreachable(site, stored, failure)
+            return await self._unreachable(site, stored, failure)
         agent = to_unicode(
             self._robotstxt_useragent
             or request.headers.get(b"User-Agent", self._default_useragent)
@@ -666,7 +744,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         await self.crawler.signals.send_catch_log_async(
             signal=signals.robots_parsed, robotparser=parser, request=request
         )
-        self._store(site, body, parser.crawl_delay(agent))
+        await self._store(site, body, parser.crawl_delay(agent))
         if stored.down is not None:
             logger.info(
                 "robots.txt of %s answered (%s) after %d failed attempts; its requests go on",
@@ -674,7 +752,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             )
         return parser
 
-    def _unreachable(self, site: str, stored: _Stored, reason: str) -> RobotParser | _Wait:
+    async def _unreachable(
+        self, site: str, stored: _Stored, reason: str
+    ) -> RobotParser | _Wait:
         """robots.txt of ``site`` could not be fetched: share when to try
         again; keep its stale rules if any, else the request waits."""
         self._stats.inc_value("robotstxt/unreachable/count")
@@ -682,7 +762,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         attempt = prev.attempt + 1 if prev is not None else 1
         wait = backoff_delay(attempt, self.retry_base, self.retry_max, self.jitter)
         try:
-            now_ms = self._now_ms()
+            now_ms = await _off_reactor(self._now_ms)
         except UNREACHABLE:
             now_ms = round(time.time() * 1000)
         since = prev.since_ms if prev is not None else now_ms
@@ -692,30 +772,27 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 "robots.txt of %s unreachable (%s); the rules fetched %.0fs ago are kept; "
                 "next try in %.1fs", site, reason, time.time() - (stored.fetched or 0), wait,
             )
-            self._hold(site, down, hold=False)
+            await self._hold(site, down, hold=False)
             return self._keep(site, stored.body, wait)
         if now_ms - since >= GIVE_UP_MS:
             logger.warning(
                 "robots.txt of %s unreachable (%s) for %.0f days: crawled as if it had none "
                 "(RFC 9309 section 2.3.1.4)", site, reason, (now_ms - since) / 86_400_000,
             )
-            self._store(site, b"", None)
+            await self._store(site, b"", None)
             return self._keep(site, b"", self.ttl)
-        self._hold(site, down, hold=True)
+        await self._hold(site, down, hold=True)
         return _Wait(wait, attempt, reason)
 
-    def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
+    async def _hold(self, site: str, down: RobotsDown, *, hold: bool) -> None:
         """Store ``down`` for every worker and let go of the lock; with
-        ``hold``, no request of ``site`` is leased before ``down.next_ms``."""
-        prefix = self._prefix(site)
+        ``hold``, no request of ``site`` is leased before ``down.next_ms``.
+        The Redis call runs off the reactor's thread."""
         try:
-            with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(prefix + "robots:down", site, down.encode())
-                if hold:
-                    pipe.hset(prefix + "due", site, down.next_ms)
-                    pipe.zadd(prefix + "wait", {site: down.next_ms}, xx=True)
-                pipe.delete(prefix + "robots:lock:" + site)
-                pipe.execute()
+            await _off_reactor(
+                self._frontier_of(site).robots_down,
+                site, down.encode(), down.next_ms if hold else None,
+            )
         except UNREACHABLE as exc:
             # This worker's request waits all the same; the others fetch
             # robots.txt themselves once the lock expires.
@@ -758,7 +835,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             )
         return later
 
-    def _store(self, site: str, body: bytes, delay: float | None) -> None:
+    async def _store(self, site: str, body: bytes, delay: float | None) -> None:
         """Share the robots.txt and Crawl-delay of ``site`` with every worker.
 
         The site's next due time is also pushed to a whole delay from now
@@ -767,10 +844,11 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         by ``FRONTIER_DELAY_MARGIN`` as ``lease.lua`` paces it. The request
         that waited for robots.txt reaches the site a moment after this; its
         due time ran from its lease, before robots.txt was fetched, so the
-        next request would otherwise follow it at once.
+        next request would otherwise follow it at once. The Redis calls run
+        off the reactor's thread (:func:`_off_reactor`).
         """
         try:
-            self._share(site, body, delay)
+            await _off_reactor(self._share, site, body, delay)
         except UNREACHABLE as exc:
             # This worker obeys it already; the others fetch it themselves
             # once the lock expires.
@@ -779,32 +857,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
-        prefix = self._prefix(site)
-        now_ms = self._now_ms()
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(prefix + "delay", site)
-            pipe.hget(prefix + "slow", site)
-            pipe.hget(prefix + "due", site)
-            own, slow, due_before = pipe.execute()
-        own_ms = _whole_ms(own)
-        pace_ms = max(
-            self.default_delay_ms if own_ms is None else own_ms,
-            round(delay * 1000) if delay else 0,
-        ) + (_whole_ms(slow) or 0)
-        due = now_ms + math.floor(pace_ms * (1 + self.margin))
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(prefix + "robots", site, f"{time.time()}\n".encode() + body)
-            pipe.hdel(prefix + "robots:down", site)
-            if delay:
-                pipe.hset(prefix + "rdelay", site, round(delay * 1000))
-                logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
-            else:
-                pipe.hdel(prefix + "rdelay", site)
-            if pace_ms and due > (_whole_ms(due_before) or 0):
-                pipe.hset(prefix + "due", site, due)
-                pipe.zadd(prefix + "wait", {site: due}, xx=True)
-            pipe.delete(prefix + "robots:lock:" + site)
-            pipe.execute()
+        delay_ms = round(delay * 1000) if delay else None
+        self._frontier_of(site).robots_fetched(
+            site, f"{time.time()}\n".encode() + body, delay_ms, self._now_ms()
+        )
+        if delay:
+            logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
 
 
 class AdaptiveSlowdownMiddleware:
@@ -833,6 +891,7 @@ class AdaptiveSlowdownMiddleware:
         config = FrontierConfig.of(crawler)
         self.crawler = crawler
         self._redis: Redis | None = None
+        self._frontier: FrontierShards | None = None
         self.start = config.adaptive_start * 1000
         self.max = config.adaptive_max * 1000
         self.latency = config.adaptive_latency
@@ -849,6 +908,17 @@ class AdaptiveSlowdownMiddleware:
             self._redis = get_redis(self.crawler.settings)
         return self._redis
 
+    @property
+    def frontier(self) -> FrontierShards:
+        """The crawl's frontier shards, through which this middleware sets a
+        site's slow delay (built on first use)."""
+        if self._frontier is None:
+            assert self.crawler.spider is not None
+            self._frontier = FrontierShards.from_crawler_settings(
+                self.redis, self.crawler, self.crawler.spider.name
+            )
+        return self._frontier
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; NotConfigured when switched off."""
@@ -860,10 +930,6 @@ class AdaptiveSlowdownMiddleware:
         """Adjust the extra delay of the request's site (its download slot)
         from this response."""
         site = slot_of(request)
-        assert self.crawler.spider is not None
-        key = site_prefix(
-            self.crawler.spider.name, site, shard_count(self.crawler.settings)
-        ) + "slow"
         known = self._slow.get(site)
         now = time.monotonic()
         latency = float(request.meta.get("download_latency") or 0.0)
@@ -879,9 +945,9 @@ class AdaptiveSlowdownMiddleware:
             if known is not None and not fresh and not pushed_back:
                 # Not heard from for long: housekeeping may have forgotten
                 # the site (its mark deleted), or others slowed it further.
-                slow = _number(self.redis.hget(key, site))
+                slow = _number(self.frontier.for_site(site).slow_of(site))
             if pushed_back:
-                current = _number(self.redis.hget(key, site))
+                current = _number(self.frontier.for_site(site).slow_of(site))
                 new = min(self.max, max(self.start, 2 * max(current, slow)))
                 assert self.crawler.stats is not None
                 self.crawler.stats.inc_value("frontier/adaptive/slowed")
@@ -892,11 +958,10 @@ class AdaptiveSlowdownMiddleware:
             else:
                 self._slow.pop(site, None)
                 return response
+            self.frontier.for_site(site).set_slow(site, round(new))
             if new:
-                self.redis.hset(key, site, round(new))
                 self._remember(site, new, now)
             else:
-                self.redis.hdel(key, site)
                 self._slow.pop(site, None)
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
@@ -916,6 +981,18 @@ class AdaptiveSlowdownMiddleware:
         self._slow[site] = (delay, now)
 
 
+async def _off_reactor(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` in a thread of the reactor's pool when a reactor runs
+    (a blocking Redis call then does not hold the reactor), else here.
+
+    :raises Exception: what ``call`` raises.
+    """
+    if not on_running_reactor():
+        return call(*args)
+    result: T = await maybe_deferred_to_future(deferToThread(call, *args))
+    return result
+
+
 def _first_bytes(body: bytes) -> bytes:
     """The first :data:`ROBOTS_MAX_BYTES` of robots.txt ``body``, less a
     last line the limit cuts short (``Disallow: /private`` cut to
@@ -927,15 +1004,6 @@ def _first_bytes(body: bytes) -> bytes:
     if body[ROBOTS_MAX_BYTES:ROBOTS_MAX_BYTES + 1] in (b"\n", b"\r"):
         return head  # the last line ends right at the limit
     return head[: max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
-
-
-def _whole_ms(raw: Any) -> int | None:
-    """A stored whole number of ms (``{s}:delay``, ``{s}:slow``, ``{s}:due``),
-    or None when absent or not one (``lease.lua`` then uses its default)."""
-    if raw is None:
-        return None
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 15 else None
 
 
 def _number(raw: Any) -> float:

@@ -10,14 +10,11 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request
 from scrapy_redis.queue import Base
 
-from crawler.config import FrontierConfig
 from crawler.frontier import serializer as json_serializer
-from crawler.frontier.replicas import ReplicaWait
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META
 from crawler.frontier.slots import SitePolicy
 from crawler.frontier.store import Frontier, Lease, NotDue
-from crawler.keys import shard_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,7 +72,6 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
     ) -> None:
         super().__init__(server, spider, key, serializer or json_serializer)
         settings = spider.crawler.settings
-        config = FrontierConfig.of(spider.crawler)
         #: Each site's delay and concurrency, from Scrapy's settings.
         self.policy = SitePolicy.from_settings(settings)
         if self.policy.jitter and (self.policy.delay or self.policy.slot_delays):
@@ -86,21 +82,8 @@ class LeasedPriorityQueue(Base):  # type: ignore[misc]
                 1 + self.policy.jitter, max(0.0, 1 - self.policy.jitter), 1 + self.policy.jitter,
             )
         #: The frontier's shards (``FRONTIER_SHARDS``, default 1).
-        self.shards = FrontierShards.build(
-            server,
-            spider.name,
-            shard_count(settings),
-            default_delay=self.policy.delay,
-            default_concurrency=self.policy.concurrency,
-            lease_timeout=config.lease_timeout,
-            max_deliveries=config.max_deliveries,
-            delay_margin=config.delay_margin,
-            robots_gate=self.policy.robots_gate,
-            jitter=self.policy.jitter,
-            site_jitter=self.policy.slot_jitter,
-            bloom=bloom,
-            revisit_after=max(0.0, config.revisit_after),
-            replica_wait=ReplicaWait.from_config(config),
+        self.shards = FrontierShards.from_crawler_settings(
+            server, spider.crawler, spider.name, bloom=bloom
         )
         self.dupefilter_key = dupefilter_key or self.frontier.key("dupefilter")
         self._method_names: dict[Callable[..., Any], str] = {}

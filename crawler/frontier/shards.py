@@ -31,14 +31,18 @@ from typing import TYPE_CHECKING, Any
 from redis import StrictRedis
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
+from crawler.config import FrontierConfig
 from crawler.frontier.eviction import vanished_keys
+from crawler.frontier.replicas import ReplicaWait
+from crawler.frontier.slots import SitePolicy
 from crawler.frontier.store import Frontier, Lease, NotDue
-from crawler.keys import created_key, shard_of, shard_prefixes, shards_key
+from crawler.keys import created_key, shard_count, shard_of, shard_prefixes, shards_key
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from redis import Redis
+    from scrapy.crawler import Crawler
 
     from crawler.frontier.bloom import BloomFilter
 
@@ -129,6 +133,38 @@ class FrontierShards:
                 for prefix in prefixes
             ],
             spider,
+        )
+
+    @classmethod
+    def from_crawler_settings(
+        cls, redis: Redis, crawler: Crawler, spider: str, *, bloom: BloomFilter | None = None
+    ) -> FrontierShards:
+        """The shards of ``spider`` (``FRONTIER_SHARDS``) with the
+        options its final settings give (:class:`~crawler.frontier.slots.SitePolicy`,
+        :class:`~crawler.config.FrontierConfig`): the scheduler's frontier, and
+        the one the middlewares tell a site's inputs through.
+
+        :raises ValueError: a setting is out of range (as
+            :meth:`SitePolicy.from_settings`).
+        """
+        settings = crawler.settings
+        config = FrontierConfig.of(crawler)
+        policy = SitePolicy.from_settings(settings)
+        return cls.build(
+            redis,
+            spider,
+            shard_count(settings),
+            default_delay=policy.delay,
+            default_concurrency=policy.concurrency,
+            lease_timeout=config.lease_timeout,
+            max_deliveries=config.max_deliveries,
+            delay_margin=config.delay_margin,
+            robots_gate=policy.robots_gate,
+            jitter=policy.jitter,
+            site_jitter=policy.slot_jitter,
+            bloom=bloom,
+            revisit_after=max(0.0, config.revisit_after),
+            replica_wait=ReplicaWait.from_config(config),
         )
 
     def __len__(self) -> int:

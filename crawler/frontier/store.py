@@ -110,6 +110,7 @@ from redis import StrictRedis
 from redis.client import Pipeline
 
 from crawler.frontier import protocol
+from crawler.frontier.policy import Policy, SiteInputs
 from crawler.frontier.protocol import Committed, Lease, NotDue
 
 if TYPE_CHECKING:
@@ -347,6 +348,13 @@ class Frontier:
         self.robots_gate = robots_gate
         self.jitter = max(0.0, jitter)
         self.site_jitter = {site: max(0.0, j) for site, j in (site_jitter or {}).items()}
+        #: Each site's pace and capacity as the scripts compute them
+        #: (lib.lua's site_policy), from this frontier's defaults.
+        self.policy = Policy(
+            delay_ms=self.default_delay_ms, margin=delay_margin,
+            concurrency=default_concurrency, gate=robots_gate, jitter=self.jitter,
+            site_jitter=self.site_jitter,
+        )
         #: ms to wait before leasing again when every site with queued work
         #: is at its concurrency or has this worker's fair share taken, and
         #: none waits for its delay (an ack elsewhere frees a slot; the
@@ -749,6 +757,99 @@ class Frontier:
         for problem in done.problems:
             logger.warning("Bad value in Redis: %s", problem)
         return done.removed, done.moved
+
+    # -- a site's inputs: what the middlewares tell the frontier -----------------
+
+    def robots_fetched(
+        self, site: str, record: bytes, crawl_delay_ms: int | None, now_ms: int
+    ) -> None:
+        """``site``'s robots.txt is known: store ``record`` (``{s}:robots``:
+        ``b"<fetched>\\n<body>"``), forget its outage (``{s}:robots:down``),
+        set its Crawl-delay (``{s}:rdelay``; None or 0: none), let go of its
+        robots.txt lock, and push its next due time to one pace from
+        ``now_ms`` (never brought forward): the pace of :attr:`policy`
+        with the new Crawl-delay, without jitter. The request that waited
+        for robots.txt reaches the site a moment after this; its due time
+        ran from its lease, before robots.txt was known.
+
+        Two round trips (a read, then one transaction).
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(self.key("delay"), site)
+            pipe.hget(self.key("slow"), site)
+            pipe.hget(self.key("due"), site)
+            own, slow, due_before = pipe.execute()
+        pace = self.policy.of(site, SiteInputs(
+            delay=own, rdelay=str(crawl_delay_ms or 0), slow=slow,
+        ), now_ms)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key("robots"), site, record)
+            pipe.hdel(self.key("robots:down"), site)
+            if crawl_delay_ms:
+                pipe.hset(self.key("rdelay"), site, crawl_delay_ms)
+            else:
+                pipe.hdel(self.key("rdelay"), site)
+            if pace.delay_ms and pace.next_due_ms > (self.policy.stored_ms(due_before) or 0):
+                self._hold_site(pipe, site, pace.next_due_ms)
+            pipe.delete(self.key("robots:lock:") + site)
+            pipe.execute()
+
+    def robots_down(self, site: str, down: bytes, hold_until_ms: int | None) -> None:
+        """``site``'s robots.txt cannot be reached: store ``down``
+        (``{s}:robots:down``), let go of its robots.txt lock, and, with
+        ``hold_until_ms``, lease none of its requests before then. One
+        transaction.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.key("robots:down"), site, down)
+            if hold_until_ms is not None:
+                self._hold_site(pipe, site, hold_until_ms)
+            pipe.delete(self.key("robots:lock:") + site)
+            pipe.execute()
+
+    def _hold_site(self, pipe: Any, site: str, until_ms: int) -> None:
+        """Queue on ``pipe``: ``site`` is not served before ``until_ms``
+        (``{s}:due``; its score in ``{s}:wait`` when it waits there)."""
+        pipe.hset(self.key("due"), site, until_ms)
+        pipe.zadd(self.key("wait"), {site: until_ms}, xx=True)
+
+    def open_slot(self, slot: str, crawl_delay_ms: int | None) -> None:
+        """The robots.txt of a host that download slot ``slot`` (not a host)
+        serves is known: serve the slot at its full concurrency (the field
+        ``"\\t<slot>"`` of ``{s}:robots``), with that host's Crawl-delay
+        when it is larger than the slot's (``{s}:rdelay``).
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.key("robots"), "\t" + slot, "1")
+            pipe.hget(self.key("rdelay"), slot)
+            _, known = pipe.execute()
+        if crawl_delay_ms and crawl_delay_ms > (self.policy.stored_ms(known) or 0):
+            self.redis.hset(self.key("rdelay"), slot, crawl_delay_ms)
+
+    def slow_of(self, site: str) -> bytes | None:
+        """``site``'s adaptive extra delay as stored (``{s}:slow``, ms), or None.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        value: bytes | None = self.redis.hget(self.key("slow"), site)  # type: ignore[assignment]
+        return value
+
+    def set_slow(self, site: str, delay_ms: int) -> None:
+        """Set ``site``'s adaptive extra delay (``{s}:slow``) to ``delay_ms``
+        (0: none); it counts in the site's pace from its next lease.
+
+        :raises redis.exceptions.RedisError: Redis failed.
+        """
+        if delay_ms > 0:
+            self.redis.hset(self.key("slow"), site, delay_ms)
+        else:
+            self.redis.hdel(self.key("slow"), site)
 
     def extend(self, lease_ids: list[str]) -> int:
         """Push the deadlines of held leases ``lease_timeout`` past now.

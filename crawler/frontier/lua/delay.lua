@@ -5,9 +5,9 @@
 -- allows, not when the old one would have; a raised delay holds it longer
 -- at once. lib.lua is prepended.
 --
--- The pace is lease.lua's: the delay (the override, else the option
--- default_ms), at least the site's robots.txt Crawl-delay, plus its
--- adaptive slow delay, stretched by the margin. A due time in the past
+-- The pace is lease.lua's, lib.lua's site_policy: the delay (the
+-- override, else the option default_ms), at least the site's robots.txt
+-- Crawl-delay, plus its adaptive slow delay, stretched by the margin. A due time in the past
 -- moves too (it was the last request plus the old pace); a new one still in
 -- the past changes nothing that matters, and one moved earlier is never
 -- before now. A site in K.wait gets the new time as its score; one in the
@@ -43,20 +43,22 @@ if new ~= '' and not (type(O.delay_ms) == 'number' and O.delay_ms >= 0 and
     ' is not whole ms >= 0: nothing was written')
 end
 
-local function pace(delay)
-  delay = math.max(delay, hnum(K.rdelay, site, NAT, 0, 'not whole ms: ignored'))
-  delay = delay + hnum(K.slow, site, NAT, 0, 'not whole ms: ignored')
-  return math.floor(delay * (1 + margin))
+-- (the site's pace: lib.lua's site_policy, without jitter; its
+-- concurrency is not needed)
+local P = {delay_ms = default, margin = margin, jitter = 0, now = 0}
+local function pace()
+  local delay = site_policy(site, P, false)
+  return delay
 end
 
-local before = pace(hnum(K.delay, site, NAT, default, 'delay must be whole ms >= 0: default used'))
+local before = pace()
 local removed = 0
 if new == '' then
   removed = redis.call('HDEL', K.delay, site)
 else
   redis.call('HSET', K.delay, site, new)
 end
-local after = pace(hnum(K.delay, site, NAT, default, 'delay must be whole ms >= 0: default used'))
+local after = pace()
 
 local moved = 0
 local due = hnum(K.due, site, INT, nil, 'not an integer: left as it is')

@@ -196,17 +196,13 @@ local err = check_types({
 if err then return err end
 local ids = values(H, 'ids')
 
--- The pace a lease sets for its site: `pace` ms, times a factor drawn in
--- [1, 1 + jitter) (options jitter, jitters, seed).
-local jitter_default = tonumber(O.jitter) or 0
-local jitters = type(O.jitters) == 'table' and O.jitters or {}
+-- The options of the site policy (lib.lua's site_policy): the pace a
+-- lease sets for its site, times a factor drawn in [1, 1 + jitter)
+-- (options delay_ms, margin, jitter, jitters, seed). P.now is set below.
 math.randomseed(tonumber(O.seed) or 0)
-local function jittered(site, pace)
-  if pace <= 0 then return pace end
-  local j = jitters[site] or jitter_default
-  if j <= 0 then return pace end
-  return math.floor(pace * (1 + j * math.random()))
-end
+local P = {delay_ms = tonumber(O.delay_ms), margin = tonumber(O.margin),
+           jitter = tonumber(O.jitter) or 0,
+           jitters = type(O.jitters) == 'table' and O.jitters or nil, draw = math.random}
 if #ids > 0 then
   local in_data = read('HMGET', ldata, unpack(ids))
   local in_leases = read('ZMSCORE', leases, unpack(ids))
@@ -220,6 +216,7 @@ end
 
 K.now = now_ms()
 local now = K.now
+P.now = now
 local expired = read('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 local due_retries = read('ZRANGEBYSCORE', retries, '-inf', now, 'LIMIT', 0, batch)
 -- (one cheap read when there are no revisits: an empty key)
@@ -493,14 +490,10 @@ while a <= #ids and looks > 0 and not alone do
           s.active = hadd(K.active, site, 1)
           s.mine = hadd(K.wactive, holder .. '\t' .. site, 1)
         end
-        if not s.pace then
-          local delay = hnum(K.delay, site, NAT, tonumber(O.delay_ms),
-                             'delay must be whole ms >= 0: default used')
-          delay = math.max(delay, hnum(K.rdelay, site, NAT, 0, 'not whole ms: ignored'))
-          delay = delay + hnum(K.slow, site, NAT, 0, 'not whole ms: ignored')
-          s.pace = math.floor(delay * (1 + tonumber(O.margin)))
-        end
-        local due = now + jittered(site, s.pace)
+        -- (the site's policy, read at its first lease of the call; a site
+        -- leased again in the same call has no delay: it was due at once)
+        local due = now
+        if not s.pace then s.pace, s.cap, due = site_policy(site, P, s.cap) end
         redis.call('HSET', K.due, site, due)
         s.due = due <= now
         if not s.level then s.level, s.member = best_prio(site) end

@@ -797,6 +797,37 @@ local function cap_of(site)
   return hnum(K.conc, site, POS, K.cap, 'concurrency must be an integer >= 1: default used')
 end
 
+-- The policy of `site`: its pace and its capacity, computed here only
+-- (lease.lua and delay.lua call it; crawler/frontier/policy.py's
+-- SitePolicy computes the same from the same values, and
+-- tests/test_site_policy.py checks both against one table of cases).
+-- P, the options: delay_ms (the default delay, ms), margin (the pacing
+-- margin), jitter (the default jitter j), jitters (site -> its own jitter,
+-- or nil), now (ms), draw (a function returning a number in [0, 1):
+-- math.random in lease.lua). `cap`: the site's concurrency when the caller
+-- read it already (cap_of) in this call, false when it does not need it
+-- (returned as given), nil to read it here.
+-- Returns delay, cap, next_due:
+-- * delay, ms: the site's delay (its override in K.delay, else
+--   P.delay_ms), at least its robots.txt Crawl-delay (K.rdelay), plus its
+--   adaptive slow delay (K.slow), stretched by 1 + margin, floored (values
+--   that are not whole ms are reported and left out);
+-- * cap: cap_of(site) (1 while its robots.txt is not known under K.gate);
+-- * next_due, ms: when its next request may start after one starts now:
+--   now + delay times a factor drawn in [1, 1 + j), j the site's jitter (no
+--   draw when j or the delay is 0), floored.
+local function site_policy(site, P, cap)
+  local delay = hnum(K.delay, site, NAT, P.delay_ms, 'delay must be whole ms >= 0: default used')
+  delay = math.max(delay, hnum(K.rdelay, site, NAT, 0, 'not whole ms: ignored'))
+  delay = delay + hnum(K.slow, site, NAT, 0, 'not whole ms: ignored')
+  delay = math.floor(delay * (1 + P.margin))
+  if cap == nil then cap = cap_of(site) end
+  local gap = delay
+  local j = (P.jitters and P.jitters[site]) or P.jitter or 0
+  if delay > 0 and j > 0 then gap = math.floor(delay * (1 + j * P.draw())) end
+  return delay, cap, P.now + gap
+end
+
 -- Make `site` a candidate again if it has queued work and a free slot: in
 -- K.ready when it is due, else in K.wait at its due time; drop it from both
 -- when it has no work. A site already in K.wait stays there (lease.lua moves
