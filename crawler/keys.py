@@ -96,6 +96,7 @@ __all__ = [
     "created_key",
     "dead_key",
     "dupefilter_key",
+    "frontier_prefix",
     "leases_key",
     "recorded_shards",
     "retries_key",
@@ -489,3 +490,8 @@ class CrawlKeys:
         return {
             k: v for k, v in asdict(self).items() if k not in ("spider", "shards", "shards_key")
         }
+
+
+def frontier_prefix(spider_name: str) -> str:
+    """The key prefix of a spider's frontier: ``{<name>}:``."""
+    return f"{{{spider_name}}}:"

@@ -35,7 +35,7 @@ error naming the settings. The RedisBloom module (``BF.ADD``) is not used.
 With ``FRONTIER_SHARDS`` = N > 1 each frontier shard has a filter of its
 own, ``<shard prefix>bloom`` (``{<spider>:<i>}:bloom``, see
 :mod:`crawler.keys`), sized for ``FRONTIER_BLOOM_CAPACITY / N`` URLs
-(:func:`crawler.frontier.shards.shard_bloom`), and a request's bits are in
+(:func:`shard_bloom`), and a request's bits are in
 its site's shard's filter. :class:`BloomDupeFilter` then needs the site of
 each fingerprint (``sites=`` of :meth:`~BloomDupeFilter.add`,
 :meth:`~BloomDupeFilter.contains`, :meth:`~BloomDupeFilter.load`);
@@ -56,10 +56,8 @@ from typing import TYPE_CHECKING
 from crawler.config import FrontierConfig
 from crawler.frontier.connection import get_redis
 from crawler.frontier.dupefilter import FrontierDupeFilter
-from crawler.frontier.shards import shard_bloom
 from crawler.frontier.sites import slot_of
-from crawler.frontier.store import frontier_prefix
-from crawler.keys import shard_count, shard_of
+from crawler.keys import frontier_prefix, shard_count, shard_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -72,7 +70,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_BITS_PER_KEY", "BloomDupeFilter", "BloomFilter"]
+__all__ = ["MAX_BITS_PER_KEY", "BloomDupeFilter", "BloomFilter", "shard_bloom"]
 
 #: Most bits one Redis string holds (``SETBIT`` offsets are below 2^32).
 MAX_BITS_PER_KEY = 2**32
@@ -380,3 +378,16 @@ class BloomDupeFilter(FrontierDupeFilter):
         """Delete the bitmap(s) of every shard: every URL is forgotten."""
         for key in self.keys:
             self.server.delete(key)  # one key per call: shards are in other slots
+
+
+def shard_bloom(bloom: BloomFilter, prefix: str, shards: int) -> BloomFilter:
+    """The Bloom filter of one shard: ``<prefix>bloom``, sized for
+    ``capacity / shards`` URLs (rounded up) at the same error rate, so the
+    shards together hold ``FRONTIER_BLOOM_CAPACITY`` URLs in about the bytes
+    one filter would (the sites, and so the URLs, spread evenly over the
+    shards). With one shard, ``bloom`` itself."""
+    if shards <= 1:
+        return bloom
+    return type(bloom).for_capacity(
+        prefix + "bloom", math.ceil(bloom.capacity / shards), bloom.error_rate
+    )

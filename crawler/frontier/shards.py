@@ -24,7 +24,6 @@ with a configuration error instead.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from redis import StrictRedis
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from crawler.config import FrontierConfig
+from crawler.frontier.bloom import shard_bloom
 from crawler.frontier.eviction import vanished_keys
 from crawler.frontier.replicas import ReplicaWait
 from crawler.frontier.slots import SitePolicy
@@ -51,19 +51,6 @@ __all__ = ["FrontierShards", "ShardCountError", "shard_bloom"]
 
 class ShardCountError(ValueError):
     """A worker's ``FRONTIER_SHARDS`` differs from the crawl's recorded count."""
-
-
-def shard_bloom(bloom: BloomFilter, prefix: str, shards: int) -> BloomFilter:
-    """The Bloom filter of one shard: ``<prefix>bloom``, sized for
-    ``capacity / shards`` URLs (rounded up) at the same error rate, so the
-    shards together hold ``FRONTIER_BLOOM_CAPACITY`` URLs in about the bytes
-    one filter would (the sites, and so the URLs, spread evenly over the
-    shards). With one shard, ``bloom`` itself."""
-    if shards <= 1:
-        return bloom
-    return type(bloom).for_capacity(
-        prefix + "bloom", math.ceil(bloom.capacity / shards), bloom.error_rate
-    )
 
 
 def node_pipelines(redis: Any, keys: Sequence[str]) -> list[tuple[Any, list[int]]]:

@@ -112,6 +112,7 @@ from redis.client import Pipeline
 from crawler.frontier import protocol
 from crawler.frontier.policy import Policy, SiteInputs
 from crawler.frontier.protocol import Committed, Lease, NotDue
+from crawler.keys import frontier_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -134,11 +135,6 @@ logger = logging.getLogger(__name__)
 #: in the ready index is scored ``-priority * 2^32 + turn``, exact in a
 #: double only below 2^21 (see ``lua/lib.lua``).
 PRIORITY_LIMIT = 1_000_000
-
-
-def frontier_prefix(spider_name: str) -> str:
-    """The key prefix of a spider's frontier: ``{<name>}:``."""
-    return f"{{{spider_name}}}:"
 
 
 class _Lua:
