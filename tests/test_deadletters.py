@@ -86,7 +86,7 @@ def test_a_request_given_up_is_recorded_with_its_first_priority(part: _Part) -> 
         "attempts": 3, "last_error": "500",
     }
     assert record["first_priority"] == 7 == first_priority(3, request.meta, -2)
-    assert part.queue.decode(record["request"].encode(), "a.example").url == request.url
+    assert part.queue.decode(record["entry"].encode(), "a.example").url == request.url
 
 
 def test_a_callback_that_raised_is_a_dead_letter(part: _Part) -> None:

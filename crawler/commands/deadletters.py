@@ -20,16 +20,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from redis import StrictRedis
 from redis.exceptions import RedisClusterException, RedisError
-from scrapy import Request
 from scrapy.exceptions import UsageError
 
 from crawler.addon import EnvironmentCommand
 from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis, redis_location
+from crawler.frontier.deadletters import upgrade
 from crawler.frontier.scheduler import DEFAULT_PRIORITY_ADJUST, first_priority, whole_number
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.sites import site_of
 from crawler.frontier.store import PRIORITY_LIMIT, Commit, Frontier, Push
 from crawler.keys import recorded_shards, shard_count
 
@@ -100,16 +99,19 @@ def _moving_token(raw: bytes) -> str | None:
 
 
 def load_record(raw: bytes) -> dict[str, Any]:
-    """Read one dead letter; one that is not a JSON object (it holds bytes
-    that are not UTF-8, say) is read as far as possible, never raises."""
+    """Read one dead letter in the one record shape
+    (:mod:`crawler.frontier.deadletters`; a record of an earlier shape is
+    upgraded by :func:`~crawler.frontier.deadletters.upgrade`); one that is
+    not a JSON object (it holds bytes that are not UTF-8, say) is read as far
+    as possible, never raises."""
     for text in (raw, raw.decode("utf-8", "replace")):
         try:
             record = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             continue
         if isinstance(record, dict):
-            return record
-    return {"url": None, "reason": "unreadable dead letter", "entry": raw.decode("latin-1")}
+            return upgrade(record)
+    return upgrade({"reason": "unreadable dead letter", "entry": raw.decode("latin-1")})
 
 
 def requeue_push(
@@ -122,26 +124,23 @@ def requeue_push(
     that can be decoded, or that priority is outside the frontier's range
     (``PRIORITY_LIMIT``).
 
-    Two forms carry one: ``request`` (the full encoded request, written by
-    the scheduler) and ``entry`` with ``site`` (the queued entry, written by
-    the frontier's scripts for a request past ``FRONTIER_MAX_DELIVERIES``;
-    its priority is the entry's, else the record's ``priority``). The
-    priority is the record's ``first_priority`` when the crawl recorded it
-    (the scheduler does, with its own ``RETRY_PRIORITY_ADJUST``), else
-    :func:`first_priority` with ``priority_adjust``.
+    The request is the record's ``entry``, read with its ``site`` (a record
+    as :func:`load_record` gives it); its priority is the entry's, else the
+    record's ``priority``. The priority it is requeued at is the record's
+    ``first_priority`` when the crawl recorded it (the scheduler does, with
+    its own ``RETRY_PRIORITY_ADJUST``), else :func:`first_priority` with
+    ``priority_adjust``.
 
+    :param record: a dead letter (an earlier shape is upgraded first).
     :param priority_adjust: ``RETRY_PRIORITY_ADJUST`` of the crawl (for
         records without ``first_priority``).
     """
+    record = upgrade(record)
+    entry_text, site = record["entry"], record["site"]
+    if not isinstance(entry_text, str) or not isinstance(site, str):
+        return None
     try:
-        if isinstance(record.get("request"), str):
-            entry = json_serializer.entry_fields(record["request"])
-            site = site_of(Request(entry["u"]))
-        elif isinstance(record.get("entry"), str) and isinstance(record.get("site"), str):
-            site = record["site"]
-            entry = json_serializer.entry_fields(record["entry"], site)
-        else:
-            return None
+        entry = json_serializer.entry_fields(entry_text, site)
         json_serializer.loads(json_serializer.pack_fields(entry), site)  # raises if not a request
         meta = json_serializer.entry_meta(entry)
     except (ValueError, KeyError, TypeError):
@@ -386,7 +385,6 @@ class Command(EnvironmentCommand):
             record = load_record(raw)
             record.pop(MOVING, None)
             if opts.json:
-                record.pop("request", None)
                 print(json.dumps(record, ensure_ascii=False))
             else:
                 when = datetime.fromtimestamp(record.get("time", 0), UTC)

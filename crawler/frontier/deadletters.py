@@ -1,4 +1,5 @@
-"""The scheduler's dead letters: the requests a crawl gives up on.
+"""The scheduler's dead letters: the requests a crawl gives up on, and the
+one shape of a dead-letter record.
 
 Job: turn what is given up into one dead-letter record, queued in the
 :class:`~crawler.frontier.outbox.Outbox` for the shard of its site (a
@@ -12,11 +13,47 @@ Job: turn what is given up into one dead-letter record, queued in the
   class that cannot be imported): :meth:`DeadLetters.entry`, which also
   acknowledges its lease.
 
-A record is JSON: ``url``, ``reason``, ``attempts``, ``last_error``,
-``time`` (Unix seconds), ``request`` (the encoded request, or None) and
-``first_priority`` (:func:`first_priority`: what ``scrapy deadletters
-requeue`` restores); an undecodable entry's record has ``url`` None, the
-``entry`` as stored (latin-1 text) and its ``site``.
+The frontier's scripts write dead letters of the same shape themselves
+(``bury`` in ``lua/lib.lua``): a request delivered ``FRONTIER_MAX_DELIVERIES``
+times without acknowledgement, a queued chunk or retry/revisit entry that
+cannot be read, a lease that cannot be given back.
+
+The record (one JSON object per ``{s}:dead`` list entry; every writer writes
+every field, ``null`` where it has no value):
+
+=================  =========================================================
+``v``              1 (:data:`RECORD_VERSION`)
+``url``            the request's URL (str), null when it cannot be read
+``site``           the site it is queued under (str), null when unknown
+``entry``          the request as the frontier stores it (text; read with
+                   :func:`crawler.frontier.serializer.entry_fields` and
+                   ``site``): what ``scrapy deadletters requeue`` sends back;
+                   for an undecodable entry, its bytes as latin-1 text; null
+                   when the request cannot be encoded
+``reason``         why it was given up (str)
+``last_error``     the last error (str), null when there is none
+``attempts``       how many times it was tried: ``retry_times`` + 1 for a
+                   request the crawl gave up, its deliveries for one the
+                   frontier buried, 0 for an undecodable entry (int)
+``deliveries``     deliveries the frontier counted without acknowledgement
+                   when it buried it (int; 0 when the crawl gave it up)
+``priority``       the priority it was queued at (int), null when unknown
+``first_priority`` the priority it was first scheduled at, before Scrapy's
+                   retries (int: :func:`first_priority` by the crawl's own
+                   ``RETRY_PRIORITY_ADJUST``), null when the writer could not
+                   tell (``requeue`` then computes it from ``priority`` and
+                   the entry's ``retry_times``)
+``time``           when, Unix seconds (float; the Redis server's clock for
+                   the scripts' records)
+``worker``         the lease holder (``<worker id>#<process>``) that gave it
+                   up or whose lease it was, null when none
+=================  =========================================================
+
+A requeue moving a record between shards adds one field, ``requeue_move``
+(:data:`crawler.commands.deadletters.MOVING`). Records written in earlier
+shapes (``request`` instead of ``entry``; no ``v``, ``last_error``,
+``worker``...) are read through :func:`upgrade`, the one place that knows
+them.
 
 Collaborators: the outbox (the writes), the crawl's
 :class:`~crawler.frontier.queue.LeasedPriorityQueue` (encoding and shards;
@@ -32,13 +69,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy import signals
+from scrapy import Request, signals
 
+from crawler.frontier import serializer as json_serializer
 from crawler.frontier.signals import request_dead
-from crawler.frontier.sites import slot_of
+from crawler.frontier.sites import site_of, slot_of
 
 if TYPE_CHECKING:
-    from scrapy import Request
     from scrapy.http import Response
     from scrapy.settings import BaseSettings
     from scrapy.signalmanager import SignalManager
@@ -50,7 +87,18 @@ if TYPE_CHECKING:
 #: The scheduler's logger: its parts log as it does.
 logger = logging.getLogger("crawler.frontier.scheduler")
 
-__all__ = ["DEFAULT_PRIORITY_ADJUST", "DeadLetters", "first_priority", "whole_number"]
+__all__ = [
+    "DEFAULT_PRIORITY_ADJUST", "RECORD_FIELDS", "RECORD_VERSION", "DeadLetters", "first_priority",
+    "new_record", "upgrade", "whole_number",
+]
+
+#: The version of the dead-letter record (its field ``v``).
+RECORD_VERSION = 1
+#: The fields of a dead-letter record, every one present (see the module).
+RECORD_FIELDS = (
+    "v", "url", "site", "entry", "reason", "last_error", "attempts", "deliveries", "priority",
+    "first_priority", "time", "worker",
+)
 
 #: Scrapy's default ``RETRY_PRIORITY_ADJUST``.
 DEFAULT_PRIORITY_ADJUST = -1
@@ -83,6 +131,59 @@ def first_priority(
     return priority - retries * (priority_adjust if adjust is None else adjust)
 
 
+
+def new_record(reason: str, **fields: Any) -> dict[str, Any]:
+    """A dead-letter record (the module's table): ``fields`` over the
+    defaults (null, 0 for the counts, now for ``time``).
+
+    :raises TypeError: a field the record does not have.
+    """
+    unknown = set(fields) - set(RECORD_FIELDS)
+    if unknown:
+        raise TypeError(f"no dead-letter field {sorted(unknown)}")
+    record: dict[str, Any] = dict.fromkeys(RECORD_FIELDS)
+    record.update(v=RECORD_VERSION, reason=reason, attempts=0, deliveries=0, time=time.time())
+    record.update(fields)
+    return record
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def upgrade(record: dict[str, Any]) -> dict[str, Any]:
+    """A dead letter as read from ``{s}:dead`` in the shape of
+    :data:`RECORD_VERSION` (a new dict): a record of this version keeps its
+    values (a missing field null); earlier shapes are mapped onto it:
+
+    * the scheduler's (``request``: the self-contained encoded request;
+      ``last_error``; ``first_priority``): ``entry`` is the request, ``site``
+      the site of its URL;
+    * the scripts' (``entry``, ``site``, ``url``, ``priority``,
+      ``deliveries``): as they are, no ``last_error``;
+    * an undecodable entry's (``entry``, ``site``, ``url`` null).
+
+    Fields it does not know (``requeue_move``) are kept. Never raises.
+    """
+    out = {k: record.get(k) for k in RECORD_FIELDS}
+    out.update({k: v for k, v in record.items() if k not in RECORD_FIELDS and k != "request"})
+    if record.get("v") == RECORD_VERSION:
+        return out
+    out["v"] = RECORD_VERSION
+    if out["entry"] is None and isinstance(record.get("request"), str):
+        out["entry"] = record["request"]
+        if out["site"] is None:
+            try:
+                out["site"] = site_of(Request(json_serializer.entry_fields(record["request"])["u"]))
+            except (ValueError, KeyError, TypeError):
+                pass
+    out["reason"] = _text(out["reason"]) or "unknown"
+    for count in ("attempts", "deliveries"):
+        out[count] = whole_number(out[count]) or 0
+    if not isinstance(out["time"], (int, float)) or isinstance(out["time"], bool):
+        out["time"] = 0
+    return out
+
 class DeadLetters:
     """The dead letters of one worker, queued in ``outbox``.
 
@@ -90,6 +191,7 @@ class DeadLetters:
         ack) are queued.
     :param stats: the crawl's stats (``frontier/dead``).
     :param settings: the crawl's settings (``RETRY_PRIORITY_ADJUST``).
+    :param worker: the lease holder its records name (``worker``).
     :ivar queue: the crawl's queue, set at open.
     :ivar lease_shards: lease id -> the shard it was taken from (the lease
         book's own map: an undecodable entry's ack and record go to its
@@ -99,8 +201,11 @@ class DeadLetters:
     queue: LeasedPriorityQueue
     spider: Any = None
 
-    def __init__(self, outbox: Outbox, stats: Any, settings: BaseSettings) -> None:
+    def __init__(
+        self, outbox: Outbox, stats: Any, settings: BaseSettings, worker: str | None = None
+    ) -> None:
         self.outbox = outbox
+        self.worker = worker
         self.stats = stats
         self.settings = settings
         self.lease_shards: dict[str, int] = {}
@@ -122,41 +227,38 @@ class DeadLetters:
             self.record(request, "callback raised", repr(failure.value))
 
     def record(self, request: Request, reason: str, error: str | None = None) -> None:
-        """Queue the dead letter of ``request`` for the shard of its site:
-        url, reason, attempts (``retry_times`` + 1), last error, time, the
-        encoded request (None when it cannot be encoded) and the priority it
-        was first scheduled with, by this crawl's ``RETRY_PRIORITY_ADJUST``
-        (what ``scrapy deadletters requeue`` restores)."""
+        """Queue the dead letter of ``request`` for the shard of its site
+        (the module's record): its url and site, the request encoded
+        self-contained as ``entry`` (null when it cannot be encoded), reason,
+        last error, attempts (``retry_times`` + 1), its priority and the one
+        it was first scheduled with by this crawl's
+        ``RETRY_PRIORITY_ADJUST`` (what ``scrapy deadletters requeue``
+        restores), this worker."""
         try:
             encoded: str | None = self.queue.encode(request, compact=False).decode()
         except ValueError:
             encoded = None
-        record = {
-            "url": request.url,
-            "reason": reason,
-            "attempts": request.meta.get("retry_times", 0) + 1,
-            "last_error": error,
-            "time": time.time(),
-            "request": encoded,
-            "first_priority": first_priority(
+        record = new_record(
+            reason, url=request.url, site=site_of(request), entry=encoded, last_error=error,
+            attempts=request.meta.get("retry_times", 0) + 1, priority=request.priority,
+            first_priority=first_priority(
                 request.priority, request.meta, self.settings.getint("RETRY_PRIORITY_ADJUST"),
             ),
-        }
+            worker=self.worker,
+        )
         self._queue(record, slot_of(request))
         logger.warning("Dead letter for %s: %s", request.url, reason)
 
     def entry(self, data: bytes, lease_id: str, exc: Exception, site: str | None = None) -> None:
         """A leased entry that is no request here (``exc`` says why): a dead
-        letter with the entry and its site (so ``scrapy deadletters
-        requeue`` can send it back once the cause is fixed, e.g. its
-        Request class made importable), and its lease acknowledged, both on
-        the shard it was leased from (shard 0 when unknown)."""
+        letter with the entry (latin-1 text) and its site (so ``scrapy
+        deadletters requeue`` can send it back once the cause is fixed, e.g.
+        its Request class made importable), and its lease acknowledged, both
+        on the shard it was leased from (shard 0 when unknown)."""
         reason = f"undecodable frontier entry: {type(exc).__name__}: {exc}"
         logger.error("%s", reason, extra={"spider": self.spider})
-        record = {"url": None, "reason": reason, "attempts": 0, "last_error": repr(exc),
-                  "time": time.time(), "request": None, "entry": data.decode("latin-1")}
-        if site is not None:
-            record["site"] = site
+        record = new_record(reason, site=site, entry=data.decode("latin-1"),
+                            last_error=repr(exc), worker=self.worker)
         shard = self.lease_shards.pop(lease_id, 0)
         self._queue(record, site, shard)
         self.outbox.write("acks", item=lease_id, shard=shard)

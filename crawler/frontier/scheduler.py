@@ -229,7 +229,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         self.router = ShardRouter(self.holder, self.session, self.outbox, self.reports.lease_result)
         self.enqueuer = Enqueuer(self.df, self.outbox, self.router, self.stats, self.seen_max)
         self.wakeup = WakeUp(self.crawler)
-        self.dead_letters = DeadLetters(self.outbox, self.stats, self.crawler.settings)
+        self.dead_letters = DeadLetters(self.outbox, self.stats, self.crawler.settings, self.holder)
         self.heartbeats = Heartbeats(
             self.crawler, self.session, self.holder, self.lease_timeout,
             flush=self.flush_outbox, after_beat=self.eviction.watch,

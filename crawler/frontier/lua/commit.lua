@@ -254,7 +254,7 @@ for id in records(H, 'give', 1) do
     end
     if why then
       problem(ldata .. ' ' .. id .. ': ' .. why .. ': request dead-lettered')
-      bury(dead, 'could not be given back: ' .. why, site, prio, data, d, K.now)
+      bury(dead, 'could not be given back: ' .. why, site, prio, data, d, K.now, holder_of(id))
     end
     redis.call('HDEL', ldata, id)
     redis.call('ZREM', leases, id)

@@ -273,7 +273,7 @@ for i = #expired, 1, -1 do
       end
     end
     if why then
-      bury(dead, why, site, prio, data, d, now)
+      bury(dead, why, site, prio, data, d, now, holder_of(id))
       buried = buried + 1
     end
     local freed_site = free_slot(id)

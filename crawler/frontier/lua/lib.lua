@@ -192,16 +192,20 @@ local function url_of(site, data)
   return scheme .. '://' .. site .. u
 end
 
--- Append a dead letter for a queued request to list `dead`.
-local function bury(dead, reason, site, prio, data, deliveries, now)
-  local record = {reason = reason, attempts = deliveries, deliveries = deliveries,
-                  time = now / 1000, entry = data}
-  if site then
-    record['site'] = site
-    record['url'] = url_of(site, data)
-  end
-  if prio_ok(prio) then record['priority'] = tonumber(prio) end
-  redis.call('RPUSH', dead, cjson.encode(record))
+-- Append a dead letter for a queued request to list `dead`: the one record
+-- shape of crawler/frontier/deadletters.py (every field, null where there
+-- is no value). `worker` is the lease holder whose lease it was, or nil.
+local function bury(dead, reason, site, prio, data, deliveries, now, worker)
+  local null = cjson.null
+  local url = null
+  if site then url = url_of(site, data) or null end
+  local priority = null
+  if prio_ok(prio) then priority = tonumber(prio) end
+  redis.call('RPUSH', dead, cjson.encode({
+    v = 1, url = url, site = site or null, entry = data or null, reason = reason,
+    last_error = null, attempts = deliveries, deliveries = deliveries,
+    priority = priority, first_priority = null, time = now / 1000, worker = worker or null,
+  }))
 end
 
 -- The call's keys, bound by name once: KEYS is the shard's key table of
