@@ -17,7 +17,10 @@ The live-holder rule came later too (an expired lease whose holder was seen
 in ``{s}:alive`` at its deadline or after is requeued without counting that
 delivery: ``tests/test_blocking_callbacks.py``): the run's holders lease
 often enough to meet it, so the reference gets the same rule, written here
-apart from the script (``_live_holder_rule``), and the two must agree."""
+apart from the script (``_live_holder_rule``), and the two must agree.
+The one dead-letter shape came later too: dead letters are compared in it
+(``crawler.frontier.deadletters.upgrade``), without the ``worker`` the
+scripts name since; lease.lua's reply field ``alone`` is never 1 here."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import redis as redis_lib
 
 from crawler.frontier import protocol
 from crawler.frontier.bloom import BloomFilter
+from crawler.frontier.deadletters import upgrade
 from crawler.frontier.store import Commit, Frontier, Push, Retry, Revisit
 
 if TYPE_CHECKING:
@@ -206,10 +210,14 @@ class _OldLease(_Script):
 
 class _NewLease(_Script):
     """lease.lua as it is, its reply without ``passed`` (the site of a
-    last chance put back: never, with held_all uncounted)."""
+    last chance put back: never, with held_all uncounted) and ``alone`` (a
+    last chance leased alone: never, either)."""
 
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
         reply = self.script(keys=keys, args=args)
+        if reply[-2:-1] == [b"alone"]:
+            assert reply[-1] == 0, reply[-2:]
+            reply = reply[:-2]
         assert reply[-2:] == [b"passed", b""], reply[-2:]
         return reply[:-2]
 
@@ -244,6 +252,14 @@ def _norm(value: Any, prefix: str) -> Any:
     return value
 
 
+def _dead_letter(raw: bytes) -> bytes:
+    """A dead letter in the one shape (:func:`upgrade`), without the
+    worker the scripts name since."""
+    record = upgrade(json.loads(raw))
+    record.pop("worker")
+    return json.dumps(record, sort_keys=True).encode()
+
+
 def _dump(rds: redis.Redis, prefix: str) -> dict[bytes, Any]:
     out: dict[bytes, Any] = {}
     for key in rds.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*"):
@@ -256,6 +272,8 @@ def _dump(rds: redis.Redis, prefix: str) -> dict[bytes, Any]:
             value = rds.zrange(key, 0, -1, withscores=True)
         elif kind == b"list":
             value = rds.lrange(key, 0, -1)
+            if key.endswith(b":dead"):
+                value = [_dead_letter(raw) for raw in value]
         elif kind == b"set":
             value = sorted(rds.smembers(key))
         else:

@@ -14,6 +14,7 @@ from scrapy.utils.test import get_crawler
 
 from crawler.frontier.connection import get_redis
 from crawler.frontier.leasebook import REVISIT_META, LeaseBook
+from crawler.frontier.lifecycle import SUSPECT
 from crawler.frontier.outbox import Outbox
 from crawler.frontier.queue import LeasedPriorityQueue
 from crawler.frontier.store import Lease, NotDue, Push
@@ -142,7 +143,7 @@ def test_a_revisit_leased_is_counted(redis_url: str) -> None:
 def test_a_last_chance_is_held_alone_until_it_is_done(redis_url: str) -> None:
     b = _Book(redis_url, FRONTIER_MAX_DELIVERIES=2)
     data = b.queue.encode(Request("https://a.example/poison"))
-    b.book.take([Lease(data, "a.example", f"{HOLDER}:9", deliveries=2)])
+    b.book.take([Lease(data, "a.example", f"{HOLDER}:9", deliveries=2, state=SUSPECT)])
     assert b.book.alone == f"{HOLDER}:9"
     assert b.stats.get_value("frontier/last_chance/leased") == 1
     assert b.book.holding_back()

@@ -30,6 +30,8 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
+from crawler.frontier.lifecycle import SUSPECT
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -64,7 +66,8 @@ class LeaseBook:
         ack or give-back is queued).
     :ivar ready: leased requests not handed to the engine yet.
     :ivar alone: the lease of a request on its last chance (one death short
-        of ``FRONTIER_MAX_DELIVERIES``), leased alone: nothing more is
+        of ``FRONTIER_MAX_DELIVERIES``), leased alone (``lease.lua`` says so:
+        its state is :data:`~crawler.frontier.lifecycle.SUSPECT`): nothing more is
         leased while it is held, so that if it kills the worker it dies
         alone.
     :ivar drain_shard: a shard whose lease call put back a request's last
@@ -117,9 +120,7 @@ class LeaseBook:
                 continue
             self.leases[request] = lease.lease_id
             self.changed()
-            limit = queue.frontier.max_deliveries
-            if limit > 1 and lease.deliveries >= max(2, limit):
-                # (lease.lua leased it alone: its last chance)
+            if lease.state == SUSPECT:  # (lease.lua leased its last chance alone)
                 self.alone = lease.lease_id
                 self.stats.inc_value("frontier/last_chance/leased")
             if queue.frontier.revisit_after_ms:

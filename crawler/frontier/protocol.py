@@ -40,6 +40,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from crawler.frontier.lifecycle import LEASED, SUSPECT
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -316,6 +318,10 @@ class Lease:
     :ivar last_passed: the site of a request on its last chance that the
         call put back (see ``lease_many``'s ``held_all``) because this
         worker held leases, or None (set on a call's first lease).
+    :ivar state: its state in the life cycle as ``lease.lua`` decided it
+        (:mod:`crawler.frontier.lifecycle`): :data:`~crawler.frontier.lifecycle.SUSPECT`
+        for a last chance leased alone (the reply's ``alone``), else
+        :data:`~crawler.frontier.lifecycle.LEASED`.
     """
 
     data: bytes
@@ -329,6 +335,7 @@ class Lease:
     best: int | None = None
     head: int | None = None
     last_passed: str | None = None
+    state: str = LEASED
 
 
 @dataclass(frozen=True)
@@ -376,8 +383,9 @@ def leases_of(reply: Sequence[Any], lease_ids: Sequence[str]) -> list[Lease] | N
         if i:
             leases.append(Lease(data, _text(site), lease_ids[i], int(deliveries)))
         else:
+            state = SUSPECT if f.get("alone") in (1, b"1", "1") else LEASED
             leases.append(Lease(data, _text(site), lease_ids[0], int(deliveries), expired,
-                                retried, dead, problems, best, head, passed))
+                                retried, dead, problems, best, head, passed, state))
     return leases
 
 

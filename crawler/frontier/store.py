@@ -110,6 +110,7 @@ from redis import StrictRedis
 from redis.client import Pipeline
 
 from crawler.frontier import protocol
+from crawler.frontier.lifecycle import lease_state
 from crawler.frontier.policy import Policy, SiteInputs
 from crawler.frontier.protocol import Committed, Lease, NotDue
 from crawler.keys import frontier_prefix
@@ -700,7 +701,8 @@ class Frontier:
             parsed = _lease_entry(entry) if entry else None
             if parsed is not None:
                 site, deliveries, data = parsed
-                leases.append(Lease(data, site, lease_id, deliveries))
+                leases.append(Lease(data, site, lease_id, deliveries,
+                                    state=lease_state(deliveries, self.max_deliveries)))
         return committed, leases
 
     def alive(self, worker: str, client: Any = None, *, check: bool = False) -> None:

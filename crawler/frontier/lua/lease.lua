@@ -168,7 +168,9 @@
 -- none is due), so a worker of a sharded crawl can ask the shard with the
 -- best work, the longest due, next; passed is the site of a request whose
 -- last chance was passed over because the worker held leases (held_all;
--- the first one met), else "". A call without lease ids leases nothing: it
+-- the first one met), else ""; alone (with leases) is 1 when the call's
+-- only lease is a last chance leased alone (lifecycle.py's suspect), else
+-- 0. A call without lease ids leases nothing: it
 -- moves due sites and does its housekeeping, and tells that priority and
 -- the wait (a peek).
 local H, refused = open_call('lease')
@@ -569,7 +571,7 @@ if n > 0 then
   local best, head = best_due()
   return {'expired', #expired, 'retried', #due_retries, 'dead', dead_housekept,
           'problems', problems, 'leases', out, 'best', best, 'head', head,
-          'passed', passed_last}
+          'passed', passed_last, 'alone', alone and 1 or 0}
 end
 
 -- Nothing leased: how long until it is worth asking again. Never 0 unless

@@ -192,6 +192,20 @@ local function url_of(site, data)
   return scheme .. '://' .. site .. u
 end
 
+-- A request's life cycle (the table, with the keys of each state and the
+-- call that moves it on, is crawler/frontier/lifecycle.py's; the scripts
+-- decide every transition, the workers read the outcome):
+--   queued       in its site's queue (K.qm, K.qc, K.lv), counted in K.count
+--   leased       K.leases, K.ldata and K.lslot hold its lease id (lease.lua)
+--   fetched      its slot freed: K.lslot no longer (commit.lua's slot)
+--   acknowledged its lease keys gone (commit.lua's ack)
+--   returned     queued again at the front, that delivery not counted
+--                (commit.lua's give; lease.lua: expired, holder alive)
+--   suspect      leased on its last chance, alone (lease.lua's `alone`,
+--                the reply's alone = 1)
+--   dead         a record in K.dead (bury, below; lease.lua: expired,
+--                holder dead, at FRONTIER_MAX_DELIVERIES)
+
 -- Append a dead letter for a queued request to list `dead`: the one record
 -- shape of crawler/frontier/deadletters.py (every field, null where there
 -- is no value). `worker` is the lease holder whose lease it was, or nil.
