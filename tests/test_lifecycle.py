@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from crawler.commands.deadletters import requeue
 from crawler.frontier.deadletters import RECORD_FIELDS
 from crawler.frontier.lifecycle import (
     ACKNOWLEDGED,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     import redis
 
 SITE = "a.example"
-URL = b"https://a.example/one"
+URL = b'{"u": "/one"}'  # (an entry in the JSON form)
 
 
 @pytest.fixture
@@ -36,15 +37,15 @@ def frontier(rds: redis.Redis) -> Frontier:
     return f
 
 
-def _queued(rds: redis.Redis, deliveries: int = 0) -> None:
+def _queued(rds: redis.Redis, deliveries: int = 0, data: bytes = URL) -> None:
     """queued (or returned): in its site's queue, counted; no lease keys."""
     assert rds.get("{t}:count") == b"1"
     assert rds.hlen("{t}:qm") == 1 and rds.hlen("{t}:ldata") == 0
     assert rds.zcard("{t}:leases") == 0 and rds.hlen("{t}:lslot") == 0
     assert rds.zscore("{t}:ready", SITE) is not None or rds.zscore("{t}:wait", SITE) is not None
     queued = b"\n".join(rds.hvals("{t}:qc")) + b"\n" + b"\n".join(rds.hvals("{t}:lv"))
-    entry = f"#{deliveries}#".encode() + URL if deliveries else URL
-    assert entry in queued and (deliveries or b"#" + URL not in queued), queued
+    entry = f"#{deliveries}#".encode() + data if deliveries else data
+    assert entry in queued and (deliveries or b"#" + data not in queued), queued
 
 
 def _leased(rds: redis.Redis, lease_id: str, deliveries: int) -> None:
@@ -145,7 +146,7 @@ def test_leased_returned_without_counting_its_delivery(
                for t in TRANSITIONS)
 
 
-def test_leased_then_suspect_on_its_last_delivery_made_alone_then_dead(
+def test_leased_then_suspect_on_its_last_delivery_made_alone_then_dead_then_requeued(
     rds: redis.Redis, frontier: Frontier
 ) -> None:
     assert frontier.push(URL, site=SITE, priority=0, fingerprint=b"f", dont_filter=False)
@@ -175,6 +176,13 @@ def test_leased_then_suspect_on_its_last_delivery_made_alone_then_dead(
     [raw] = rds.lrange("{t}:dead", 0, -1)
     record: dict[str, Any] = json.loads(raw)
     assert set(record) == set(RECORD_FIELDS)
-    assert record["deliveries"] == 3 and record["url"] == URL.decode()
+    assert record["deliveries"] == 3 and record["url"] == "https://a.example/one"
     assert record["worker"] == "alone#1"
     assert SUSPECT in {s for t in TRANSITIONS if t.target == DEAD for s in t.sources}
+
+    # Requeued: QUEUED again, its deliveries reset, the dead letter gone.
+    assert requeue(frontier) == (1, 0)
+    assert rds.llen("{t}:dead") == 0
+    _queued(rds, deliveries=0, data=b"/one")  # (packed anew: the framed form)
+    again = _lease(frontier.lease_many(["w#1:0"], held_all=0))
+    assert again.state == LEASED and again.deliveries == 1
