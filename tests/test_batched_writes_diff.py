@@ -263,8 +263,10 @@ def _dead_letter(raw: bytes) -> bytes:
 def _dump(rds: redis.Redis, prefix: str) -> dict[bytes, Any]:
     out: dict[bytes, Any] = {}
     for key in rds.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*"):
-        if key.endswith(b":retryat"):
-            continue  # (written since: each site's last retry time, for housekeeping)
+        if key.endswith((b":retryat", b":speaks")):
+            # (written since: each site's last retry time, for housekeeping;
+            # the protocol each live worker speaks, protocol.py)
+            continue
         kind = rds.type(key)
         if kind == b"hash":
             value: Any = sorted(rds.hgetall(key).items())

@@ -215,3 +215,22 @@ def test_a_worker_opens_beside_live_workers_of_its_own_protocol_and_after_a_stop
     assert rds.hget(speaks, first.holder) == str(protocol.VERSION).encode()
     assert rds.hget(speaks, "gone-worker") is None
     assert rds.zscore(alive, "gone-worker") is None
+
+
+def test_a_worker_first_seen_by_a_lease_call_counts_as_speaking_its_protocol(
+    redis_url: str, rds: redis.Redis
+) -> None:
+    """A worker whose opening liveness call was lost joins ``{s}:alive`` by
+    its first lease call, which records its protocol too: a worker opening
+    next to it opens."""
+    first, _ = harness.open_scheduler(redis_url, _Spider)
+    alive = _alive_key(first)
+    speaks = alive.removesuffix("alive") + "speaks"
+    rds.zrem(alive, first.holder)
+    rds.hdel(speaks, first.holder)  # (as if its opening call never ran)
+    first.enqueue_request(Request("https://a.example/"))
+    first.flush_outbox()
+    assert first.next_request() is not None
+    assert rds.hget(speaks, first.holder) == str(protocol.VERSION).encode()
+    _, crawler = harness.open_scheduler(redis_url, _Spider)
+    assert config_error_of(crawler) is None

@@ -74,6 +74,7 @@
 -- K.alive    zset holder -> ms of its last lease or heartbeat (an
 --            expired lease of a holder seen at its deadline or after is
 --            requeued without counting its delivery)
+-- K.speaks   hash holder -> the protocol it speaks (set when it joins K.alive)
 -- K.wactive  hash "holder\tsite" -> slots the worker holds
 -- K.rdelay   hash site -> robots.txt Crawl-delay, ms
 -- K.lslot    hash lease id -> its site, while the lease holds a download
@@ -228,6 +229,9 @@ local seen_before = tonumber(read('ZSCORE', K.alive, holder))
 
 -- This worker is alive; workers silent for a lease's length are not.
 redis.call('ZADD', K.alive, now, holder)
+-- (a holder new to K.alive records its protocol, as alive.lua does: its
+-- opening call may have been lost before it ran)
+if not seen_before then redis.call('HSET', K.speaks, holder, PROTOCOL) end
 redis.call('ZREMRANGEBYSCORE', K.alive, '-inf', now - lease_ms)
 local live = math.max(1, redis.call('ZCARD', K.alive))
 local buried = 0
