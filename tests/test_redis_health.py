@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis as redis_lib
+from scrapy import Request
 
+import tests.scheduler_harness as harness
 from crawler.frontier.health import RedisHealth, redis_answered
+from crawler.frontier.spider import FrontierSpider
 from tests.test_config_errors import password_redis  # noqa: F401 (a fixture)
 from tests.test_faults import proxy  # noqa: F401 (a fixture)
 from tests.waiting import wait_for
@@ -65,3 +68,28 @@ def test_a_probe_that_redis_refuses_ends_the_outage_so_the_calls_meet_the_refusa
     assert redis_answered(redis_lib.ResponseError("NOPERM"))
     assert not redis_answered(redis_lib.ConnectionError("Connection refused"))
     assert not redis_answered(redis_lib.TimeoutError("Timeout reading from socket"))
+
+
+def test_an_outage_met_by_any_component_forgets_the_local_fingerprints(redis_url: str) -> None:
+    """Redis back from an older snapshot (a restart, a failover to a lagging
+    replica) may reach the scheduler's own calls without an error, when only
+    another component (the seed reader, the robots.txt middleware) met the
+    closed connection: the worker forgets its local fingerprints all the
+    same, so a request queued before and lost with the rollback is queued
+    again, not dropped as a duplicate."""
+
+    class _Spider(FrontierSpider):
+        name = "health_rollback_test"
+
+    scheduler, _ = harness.open_scheduler(redis_url, _Spider)
+    assert scheduler.enqueue_request(Request("https://a.example/p1"))
+    assert scheduler.flush_outbox()
+    rds = redis_lib.Redis.from_url(redis_url)
+    shard = scheduler.queue.shards[0]
+    rds.delete(shard.key("dupefilter"), shard.key("count"), shard.key("qm"), shard.key("qc"),
+               shard.key("lv"), shard.key("wait"), shard.key("ready"), shard.key("due"))
+    scheduler.redis_health.failed()  # (what note_redis_failure does for the seed reader)
+    scheduler.redis_health.recovered()
+    assert scheduler.enqueue_request(Request("https://a.example/p1"))
+    assert scheduler.flush_outbox()
+    assert int(rds.get(shard.key("count")) or 0) == 1

@@ -77,7 +77,12 @@ class Backoff:
         self._gave_up = False
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
-        self.redis_health = RedisHealth(self.ping, self._redis_answered)
+        #: Any component's unreachable Redis (the seed reader's, the
+        #: robots.txt middleware's) forgets the local fingerprints: a
+        #: restart from an older snapshot can reach this worker's
+        #: frontier calls without an error of their own.
+        self.redis_health = RedisHealth(
+            self.ping, self._redis_answered, on_failure=self.host.forget_seen)
 
     @property
     def stats(self) -> Any:
@@ -143,8 +148,8 @@ class Backoff:
         if isinstance(exc, NotReplicated):
             self.stats.inc_value("frontier/redis/not_replicated")
         # Redis may come back from an older snapshot, without fingerprints
-        # this worker recorded: ask it again rather than trust the memory.
-        self.host.forget_seen()
+        # this worker recorded: ask it again rather than trust the memory
+        # (redis_health.failed() forgets them).
         self.unreachable = True
         self.redis_health.failed()
         if not self.backoff:

@@ -72,11 +72,18 @@ class RedisHealth:
         it runs in a daemon thread of its own, one at a time.
     :param answered: called on the reactor thread when a ``PING`` sent
         during an outage was answered (the scheduler ends its backoff).
+    :param on_failure: called, on the failing call's thread, whenever any
+        component meets an unreachable Redis (the scheduler forgets its
+        local fingerprints: Redis may come back from an older snapshot).
     """
 
-    def __init__(self, ping: Callable[[], object], answered: Callable[[], None]) -> None:
+    def __init__(
+        self, ping: Callable[[], object], answered: Callable[[], None],
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
         self._ping = ping
         self._answered_cb = answered
+        self._on_failure = on_failure
         #: A Redis call met an unreachable Redis, and none succeeded since.
         self.failing = False
         #: A ``PING`` sent since the last failure was answered.
@@ -91,7 +98,10 @@ class RedisHealth:
         return self._answered.is_set()
 
     def failed(self) -> None:
-        """A Redis call could not reach Redis (or answered too late)."""
+        """A Redis call could not reach Redis (or answered too late): calls
+        ``on_failure`` (any thread), then gates the reactor's calls."""
+        if self._on_failure is not None:
+            self._on_failure()
         self.failing = True
         self._answered.clear()
 
