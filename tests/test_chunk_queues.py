@@ -55,21 +55,14 @@ def test_entries_with_any_bytes(queue_lib: Any) -> None:
     assert _pops(queue_lib, "a", "1", len(data)) == data
 
 
-def test_a_malformed_levels_value_is_passed_over_and_its_queues_kept(
-    queue_lib: Any, rds: redis.Redis
-) -> None:
-    # The scripts trust {s}:lv as they wrote it: a word that is no priority
-    # is passed over (not reported, not repaired: `scrapy frontier audit`
-    # finds it, test_ops_audit), and no queued request is dropped.
+def test_a_malformed_levels_value_is_rebuilt(queue_lib: Any, rds: redis.Redis) -> None:
     queue_lib("push", "a", "1", "one")
     queue_lib("push", "a", "7", "seven")
-    rds.hset("{t}:lv", "a", "garbage 1")
+    rds.hset("{t}:lv", "a", "garbage")
     out = queue_lib("best", "a")
-    assert out[0] == "1"
-    assert out[-1] == []
-    assert rds.hget("{t}:lv", "a") == b"garbage 1"
-    assert _pops(queue_lib, "a", "7", 1) == ["seven"]
-    assert _pops(queue_lib, "a", "1", 1) == ["one"]
+    assert out[0] == "7"
+    assert "is malformed: rebuilt" in out[-1][0].decode()
+    assert rds.hget("{t}:lv", "a") == b"7 1"
 
 
 def test_an_unreadable_chunk_is_dead_lettered_and_the_queue_goes_on(

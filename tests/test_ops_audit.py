@@ -230,28 +230,3 @@ def test_wrong_types_and_unreadable_chunks_are_reported_not_repaired(rds: redis.
     assert not any(x.repaired for x in found), [x.line() for x in found]
     assert rds.get(f.key("count")) == b"6"
     assert rds.type(f.key("due")) == b"string"
-
-
-@pytest.mark.parametrize("bad", ["garbage", "2 x 0", "9999999999 0", ""])
-def test_a_malformed_levels_value_is_found_and_repair_rebuilds_it_from_the_queues(
-    rds: redis.Redis, bad: str
-) -> None:
-    """``{s}:lv`` edited by hand: the scripts pass over what is no priority
-    (its queues are kept, not leased); the audit names the value, and
-    ``--repair`` rebuilds it from ``{s}:qm``, after which every request is
-    leased: none was lost."""
-    crawl = _crawl(rds)
-    f = crawl[0]
-    want = rds.hget(f.key("lv"), "a.example")
-    rds.hset(f.key("lv"), "a.example", bad)
-    keys = CrawlKeys.for_spider(SPIDER)
-    found = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers)
-    assert [(x.kind, x.key) for x in found] == [
-        ("bad-value" if bad else "vanished", f"{f.key('lv')} a.example")
-    ], [x.line() for x in found]
-    repaired = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers, repair=True)
-    assert all(x.repaired for x in repaired), [x.line() for x in repaired]
-    assert rds.hget(f.key("lv"), "a.example") == want
-    assert audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers) == []
-    leased = [f.lease_many([f"w#1:{i}"])[0] for i in range(6)]
-    assert all(isinstance(x, Lease) for x in leased), leased

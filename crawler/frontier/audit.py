@@ -29,21 +29,15 @@
     the download slots counted in ``{s}:active`` / ``{s}:wactive`` disagree
     with the slots held in ``{s}:lslot``, or a slot held by no lease.
 ``bad-value``
-    a value the scripts cannot read (an override, a due time, a counter, a
-    join time in ``{s}:joined``, a site's priorities in ``{s}:lv``). The
-    scripts trust what the frontier wrote: they pass over such a value
-    (its default, or "not known") without reporting or repairing it;
-    finding it is this audit's work.
+    a value the scripts cannot read (an override, a due time, a counter).
 
 With ``repair``, what can be fixed safely is fixed, each under ``WATCH`` of
 the keys it reads (a crawl that writes them meanwhile makes that repair
 give up, and the finding says so): counters recomputed from the queues and
 slots, a deadline of now given to stranded lease data (the next lease call
-returns its request to its queue), deadlines without data deleted, a
-site's priorities in ``{s}:lv`` rebuilt from its queues in ``{s}:qm``
-(none is lost meanwhile: their requests stay queued, not leased), and bad
-override, due-time, pace and join-time values deleted (the scripts already
-use the default in their place). Vanished structures, wrong types and unreadable
+returns its request to its queue), deadlines without data deleted, and bad
+override, due-time and pace values deleted (the scripts already use the
+default in their place). Vanished structures, wrong types and unreadable
 lease data are not repaired: the first need a re-seed, the others a look
 by hand (lease data that cannot be read is dead-lettered when it expires).
 
@@ -60,7 +54,7 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.exceptions import WatchError
 
 from crawler.frontier.eviction import NOEVICTION, evicted_keys, eviction_policy, missing_message
-from crawler.frontier.store import PRIORITY_LIMIT, _lease_entry, chunk_entries, holder_of
+from crawler.frontier.store import _lease_entry, chunk_entries, holder_of
 from crawler.keys import created_key, shards_key
 from crawler.overrides import CONCURRENCY, DELAY, REVISIT, stored_value_ok
 
@@ -84,9 +78,6 @@ TYPES: dict[str, str] = {
 #: Hashes of whole ms >= 0 whose bad values the scripts ignore (a bad
 #: value means 0 or the default there, so deleting it changes nothing).
 _WHOLE_MS = ("due", "slow", "rdelay")
-#: The hash of join times (whole µs, up to 16 digits), read as "long ago"
-#: (0) by the scripts when a value is not one.
-JOINED = "joined"
 #: How many times a repair is tried when the crawl writes its keys meanwhile.
 _TRIES = 3
 
@@ -198,7 +189,7 @@ def _audit_shard(f: Frontier, repair: bool) -> list[Finding]:
         found.extend(_queues(f, repair))
     if not wrong & {"leases", "ldata", "lslot", "active", "wactive"}:
         found.extend(_leases(f, repair))
-    for name in sorted({DELAY, CONCURRENCY, REVISIT, JOINED, *_WHOLE_MS} - wrong):
+    for name in sorted({DELAY, CONCURRENCY, REVISIT, *_WHOLE_MS} - wrong):
         found.extend(_values(f, name, repair))
     return found
 
@@ -276,27 +267,17 @@ def _queues(f: Frontier, repair: bool) -> list[Finding]:
     for name in unreadable:
         found.append(Finding("bad-value", f"{f.key('qc')} {name}",
                              "a queue chunk that cannot be read (the scripts dead-letter it)"))
-    found.extend(_chunks(f, fields, repair))
+    found.extend(_chunks(f, fields))
     return found
 
 
-def _priority_ok(word: str) -> bool:
-    """Whether ``word`` is a priority as the scripts write it in ``{s}:lv``
-    (an integer within ``PRIORITY_LIMIT``, at most 8 characters)."""
-    digits = word[1:] if word.startswith("-") else word
-    return len(word) <= 8 and digits.isdigit() and digits.isascii() \
-        and abs(int(word)) <= PRIORITY_LIMIT
-
-
-def _chunks(f: Frontier, fields: set[str], repair: bool = False) -> list[Finding]:
+def _chunks(f: Frontier, fields: set[str]) -> list[Finding]:
     """Queues of ``{s}:qm`` whose chunks are gone from ``{s}:qc``, chunks
     of no queue in ``{s}:qm``, and queues whose priority ``{s}:lv`` lacks
-    or cannot be read (the scripts never lease from either; with
-    ``repair``, ``{s}:lv`` is rebuilt from ``{s}:qm`` for those sites)."""
+    (the scripts never lease from either)."""
     found: list[Finding] = []
     bounds_of = {_text(k): _text(v) for k, v in f.redis.hscan_iter(f.key("qm"), count=1000)}
-    raw_levels = {_text(k): _text(v) for k, v in f.redis.hscan_iter(f.key("lv"), count=1000)}
-    levels = {site: v.split() for site, v in raw_levels.items()}
+    levels = {_text(k): _text(v).split() for k, v in f.redis.hscan_iter(f.key("lv"), count=1000)}
     strays: dict[str, int] = {}
     for name in fields:
         queue = name.rsplit("\t", 1)[0]
@@ -308,28 +289,14 @@ def _chunks(f: Frontier, fields: set[str], repair: bool = False) -> list[Finding
             f"gone, while {n} chunk(s) of that queue are in {f.key('qc')}: "
             "their requests are never leased (evicted?)",
         ))
-    rebuild: dict[str, Finding] = {}
-    for site, words in sorted(levels.items()):
-        if not all(_priority_ok(w) for w in words):
-            rebuild[site] = Finding(
-                "bad-value", f"{f.key('lv')} {site}",
-                f"{raw_levels[site]!r} is not the site's priorities (the scripts pass over "
-                "the words that are none, so the queues at those priorities are not leased)",
-                fix=f"rebuilt from {f.key('qm')}",
-            )
     for queue in sorted(bounds_of):
         site, _, prio = queue.rpartition("\t")
-        if prio not in levels.get(site, []) and site not in rebuild:
-            rebuild[site] = Finding(
+        if prio not in levels.get(site, []):
+            found.append(Finding(
                 "vanished", f"{f.key('lv')} {site}",
                 f"lacks priority {prio}, whose queue is in {f.key('qm')}: its requests "
-                "are never leased (evicted, or a value edited by hand?)",
-                fix=f"rebuilt from {f.key('qm')}",
-            )
-    found.extend(rebuild.values())
-    if repair:
-        for site, finding in rebuild.items():
-            _rebuild_levels(f, site, finding)
+                "are never leased (evicted?)",
+            ))
     for queue, raw in sorted(bounds_of.items()):
         bounds = raw.split(" ")
         if len(bounds) != 2 or not all(b.isdigit() for b in bounds) or \
@@ -346,37 +313,6 @@ def _chunks(f: Frontier, fields: set[str], repair: bool = False) -> list[Finding
                 f"{', ...' if len(gone) > 5 else ''}): their requests are lost (evicted?)",
             ))
     return found
-
-
-def _rebuild_levels(f: Frontier, site: str, finding: Finding) -> None:
-    """Set ``{s}:lv``'s field ``site`` to the priorities of its queues in
-    ``{s}:qm``, highest first (none: the field is deleted), under ``WATCH``
-    of both keys; ``finding`` says whether it was done."""
-    for attempt in range(_TRIES):
-        with f.redis.pipeline(transaction=True) as pipe:
-            try:
-                cast("Any", pipe).watch(f.key("lv"), f.key("qm"))
-                reader: Any = pipe
-                prios = [_text(k).rpartition("\t")[2] for k, _ in
-                         reader.hscan_iter(f.key("qm"), match=_glob(site) + "\t*", count=1000)]
-                ordered = sorted({p for p in prios if _priority_ok(p)}, key=int, reverse=True)
-                pipe.multi()
-                if ordered:
-                    pipe.hset(f.key("lv"), site, " ".join(ordered))
-                else:
-                    pipe.hdel(f.key("lv"), site)
-                pipe.execute()
-            except WatchError:
-                if attempt == _TRIES - 1:
-                    finding.detail += " (not repaired: the crawl wrote its queues meanwhile)"
-                continue
-            finding.repaired = True
-            return
-
-
-def _glob(text: str) -> str:
-    """``text`` as a ``MATCH`` pattern that matches itself only."""
-    return "".join("\\" + c if c in "[]*?\\" else c for c in text)
 
 
 def _leases(f: Frontier, repair: bool) -> list[Finding]:
@@ -508,8 +444,6 @@ def _ok(name: str, raw: bytes | str) -> bool:
         return stored_value_ok(CONCURRENCY, value)
     if name == REVISIT:
         return stored_value_ok(REVISIT, value)
-    if name == JOINED:
-        return value.isdigit() and len(value) <= 16
     return _whole(value) is not None
 
 
@@ -522,14 +456,6 @@ def _values(f: Frontier, name: str, repair: bool) -> list[Finding]:
     for field, raw in r.hscan_iter(key, count=1000):
         if not _ok(name, raw):
             bad.append(field)
-            if name == JOINED:
-                found.append(Finding(
-                    "bad-value", f"{key} {_text(field)}",
-                    f"{_text(raw)!r} is not whole µs: the scripts count the site as joined "
-                    "long ago (first in its priority across shards)",
-                    fix="deleted (joined long ago, as the scripts read it)",
-                ))
-                continue
             found.append(Finding(
                 "bad-value", f"{key} {_text(field)}",
                 f"{_text(raw)!r} cannot be read: the scripts use the default in its place",

@@ -15,14 +15,6 @@
 --   done), which the worker logs once.
 -- * A request is written to its destination before it is removed from its
 --   source, or both happen in one step that cannot fail half-way.
--- * Values the frontier wrote itself are trusted: a value it never writes
---   (a key edited by hand) is passed over without being reported or
---   repaired at each call (K.lv's words that are no priority, K.joined's
---   times that are not whole µs); `scrapy frontier audit` finds and
---   explains such damage and its --repair fixes it
---   (crawler/frontier/audit.py). The overrides people write (K.delay,
---   K.conc, K.revisit) keep their per-value tolerance: a bad one falls
---   back to its default, reported.
 -- Times are the Redis server's clock (TIME), in ms.
 
 local problems, reported = {}, {}
@@ -387,6 +379,23 @@ end
 -- costs its length plus a few bytes.
 local CHUNK_BYTES = 2048
 
+-- The site's queues found in K.qm (for a K.lv value that cannot be read):
+-- their priorities, highest first.
+local function q_scan_levels(site)
+  local pattern = string.gsub(site, '[%[%]%*%?\\]', '\\%0') .. '\t*'
+  local found, cursor = {}, '0'
+  repeat
+    local r = redis.call('HSCAN', K.qm, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = r[1]
+    for i = 1, #r[2], 2 do
+      local p = string.sub(r[2][i], #site + 2)
+      if prio_ok(p) then found[#found + 1] = p end
+    end
+  until cursor == '0'
+  table.sort(found, function(a, b) return tonumber(a) > tonumber(b) end)
+  return found
+end
+
 local function q_set_levels(site, levels)
   if #levels == 0 then
     redis.call('HDEL', K.lv, site)
@@ -395,18 +404,21 @@ local function q_set_levels(site, levels)
   end
 end
 
--- The site's non-empty priorities, highest first (strings), as the
--- scripts wrote them in K.lv. A word that is no priority (a value edited
--- by hand) is passed over, neither reported nor repaired here: `scrapy
--- frontier audit` reports it and the queues of K.qm whose priority K.lv
--- lacks, and its --repair rebuilds K.lv from K.qm (until then those
--- queues are kept, not leased).
+-- The site's non-empty priorities, highest first (strings). A malformed
+-- value is reported and rebuilt from the queues in K.qm.
 local function q_levels(site)
   local v = redis.call('HGET', K.lv, site)
   local out = {}
   if not v then return out end
   for p in string.gmatch(v, '%S+') do
-    if prio_ok(p) then out[#out + 1] = p end
+    if not prio_ok(p) then
+      problem(K.lv .. ' ' .. site .. ' = ' .. string.format('%q', v) ..
+              ' is malformed: rebuilt from ' .. K.qm)
+      out = q_scan_levels(site)
+      q_set_levels(site, out)
+      return out
+    end
+    out[#out + 1] = p
   end
   return out
 end
@@ -725,9 +737,8 @@ end
 
 -- When `site` (in K.ready) took its turn there, µs (a number): 0 when not
 -- known (a site queued by an older version: long ago). A value that is not
--- whole µs (a key edited by hand) counts as 0 too, neither reported nor
--- repaired here (`scrapy frontier audit` reports it; --repair deletes
--- it). Never raises.
+-- whole µs (a key edited by hand) is reported and replaced by this call's
+-- time: the site counts as joined now. Never raises.
 local function joined_of(site)
   if not K.join then return 0 end
   local v = redis.pcall('HGET', K.joined, site)
@@ -735,8 +746,13 @@ local function joined_of(site)
     joined_problem()
     return 0
   end
-  if v and #v <= 16 and string.match(v, NAT) then return tonumber(v) end
-  return 0
+  if not v then return 0 end
+  if #v <= 16 and string.match(v, NAT) then return tonumber(v) end
+  problem(K.joined .. ' ' .. site .. ' = ' .. string.format('%q', v) ..
+          ' is not whole µs: counted as joined now')
+  if not clock_us then read_clock(redis.call('TIME')) end
+  redis.call('HSET', K.joined, site, clock_us)
+  return tonumber(clock_us)
 end
 
 -- Turns are re-based long before they could wrap at TURN (where the sites
