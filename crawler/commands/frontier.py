@@ -78,7 +78,14 @@ from crawler.overrides import (
     parse_site,
     stored_value_ok,
 )
-from crawler.status import FINISHED, IDLE, ClusterStatus, SpiderStatus, StatusReader
+from crawler.status import (
+    ACTIVE,
+    FINISHED,
+    IDLE,
+    ClusterStatus,
+    SpiderStatus,
+    StatusReader,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -281,9 +288,10 @@ def project_spiders(settings: BaseSettings) -> list[str]:
 
 
 def live_workers(redis: Any, spider: str, timeout: float) -> list[str]:
-    """The ids of ``spider``'s workers whose heartbeat in ``{<spider>}:workers``
-    is at most ``timeout`` seconds old (``FRONTIER_WORKER_TIMEOUT``); a record
-    that cannot be read counts as not live.
+    """The ids of ``spider``'s workers whose record in ``{<spider>}:workers``
+    is not closed and whose heartbeat is at most ``timeout`` seconds old
+    (``FRONTIER_WORKER_TIMEOUT``); a record that cannot be read counts as
+    not live.
 
     :raises redis.exceptions.RedisError: Redis failed.
     """
@@ -291,10 +299,11 @@ def live_workers(redis: Any, spider: str, timeout: float) -> list[str]:
     live = []
     for worker, raw in redis.hgetall(CrawlKeys.for_spider(spider).workers).items():
         try:
-            beat = float(json.loads(raw).get("last_heartbeat") or 0.0)
+            record = json.loads(raw)
+            beat = float(record.get("last_heartbeat") or 0.0)
         except (ValueError, TypeError, AttributeError):
             continue
-        if now - beat <= timeout:
+        if record.get("closed") is None and now - beat <= timeout:
             live.append(worker.decode("utf-8", "replace") if isinstance(worker, bytes) else worker)
     return live
 
@@ -330,15 +339,22 @@ def _when(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _phase_detail(spider: SpiderStatus) -> str:
-    """Why the crawl is idle or finished, after the control key."""
-    if spider.phase == FINISHED:
-        return "; no live worker, nothing left, the last one finished"
-    if spider.phase == IDLE:
-        left = spider.seeds + spider.queued + spider.leases + spider.retries
-        return f"; no live worker, {left} seeds and requests left" if left else (
-            "; no live worker, nothing left")
-    return ""
+def _state_detail(spider: SpiderStatus) -> str:
+    """Why the crawl is in its state (:func:`crawler.status.crawl_state`),
+    after the control key."""
+    live, left = len(spider.live_workers), spider.work_left
+    if spider.control in (PAUSED, STOPPED):
+        return f"; set by scrapy frontier {spider.control}; {live} live workers, {left} left"
+    if spider.state == IDLE and not live:
+        return "; not started: seed it (scrapy seed) and start workers"
+    later = f"; {spider.revisits} revisits scheduled" if spider.revisits else ""
+    details = {
+        ACTIVE: f"; {live} live workers, {left} seeds and requests left",
+        IDLE: f"; {live} live workers wait for seeds, nothing left",
+        STOPPED: f"; no live worker, {left} seeds and requests left: start workers to go on",
+        FINISHED: f"; no live worker, nothing left{later}",
+    }
+    return details.get(spider.state, "")
 
 
 def _spider_table(spider: SpiderStatus) -> Table:
@@ -349,10 +365,10 @@ def _spider_table(spider: SpiderStatus) -> Table:
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     table.add_column("detail")
-    state = spider.state if spider.state != RUNNING else spider.phase
+    state = spider.state
     if spider.state_bad_value is not None:
-        state = f"running (BAD value {spider.state_bad_value!r})"
-    table.add_row("state", state, spider.keys["control"] + _phase_detail(spider))
+        state += f" (BAD value {spider.state_bad_value!r})"
+    table.add_row("state", state, spider.keys["control"] + _state_detail(spider))
     table.add_row(
         "frontier shards", str(spider.shards),
         spider.keys["shards"] if spider.shards > 1 else "",
@@ -382,7 +398,8 @@ def _spider_table(spider: SpiderStatus) -> Table:
     else:
         table.add_row("URLs seen", str(spider.seen), spider.keys["dupefilter"])
     for collection, count in sorted(spider.items.items()):
-        table.add_row(f"items in {collection}", str(count), "MongoDB collection")
+        table.add_row(f"items in {collection}", str(count),
+                      f"documents {spider.spider} added to MongoDB")
     for feed, count in spider.feeds.items():
         table.add_row("items in feed, all runs", str(count), feed)
     for stat in ("response_received_count", "item_scraped_count"):
@@ -396,20 +413,33 @@ def _workers_table(spider: SpiderStatus) -> Table | None:
     if not spider.workers:
         return None
     table = Table(title=f"workers of {spider.spider}", title_justify="left")
-    for name in ("worker", "job", "pages", "pages/min", "items", "last heartbeat", "live"):
-        table.add_column(
-            name, justify="right" if name in ("pages", "pages/min", "items") else "left"
-        )
+    numbers = ("pages", "pages/min", "items", "scraped")
+    for name in ("worker", "job", *numbers, "last heartbeat", "live"):
+        table.add_column(name, justify="right" if name in numbers else "left")
     for worker in spider.workers:
+        if worker.closed is not None:
+            live = f"no: closed ({worker.finish_reason or '?'})"
+        else:
+            live = "yes" if worker.live else "no: no heartbeat"
         table.add_row(
             worker.id,
             worker.job or "-",
             str(worker.pages),
             f"{worker.pages_per_minute:g}",
             str(worker.items),
+            str(worker.scraped),
             f"{_when(worker.last_heartbeat)} ({worker.age:.0f}s ago)",
-            "yes" if worker.live else "no",
+            live,
         )
+    if len(spider.workers) > 1:
+        table.add_row(
+            "total", "", str(sum(w.pages for w in spider.workers)), "",
+            str(sum(w.items for w in spider.workers)),
+            str(sum(w.scraped for w in spider.workers)), "", "",
+        )
+    table.caption = ("pages: responses received; items: documents added to MongoDB "
+                     "(items scraped without MongoDB); scraped: items scraped")
+    table.caption_justify = "left"
     return table
 
 
@@ -440,8 +470,8 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
         workers = _workers_table(spider)
         if workers is not None:
             parts.append(workers)
-    if "mongodb" in status.servers and "mongodb" not in status.errors:
-        items = Table(title="items stored", title_justify="left")
+    if "mongodb" in status.servers and "mongodb" not in status.errors and status.items:
+        items = Table(title="documents in MongoDB (all spiders)", title_justify="left")
         items.add_column("collection")
         items.add_column("documents", justify="right")
         for collection, count in sorted(status.items.items()):
