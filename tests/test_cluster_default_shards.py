@@ -107,7 +107,7 @@ def test_every_command_on_a_default_cluster_crawl(
         assert prefix + "delay" in listed.stdout and site in listed.stdout
         dl = _scrapy(env, "deadletters", "list", "quotes", "--json")
         assert dl.returncode == 0, dl.stderr
-        assert [json.loads(x)["url"] for x in dl.stdout.splitlines()] == ["https://gone.example/x"]
+        assert [x["url"] for x in json.loads(dl.stdout)] == ["https://gone.example/x"]
         rq = _scrapy(env, "deadletters", "requeue", "quotes")
         assert rq.returncode == 0, rq.stderr
         assert "requeued 1 dead letters" in rq.stdout
