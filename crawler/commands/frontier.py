@@ -446,8 +446,9 @@ def _workers_table(spider: SpiderStatus) -> Table | None:
             str(sum(w.items for w in spider.workers)),
             str(sum(w.scraped for w in spider.workers)), "", "",
         )
-    table.caption = ("pages: responses received; items: documents added to MongoDB "
-                     "(items scraped without MongoDB); scraped: items scraped")
+    table.caption = ("as of each worker's last heartbeat or close; pages: responses received; "
+                     "items: documents added to MongoDB (items scraped without MongoDB); "
+                     "scraped: items scraped")
     table.caption_justify = "left"
     return table
 
