@@ -16,12 +16,17 @@ machine names its own servers.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scrapy.commands import ScrapyCommand
+from scrapy.commands import ScrapyCommand, ScrapyHelpFormatter
 from scrapy.downloadermiddlewares.retry import RetryMiddleware
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+from scrapy.exceptions import UsageError
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
@@ -31,8 +36,7 @@ from crawler.config import SettingsError
 from crawler.frontier.slots import FrontierDownloader
 
 if TYPE_CHECKING:
-    import argparse
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from scrapy.settings import BaseSettings
 
@@ -43,6 +47,8 @@ __all__ = [
     "EnvironmentCommand",
     "FrontierAddon",
     "MongoAddon",
+    "Subcommand",
+    "operands",
     "settings_from_environment",
     "with_project_addons",
 ]
@@ -310,3 +316,97 @@ class EnvironmentCommand(ScrapyCommand):
         super().process_options(args, opts)
         assert self.settings is not None
         settings_from_environment(self.settings, ENVIRONMENT_FOR_COMMANDS)
+
+    def add_subcommands(
+        self,
+        parser: argparse.ArgumentParser,
+        command: str,
+        subcommands: Iterable[Subcommand],
+        add_options: Callable[[str, argparse.ArgumentParser], None],
+    ) -> None:
+        """Give ``parser`` (Scrapy's parser of ``scrapy <command>``) one
+        argparse subparser per subcommand, so that ``scrapy <command> SUB
+        --help`` prints that subcommand's usage, its one-line description,
+        its options and Scrapy's global ones, and ``scrapy <command>
+        --help`` lists the subcommands.
+
+        Parsed, ``opts.subcommand`` is the subcommand's name (None when none
+        was given) and ``opts.operands`` its positional arguments; the
+        options ``add_options(name, subparser)`` adds exist in ``opts`` only
+        for that subcommand (read them with ``getattr(opts, name, default)``).
+        Scrapy's global options (``-s``, ``--logfile``, ...) are taken
+        before or after the subcommand.
+        """
+        subparsers = parser.add_subparsers(
+            dest="subcommand", metavar="SUBCOMMAND", title="Subcommands",
+            prog=f"scrapy {command}",
+            description=f"scrapy {command} SUBCOMMAND --help: that subcommand's help",
+        )
+        for sub in subcommands:
+            subparser = subparsers.add_parser(
+                sub.name, help=sub.summary, description=sub.summary + " " + sub.detail,
+                usage=f"scrapy {command} {sub.usage}", formatter_class=ScrapyHelpFormatter,
+                conflict_handler="resolve",
+            )
+            subparser.add_argument("operands", nargs="*", help=argparse.SUPPRESS)
+            add_options(sub.name, subparser)
+            # The global options, again: given after the subcommand, they
+            # would otherwise be left over. Not given, they leave what was
+            # given before the subcommand alone.
+            before = len(subparser._actions)
+            ScrapyCommand.add_options(self, subparser)
+            for action in subparser._actions[before:]:
+                action.default = argparse.SUPPRESS
+
+    @staticmethod
+    def json_error(message: str) -> None:
+        """Print ``{"error": message}`` on stdout (a ``--json`` run that failed)."""
+        sys.stdout.write(json.dumps({"error": message}) + "\n")
+        sys.stdout.flush()
+
+    def run_json_safe(
+        self, run: Callable[[], None], opts: argparse.Namespace, *, usage_exit: int = 2
+    ) -> None:
+        """Call ``run``; with ``--json``, a usage error prints
+        ``{"error": ...}`` on stdout (and its message on stderr) and exits
+        ``usage_exit``, instead of Scrapy's usage text."""
+        try:
+            run()
+        except UsageError as exc:
+            if not getattr(opts, "json", False):
+                raise
+            self.json_error(str(exc) or "usage error")
+            sys.stderr.write(f"error: {exc}\n")
+            self.exitcode = usage_exit
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One subcommand of a ``scrapy`` command, for its help.
+
+    :ivar name: ``status``.
+    :ivar usage: after ``scrapy <command>``: ``status [SPIDER ...] [--json]``.
+    :ivar summary: one line: what it does.
+    :ivar detail: more, for its ``--help`` (may be empty).
+    """
+
+    name: str
+    usage: str
+    summary: str
+    detail: str = ""
+
+
+def operands(opts: argparse.Namespace, args: list[str], command: str) -> list[str]:
+    """The subcommand's positional arguments, then what argparse left over
+    (``args``, which the command refuses where it takes none).
+
+    :raises UsageError: an option the subcommand does not have (exit 2),
+        naming the subcommand's ``--help``.
+    """
+    sub = getattr(opts, "subcommand", None)
+    for arg in args:
+        if arg.startswith("-") and len(arg) > 1 and not arg[1:].replace(".", "").isdigit():
+            where = f"scrapy {command} {sub}" if sub else f"scrapy {command}"
+            raise UsageError(f"{arg} is not an option of {where} (see {where} --help)",
+                             print_help=False)
+    return [*getattr(opts, "operands", []), *args]

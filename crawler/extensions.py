@@ -94,15 +94,28 @@ class ClusterStats:
       crawl; workers writing feeds of the same URI add up.
     * The worker's heartbeat record is ``HSET`` in ``{<spider>}:workers``
       under its id (:func:`worker_id`): JSON ``{"pid", "host", "spider",
-      "job", "started", "last_heartbeat", "pages", "items",
-      "pages_per_minute"}`` with Unix times in seconds on Redis's clock (each
-      heartbeat measures this worker's offset to Redis ``TIME`` first:
-      :mod:`crawler.frontier.clock`); it is removed when
-      the spider closes. A worker whose heartbeat is older than
-      ``FRONTIER_WORKER_TIMEOUT`` counts as dead in the status.
+      "job", "started", "last_heartbeat", "pages", "items", "scraped",
+      "pages_per_minute", "closed", "finish_reason"}`` with Unix times in
+      seconds on Redis's clock (each heartbeat measures this worker's offset
+      to Redis ``TIME`` first: :mod:`crawler.frontier.clock`). ``pages``:
+      responses this worker received (``response_received_count``);
+      ``scraped``: items it scraped (``item_scraped_count``); ``items``:
+      items it stored: with MongoDB storage on, the documents it added to
+      MongoDB (``mongo/upserted`` + ``mongo/inserted``: an item that updates
+      a document stored already is not counted again, so the sum over the
+      workers is the number of documents the crawl stored), else the items
+      scraped (they go to feeds). ``closed`` is null while the worker runs;
+      when the spider closes, the record is written a last time with the
+      final figures, ``closed`` (Unix time) and ``finish_reason``, and stays
+      until housekeeping forgets it (``FRONTIER_WORKER_FORGET_AFTER``). A
+      worker that closed, or whose heartbeat is older than
+      ``FRONTIER_WORKER_TIMEOUT``, counts as not live in the status.
 
-    Writes happen every ``FRONTIER_HEARTBEAT_INTERVAL`` seconds and at
-    close, in a thread (the crawl never waits on Redis), as one pipeline. A
+    Writes happen every ``FRONTIER_HEARTBEAT_INTERVAL`` seconds, when the
+    worker runs out of work (Scrapy's ``spider_idle``) with figures that
+    changed since the last write (so that the status shows what a worker
+    did as soon as it waits, not one interval later), and at close, in a
+    thread (the crawl never waits on Redis), as one pipeline. A
     failed write is logged and retried at the next heartbeat; no increment
     is lost or counted twice unless Redis fails after applying a pipeline.
     A configuration error (a refused password, an ACL) stops the crawl
@@ -143,6 +156,8 @@ class ClusterStats:
         self._closed = False
         #: The reason the spider closed with, once it has.
         self._finish_reason: str | None = None
+        #: :meth:`_figures` as of the last record sent.
+        self._figures_sent: tuple[int, ...] = ()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -169,6 +184,7 @@ class ClusterStats:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext.item_scraped, signal=signals.item_scraped)
+        crawler.signals.connect(ext.spider_idle, signal=signals.spider_idle)
         crawler.signals.connect(ext.feed_slot_closed, signal=signals.feed_slot_closed)
         ext.stores_items = stores_in_mongodb(settings)
         return ext
@@ -202,6 +218,23 @@ class ClusterStats:
         if self._closed and not redis_is_failing(self.crawler):
             await self._send_now(final=True)
 
+    def spider_idle(self) -> None:
+        """The worker has nothing to do: send its figures now if they
+        changed since the last write (the engine signals ``spider_idle``
+        again every few seconds while it waits)."""
+        assert self.crawler.stats is not None
+        if self._figures() != self._figures_sent:
+            self.beat()
+
+    def _figures(self) -> tuple[int, ...]:
+        """The stats the worker record's figures come from, for
+        :meth:`spider_idle`."""
+        assert self.crawler.stats is not None
+        get = self.crawler.stats.get_value
+        return tuple(int(get(name, 0)) for name in (
+            "response_received_count", "item_scraped_count", "mongo/upserted", "mongo/inserted",
+        ))
+
     def beat(self) -> None:
         """Send the stats grown since the last beat and the heartbeat record.
 
@@ -214,7 +247,7 @@ class ClusterStats:
             self._send(final=False)
 
     async def spider_closed(self, reason: str) -> None:
-        """Send the last increments, count the finish, unregister the worker."""
+        """Send the last increments, count the finish, write the closed record."""
         if self._task is not None and self._task.running:
             self._task.stop()
         assert self.crawler.stats is not None
@@ -240,6 +273,7 @@ class ClusterStats:
     def _send(self, *, final: bool) -> Deferred[None]:
         deltas = self._deltas()
         record = self._record()
+        self._figures_sent = self._figures()
         d: Deferred[None] = deferToThread(self._write, deltas, record, final)
         d.addCallbacks(self._sent_ok, self._sent_failed, callbackArgs=(deltas,))
         self._inflight = d
@@ -264,6 +298,12 @@ class ClusterStats:
         then, pages_then = self._last_beat
         rate = (pages - pages_then) * 60.0 / (now - then) if now > then else 0.0
         self._last_beat = (now, pages)
+        scraped = int(stats.get_value("item_scraped_count", 0))
+        stored = scraped
+        if self.stores_items:
+            stored = int(stats.get_value("mongo/upserted", 0)) + int(
+                stats.get_value("mongo/inserted", 0)
+            )
         return {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -272,14 +312,17 @@ class ClusterStats:
             "started": self.started,
             "last_heartbeat": CLOCK.now(),  # set again in _write
             "pages": pages,
-            "items": int(stats.get_value("item_scraped_count", 0)),
+            "items": stored,
+            "scraped": scraped,
             "pages_per_minute": round(rate, 1),
+            "closed": None,
+            "finish_reason": self._finish_reason,
         }
 
     def _write(self, deltas: dict[str, int], record: dict[str, Any], final: bool) -> None:
         """Measure the offset to Redis's clock (:data:`CLOCK`), then one
-        pipeline: the increments, then the heartbeat stamped with the
-        corrected clock (in a thread)."""
+        pipeline: the increments, then the heartbeat record stamped with the
+        corrected clock (in a thread); ``final``: the closed record."""
         if not final:
             CLOCK.measure_redis(self.server)
             record["last_heartbeat"] = CLOCK.now()
@@ -287,12 +330,11 @@ class ClusterStats:
         for name, delta in deltas.items():
             pipe.hincrby(self.keys.stats, name, delta)
         if final:
-            pipe.hdel(self.keys.workers, self.worker)
+            record["closed"] = record["last_heartbeat"]
             if self._finish_reason is not None:
                 pipe.hset(self.keys.stats, LAST_FINISHED_STAT,
                           int(self._finish_reason == "finished"))
-        else:
-            pipe.hset(self.keys.workers, self.worker, json.dumps(record))
+        pipe.hset(self.keys.workers, self.worker, json.dumps(record))
         pipe.execute()
 
     def _sent_ok(self, _: None, deltas: dict[str, int]) -> None:

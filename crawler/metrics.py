@@ -19,8 +19,9 @@ metric                                                what
 ``crawler_up{server}``                                1 if ``redis``/``mongodb`` could be read
                                                       (no ``mongodb`` sample without ``MONGO_URI``)
 ``crawler_state{spider,state}``                       1 for the crawl's state (``running``,
-                                                      ``paused``, ``stopped``; the key
-                                                      ``{<spider>}:control``), 0 for the others
+                                                      ``paused``, ``stopped``, ``idle``,
+                                                      ``finished``; ``crawl_state`` of
+                                                      :mod:`crawler.status`), 0 for the others
 ``crawler_seeds_waiting{spider}``                     seeds in ``<spider>:start_urls``
 ``crawler_requests_queued{spider}``                   requests queued (``{<spider>}:count``)
 ``crawler_requests_queued_by_priority{spider,priority}``  the same, per request priority (the
@@ -49,7 +50,8 @@ metric                                                what
 ``crawler_workers_live{spider}``                      workers with a recent heartbeat
 ``crawler_worker_pages_per_minute{spider,worker}``    per live worker
 ``crawler_worker_pages{spider,worker}``               responses received, per live worker
-``crawler_worker_items{spider,worker}``               items scraped, per live worker
+``crawler_worker_items{spider,worker}``               items stored (documents added), per live
+                                                      worker
 ``crawler_worker_last_heartbeat_timestamp_seconds``   Unix time, per live worker
 ``crawler_pages_crawled_total{spider}``               counter: ``response_received_count``
 ``crawler_items_scraped_total{spider}``               counter: ``item_scraped_count``
@@ -79,8 +81,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from crawler.control import STATES
-from crawler.status import StatusReader
+from crawler.status import CRAWL_STATES, StatusReader
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -121,7 +122,7 @@ class StatusCollector(Collector):
 
         state = gauge(
             "crawler_state",
-            "1 for the crawl's state (running, paused, stopped), 0 for the others",
+            "1 for the crawl's state (running, paused, stopped, idle, finished), 0 for the others",
             ["spider", "state"],
         )
         seeds = gauge("crawler_seeds_waiting", "Seeds waiting in <spider>:start_urls", ["spider"])
@@ -154,7 +155,8 @@ class StatusCollector(Collector):
             "crawler_worker_pages", "Responses received, per live worker", ["spider", "worker"]
         )
         items = gauge(
-            "crawler_worker_items", "Items scraped, per live worker", ["spider", "worker"]
+            "crawler_worker_items", "Items stored (documents added), per live worker",
+            ["spider", "worker"],
         )
         beat = gauge(
             "crawler_worker_last_heartbeat_timestamp_seconds",
@@ -171,7 +173,7 @@ class StatusCollector(Collector):
             "crawler_stats", "Cluster-wide Scrapy stats", labels=["spider", "stat"]
         )
         for name, spider in status.spiders.items():
-            for each in STATES:
+            for each in CRAWL_STATES:
                 state.add_metric([name, each], 1.0 if spider.state == each else 0.0)
             seeds.add_metric([name], spider.seeds)
             queued.add_metric([name], spider.queued)

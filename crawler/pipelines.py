@@ -51,6 +51,7 @@ from crawler.config import (
 )
 from crawler.frontier.clock import CLOCK
 from crawler.storage import (
+    ADDED_STAT_PREFIX,
     SOURCE_FIELD,
     ItemIds,
     ItemSources,
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ADDED_STAT_PREFIX",
     "SOURCE_FIELD",
     "ItemIds",
     "ItemSources",
@@ -782,6 +784,8 @@ class MongoPipeline:
             stats.inc_value("mongo/modified", details.get("nModified", 0))
         stats.inc_value("mongo/upserted", sum(1 for p in created if not p.keyless))
         stats.inc_value("mongo/inserted", sum(1 for p in created if p.keyless))
+        if created:  # (the status's documents per spider and collection)
+            stats.inc_value(f"{ADDED_STAT_PREFIX}{coll.name}", len(created))
         return [(entries[error["index"]], error) for error in errors], details
 
     def _dead(self, coll: Collection[dict[str, Any]], pending: _Pending, reason: str) -> None:

@@ -66,6 +66,7 @@ from crawler.frontier.clock import CLOCK
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.eviction import vanished_keys
 from crawler.keys import CrawlKeys, ShardKeys, created_key
+from crawler.storage import ADDED_STAT_PREFIX
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -74,12 +75,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CRAWL_STATES",
     "FEED_STAT_PREFIX",
     "ITEMS_STAT_PREFIX",
     "ClusterStatus",
     "SpiderStatus",
     "StatusReader",
     "WorkerStatus",
+    "crawl_state",
     "item_collections",
     "mongo_location",
     "prio_key",
@@ -93,12 +96,20 @@ FEED_STAT_PREFIX = "feed_items/"
 #: The stat in ``{<spider>}:stats`` that is 1 when the last worker to close
 #: closed with the reason ``finished`` (:class:`crawler.extensions.ClusterStats`).
 LAST_FINISHED_STAT = "workers/last_finished"
-#: :attr:`SpiderStatus.phase`: workers are live.
+#: :attr:`SpiderStatus.state` (see :func:`crawl_state` for the rule):
+#: live workers and work left.
 ACTIVE = "running"
-#: No worker is live (with or without work left).
+#: The pause flag is set (``scrapy frontier pause``).
+PAUSED_STATE = "paused"
+#: The stop flag is set (``scrapy frontier stop``), or no worker is live
+#: while work is left.
+STOPPED_STATE = "stopped"
+#: Nothing to do: live workers wait for work, or the crawl never started.
 IDLE = "idle"
-#: No worker is live, nothing is left, and the last one closed ``finished``.
+#: The crawl ran, no worker is live and nothing is left.
 FINISHED = "finished"
+#: Every crawl state, in the order the metrics list them.
+CRAWL_STATES = (ACTIVE, PAUSED_STATE, STOPPED_STATE, IDLE, FINISHED)
 #: Stat in ``{<spider>}:stats`` where versions before shards counted the dead
 #: letters trimmed off ``{<spider>}:dead``; now each shard counts its own in
 #: ``<shard prefix>dead:trimmed`` (:mod:`crawler.frontier.housekeeping`), and
@@ -137,13 +148,27 @@ def item_collections() -> list[str]:
 class WorkerStatus:
     """One worker's last heartbeat (see :mod:`crawler.extensions`).
 
+    The figures are the worker's own, as of its last heartbeat (every
+    ``FRONTIER_HEARTBEAT_INTERVAL`` seconds) or its close, whichever came
+    last: a worker that closed keeps its final figures in the registry.
+
     :ivar id: worker id, ``<host>:<pid>`` unless configured.
     :ivar started: Unix time the worker opened its spider.
-    :ivar last_heartbeat: Unix time of its last heartbeat.
+    :ivar last_heartbeat: Unix time of its last heartbeat (of its close,
+        once closed).
     :ivar pages: responses received by this worker.
-    :ivar items: items scraped by this worker.
+    :ivar items: items this worker stored: with MongoDB storage, the
+        documents it added to MongoDB (an update of a document stored
+        already is not counted again, so the sum over a crawl's workers is
+        the documents it stored); else the items it scraped.
+    :ivar scraped: items scraped by this worker (Scrapy's
+        ``item_scraped_count``: an item scraped twice counts twice).
     :ivar pages_per_minute: rate over the last heartbeat interval.
-    :ivar live: last heartbeat less than ``FRONTIER_WORKER_TIMEOUT`` ago.
+    :ivar closed: Unix time the worker's spider closed, None while it runs.
+    :ivar finish_reason: the reason it closed with (``finished``,
+        ``shutdown``, ``stopped``, ...), None while it runs.
+    :ivar live: not closed, and last heartbeat at most
+        ``FRONTIER_WORKER_TIMEOUT`` ago.
     :ivar age: seconds since the last heartbeat.
     """
 
@@ -155,7 +180,10 @@ class WorkerStatus:
     last_heartbeat: float = 0.0
     pages: int = 0
     items: int = 0
+    scraped: int = 0
     pages_per_minute: float = 0.0
+    closed: float | None = None
+    finish_reason: str | None = None
     live: bool = False
     age: float = 0.0
 
@@ -209,9 +237,13 @@ class SpiderStatus:
         no set does): a Bloom filter cannot count its URLs (an estimate
         would take ``BITCOUNT`` of the whole bitmap, megabytes, holding
         Redis up at every reading).
-    :ivar items: collection -> documents stored, for the collections this
-        spider's items went to (known from its cluster stats), dict items
-        included (in the collection named after the spider).
+    :ivar items: collection -> documents this spider added to it (summed
+        over its workers and runs: the cluster stats
+        ``mongo/added/<collection>``, :data:`crawler.storage.ADDED_STAT_PREFIX`),
+        dict items included (in the collection named after the spider).
+        Only this spider's: a collection two spiders write lists, under each,
+        the documents that one added; a document another spider updates
+        later counts for the spider that added it.
     :ivar feeds: feed URI (password masked) -> items written to feeds of
         that URI by the crawl's workers (``-O``, ``FEEDS``), summed over the
         workers and over every run of the crawl (totals: a feed written again
@@ -219,15 +251,13 @@ class SpiderStatus:
         ``feed_items/<URI>``).
     :ivar stats: cluster-wide stats (``{<spider>}:stats``), name -> integer.
     :ivar workers: every worker in the registry, live ones first.
-    :ivar state: the crawl's state from ``{<spider>}:control``
-        (:mod:`crawler.control`): ``"running"``, ``"paused"`` or
-        ``"stopped"``; a malformed value counts as running, as workers take it.
-    :ivar phase: what the workers are doing: :data:`ACTIVE` (``"running"``:
-        a worker is live), :data:`IDLE` (``"idle"``: none is live) or
-        :data:`FINISHED` (``"finished"``: none is live, no seed, request,
-        lease or retry is left, and the last worker closed with the reason
-        ``finished``). The status table shows it as the state unless
-        :attr:`state` is paused or stopped.
+    :ivar state: the crawl's state, one of :data:`CRAWL_STATES`
+        (``running``, ``paused``, ``stopped``, ``idle``, ``finished``),
+        derived from the facts by :func:`crawl_state`.
+    :ivar control: the flag in ``{<spider>}:control`` (:mod:`crawler.control`)
+        that ``scrapy frontier pause|resume|stop`` set: ``"running"`` (no
+        flag), ``"paused"`` or ``"stopped"``; a malformed value counts as
+        running, as workers take it.
     :ivar state_bad_value: the malformed value (``"WRONGTYPE"`` for a key
         of another type), or None.
     :ivar missing: the crawl's keys that vanished (evicted, flushed, or
@@ -256,15 +286,21 @@ class SpiderStatus:
     feeds: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     workers: list[WorkerStatus] = field(default_factory=list)
-    state: str = "running"
-    phase: str = ACTIVE
+    state: str = IDLE
+    control: str = "running"
     state_bad_value: str | None = None
     missing: list[str] = field(default_factory=list)
 
     @property
     def live_workers(self) -> list[WorkerStatus]:
-        """The workers whose heartbeat is recent."""
+        """The workers that have not closed and whose heartbeat is recent."""
         return [w for w in self.workers if w.live]
+
+    @property
+    def work_left(self) -> int:
+        """Seeds waiting plus requests queued, leased and waiting for a retry
+        (revisits scheduled for later are not counted)."""
+        return self.seeds + self.queued + self.leases + self.retries
 
 
 @dataclass
@@ -275,8 +311,9 @@ class ClusterStatus:
     :ivar spiders: spider name -> :class:`SpiderStatus`, for the spiders
         whose Redis figures were read; when Redis cannot be read, the
         spiders not read are left out (not reported as an empty crawl).
-    :ivar items: collection -> documents stored (every known collection;
-        empty when MongoDB cannot be read).
+    :ivar items: collection -> documents in MongoDB (every spider's), for
+        the collections the spiders read wrote to (their cluster stats);
+        empty when MongoDB cannot be read.
     :ivar errors: ``"redis"``/``"mongodb"`` -> ``"<address>: <Type>:
         <message>"`` (address as in ``servers``), for the servers that could
         not be read. Without ``MONGO_URI`` MongoDB is not read (a crawl
@@ -313,12 +350,36 @@ class ClusterStatus:
         }
 
 
-def _phase_of(spider: SpiderStatus) -> str:
-    """:attr:`SpiderStatus.phase` from its other figures."""
+def crawl_state(spider: SpiderStatus) -> str:
+    """The crawl's state from the facts read, the first rule that holds:
+
+    1. ``stopped``: the stop flag is set (``scrapy frontier stop``: live
+       workers are finishing and exiting; workers started now exit at once);
+    2. ``paused``: the pause flag is set (``scrapy frontier pause``: live
+       workers start no download);
+    3. ``running``: a worker is live and work is left (seeds waiting, or
+       requests queued, leased or waiting for a retry:
+       :attr:`SpiderStatus.work_left`);
+    4. ``idle``: a worker is live and no work is left (it waits for seeds),
+       or the crawl never started (none of its keys is in Redis);
+    5. ``stopped``: no worker is live and work is left (the workers exited
+       or died before the end: start workers to go on);
+    6. ``finished``: no worker is live and no work is left.
+
+    A worker is live when it has not closed and its last heartbeat is at
+    most ``FRONTIER_WORKER_TIMEOUT`` seconds old. Revisits scheduled for
+    later are not work left: a crawl whose only work is revisits is
+    finished (or idle) until they fall due.
+    """
+    if spider.control == STOPPED_STATE:
+        return STOPPED_STATE
+    if spider.control == PAUSED_STATE:
+        return PAUSED_STATE
     if spider.live_workers:
-        return ACTIVE
-    left = spider.seeds or spider.queued or spider.leases or spider.retries
-    return FINISHED if not left and spider.stats.get(LAST_FINISHED_STAT) == 1 else IDLE
+        return ACTIVE if spider.work_left else IDLE
+    if not spider.started:
+        return IDLE
+    return STOPPED_STATE if spider.work_left else FINISHED
 
 
 def _short(exc: Exception) -> str:
@@ -351,6 +412,22 @@ def _whole(raw: bytes | None) -> int:
         return max(0, int(raw or 0))
     except ValueError:
         return 0
+
+
+def _count(raw: Any) -> int:
+    """A worker record's count; 0 for none or one that is not a whole number."""
+    try:
+        return max(0, int(raw or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _rate(raw: Any) -> float:
+    """A worker record's rate; 0.0 for none or one that is not a number."""
+    try:
+        return max(0.0, float(raw or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _shard_count(raw: bytes | None) -> int:
@@ -477,13 +554,12 @@ class StatusReader:
                 status.errors["redis"] = f"{self.redis_at}: {_short(exc)}"
                 break
             status.spiders[name] = spider
-        collections = set(item_collections())
+        collections: set[str] = set()
         for spider in status.spiders.values():
-            collections.update(
-                s.removeprefix(ITEMS_STAT_PREFIX)
-                for s in spider.stats
-                if s.startswith(ITEMS_STAT_PREFIX)
-            )
+            for stat in spider.stats:
+                for prefix in (ITEMS_STAT_PREFIX, ADDED_STAT_PREFIX):
+                    if stat.startswith(prefix):
+                        collections.add(stat.removeprefix(prefix))
         if self.mongo is not None:  # no MONGO_URI: items go to feeds only, no error
             try:
                 status.items = self._count_items(sorted(collections))
@@ -495,11 +571,11 @@ class StatusReader:
                 for stat, count in sorted(spider.stats.items())
                 if stat.startswith(FEED_STAT_PREFIX)
             }
-            for stat in spider.stats:
-                if stat.startswith(ITEMS_STAT_PREFIX):
-                    collection = stat.removeprefix(ITEMS_STAT_PREFIX)
-                    if collection in status.items:
-                        spider.items[collection] = status.items[collection]
+            spider.items = {
+                stat.removeprefix(ADDED_STAT_PREFIX): count
+                for stat, count in sorted(spider.stats.items())
+                if stat.startswith(ADDED_STAT_PREFIX)
+            }
         return status
 
     def _read_redis(self, spider: SpiderStatus, now: float) -> None:
@@ -546,11 +622,11 @@ class StatusReader:
         with_keys, leased = self._add_shards(spider, keys, per_shard)
         spider.started = bool(
             with_keys or stats or workers or spider.seeds or recorded is not None or created
-            or spider.state != RUNNING or spider.state_bad_value is not None
+            or spider.control != RUNNING or spider.state_bad_value is not None
         )
         if leased:
             spider.leases_by_worker = self._leases_by_worker(leased)
-        spider.phase = _phase_of(spider)
+        spider.state = crawl_state(spider)
         spider.missing = vanished_keys(
             name, created=bool(created), recorded=recorded is not None,
             in_use=with_keys or bool(spider.live_workers),
@@ -630,7 +706,7 @@ class StatusReader:
             raise raw
         else:
             state = parse_state(raw)
-        spider.state = state or RUNNING
+        spider.control = state or RUNNING
         spider.state_bad_value = None if state is not None else _decode(raw or b"")
 
     def _leases_by_worker(self, keys: list[str]) -> dict[str, int]:
@@ -667,8 +743,14 @@ class StatusReader:
                 continue
             if not isinstance(record, dict):
                 continue
-            beat = float(record.get("last_heartbeat") or 0.0)
+            try:
+                beat = float(record.get("last_heartbeat") or 0.0)
+                closed = record.get("closed")
+                closed = None if closed is None else float(closed)
+            except (TypeError, ValueError):
+                continue
             age = max(0.0, now - beat)
+            reason = record.get("finish_reason")
             workers.append(
                 WorkerStatus(
                     id=_decode(raw_id),
@@ -677,10 +759,13 @@ class StatusReader:
                     job=record.get("job"),
                     started=record.get("started"),
                     last_heartbeat=beat,
-                    pages=int(record.get("pages") or 0),
-                    items=int(record.get("items") or 0),
-                    pages_per_minute=float(record.get("pages_per_minute") or 0.0),
-                    live=age <= self.worker_timeout,
+                    pages=_count(record.get("pages")),
+                    items=_count(record.get("items")),
+                    scraped=_count(record.get("scraped", record.get("items"))),
+                    pages_per_minute=_rate(record.get("pages_per_minute")),
+                    closed=closed,
+                    finish_reason=None if reason is None else str(reason),
+                    live=closed is None and age <= self.worker_timeout,
                     age=age,
                 )
             )

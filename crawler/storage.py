@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
+    "ADDED_STAT_PREFIX",
     "SOURCE_FIELD",
     "ItemIds",
     "ItemSources",
@@ -114,6 +115,11 @@ def store_of(crawler: Crawler) -> ItemStore | None:
 #: (``FRONTIER_REVISIT_AFTER`` > 0): a 304 to that request's revisit raises
 #: those documents' ``last_seen`` (:meth:`ItemStore.touch`).
 SOURCE_FIELD = "_src"
+#: Prefix of the per-collection counts of documents an item store added
+#: (created, not updated): ``mongo/added/<collection>``; summed over the
+#: workers in ``{<spider>}:stats``, they tell which documents each spider
+#: stored (:mod:`crawler.status`).
+ADDED_STAT_PREFIX = "mongo/added/"
 
 
 def collection_of(item: Any, spider_name: str) -> str:

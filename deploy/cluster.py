@@ -32,6 +32,10 @@ or pass the same ``-s FRONTIER_SHARDS=N`` to every ``start`` of the crawl;
 ``scrapy frontier clear SPIDER --yes`` (workers stopped) starts a crawl
 afresh with another count.
 
+It needs scrapyd-client, an extra of the package: ``pip install '.[deploy]'``
+(in a checkout, ``pip install -r requirements-deploy.txt``); without it, it
+says so in one line and exits 1.
+
 Exit status: 0 on success, 1 when a node refused or failed a request.
 """
 
@@ -48,8 +52,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scrapyd_client.pyclient import ScrapydClient
-from scrapyd_client.utils import get_config
+try:
+    from scrapyd_client.pyclient import ScrapydClient
+    from scrapyd_client.utils import get_config
+except ImportError as exc:  # the deploy tools are an extra of the package
+    sys.exit(
+        f"deploy/cluster.py needs scrapyd-client ({exc}): run pip install '.[deploy]' "
+        "(or, in a checkout, pip install -r requirements-deploy.txt)"
+    )
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "crawler"

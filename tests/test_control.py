@@ -228,10 +228,10 @@ def test_status_and_metrics_show_the_state(rds: redis.Redis) -> None:
     reader = StatusReader(rds, None, "unused", ["quotes", "pages", "other"])
     status = reader.read()
     assert {n: s.state for n, s in status.spiders.items()} == {
-        "quotes": "paused", "pages": "stopped", "other": "running",
+        "quotes": "paused", "pages": "stopped", "other": "idle",
     }
     data = status.as_dict()["spiders"]["quotes"]
-    assert (data["state"], data["state_bad_value"]) == ("paused", None)
+    assert (data["state"], data["control"], data["state_bad_value"]) == ("paused", "paused", None)
     assert data["keys"]["control"] == "{quotes}:control"
     samples = {
         (s.labels["spider"], s.labels["state"]): s.value
@@ -240,9 +240,9 @@ def test_status_and_metrics_show_the_state(rds: redis.Redis) -> None:
         if s.name == "crawler_state"
     }
     assert [k for k, v in samples.items() if v == 1.0] == [
-        ("quotes", "paused"), ("pages", "stopped"), ("other", "running"),
+        ("quotes", "paused"), ("pages", "stopped"), ("other", "idle"),
     ]
-    assert len(samples) == 9
+    assert len(samples) == 15
     console = Console(width=160, record=True, file=io.StringIO())
     console.print(render(status))
     assert re.search(r"state\s+│\s+paused\s+│ \{quotes\}:control", console.export_text())
@@ -250,10 +250,10 @@ def test_status_and_metrics_show_the_state(rds: redis.Redis) -> None:
     # A malformed value: shown as such, counted as running (as workers take it).
     rds.set("{quotes}:control", "halted")
     quotes = reader.read().spiders["quotes"]
-    assert (quotes.state, quotes.state_bad_value) == ("running", "halted")
+    assert (quotes.control, quotes.state_bad_value) == ("running", "halted")
     console = Console(width=160, record=True, file=io.StringIO())
     console.print(render(reader.read()))
-    assert "running (BAD value 'halted')" in console.export_text()
+    assert "finished (BAD value 'halted')" in console.export_text()
 
 
 @pytest.mark.parametrize(
@@ -262,7 +262,8 @@ def test_status_and_metrics_show_the_state(rds: redis.Redis) -> None:
         (["pause", "nosuch"], 2, "unknown spider 'nosuch': expected one of pages, quotes"),
         (["stop"], 2, "expected: stop SPIDER"),
         (["resume", "quotes", "pages"], 2, "expected: resume SPIDER"),
-        (["pause", "quotes", "--unset"], 2, "--unset is for delay, concurrency and revisit"),
+        (["pause", "quotes", "--unset"], 2,
+         "--unset is not an option of scrapy frontier pause (see scrapy frontier pause --help)"),
         (["stop", "quotes"], 3, "Redis at {shown} failed: ConnectionError"),
     ],
     ids=["unknown-spider", "no-spider", "two-spiders", "unset", "redis-down"],

@@ -55,7 +55,7 @@ def test_a_consistent_crawl_with_a_live_lease_audits_clean(
     code, lines = _audit(env)
     assert (code, lines) == (0, [f"crawl {SPIDER}: nothing wrong found"])
     code, lines = _audit(env, "--json")
-    assert (code, lines) == (0, [])
+    assert (code, lines) == (0, ["[]"])
 
 
 @pytest.mark.workers
@@ -79,7 +79,7 @@ def test_an_evicted_crawl_with_a_live_worker_is_reported_vanished(
     crawl.alive("w#1")  # a worker still running writes its liveness again
     code, lines = _audit(env, "--json")
     assert code == 1, lines
-    [found] = [json.loads(line) for line in lines]
+    [found] = json.loads("\n".join(lines))
     assert found["kind"] == "vanished"
     assert found["key"] == f"{{{SPIDER}}}:created"
     assert "evicted or flushed" in found["detail"]
@@ -112,7 +112,7 @@ def test_audit_reports_what_is_wrong_and_repair_fixes_what_is_safe(
 
     code, lines = _audit(env, "--repair", "--json")
     assert code == 0, lines
-    found = [json.loads(line) for line in lines]
+    found = json.loads("\n".join(lines))
     assert len(found) == 5 and all(x["repaired"] for x in found), found
     assert _audit(env) == (0, [f"crawl {SPIDER}: nothing wrong found"])
     assert int(rds.get(f.key("count")) or 0) == 5
@@ -144,7 +144,7 @@ def test_each_frontier_subcommand_has_its_own_help(env: dict[str, str]) -> None:
     assert "audit" not in clear.stdout
     whole = scrapy(env, "frontier", "--help")
     assert whole.returncode == 0
-    assert "audit SPIDER" in whole.stdout and "clear SPIDER --yes" in whole.stdout
+    assert "    audit " in whole.stdout and "    clear " in whole.stdout  # listed
 
 
 def _corrupt_and_audit(rds: Any, shards: int) -> None:

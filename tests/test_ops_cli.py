@@ -91,7 +91,10 @@ def test_unknown_spider_exits_2_naming_the_known_ones(
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "unknown spider 'nosuch': expected one of pages, quotes" in result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stdout == ""
+    if "--json" in args:  # the error as JSON, on stdout
+        assert "unknown spider 'nosuch'" in json.loads(result.stdout)["error"]
+    else:
+        assert result.stdout == ""
     assert rds.llen("{nosuch}:dead") == 1  # nothing purged nor requeued
 
 
@@ -372,9 +375,9 @@ def test_a_dead_letter_records_its_first_priority_by_the_crawls_own_adjustment(
 
 @pytest.mark.workers
 def test_listing_no_dead_letters_says_so(env: dict[str, str]) -> None:
-    """Text output says there are none; ``--json`` prints nothing (no object)."""
+    """Text output says there are none; ``--json`` prints an empty array."""
     listed = scrapy(env, "deadletters", "list", "quotes")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() == "no dead letters of quotes"
     as_json = scrapy(env, "deadletters", "list", "quotes", "--json")
-    assert as_json.returncode == 0 and as_json.stdout == ""
+    assert as_json.returncode == 0 and as_json.stdout == "[]\n"

@@ -229,7 +229,12 @@ def test_two_scrapyd_jobs_crawl_the_site_once_and_status_and_metrics_agree(
         assert stats["finish_reason/finished"] == 2
         assert stats["item_scraped_count/authors"] >= 50
         assert stats["response_received_count"] >= 10 + 50  # list pages, author pages
-        assert quotes["workers"] == [] and client.hlen("{quotes}:workers") == 0
+        # Each job's worker keeps its closed record, with its final figures.
+        assert len(quotes["workers"]) == client.hlen("{quotes}:workers") == 2
+        assert {w["job"] for w in quotes["workers"]} == set(jobs)
+        assert not any(w["live"] for w in quotes["workers"]) and quotes["state"] == "finished"
+        assert sum(w["items"] for w in quotes["workers"]) == 150
+        assert sum(w["pages"] for w in quotes["workers"]) == stats["response_received_count"]
 
         # The metrics endpoint serves the same numbers.
         metrics = scrape_metrics(env)

@@ -243,8 +243,9 @@ def test_a_bad_concurrency_is_refused_with_exit_status_2_and_nothing_written(
         (["delay", "pages", "example.com"], "expected: delay SPIDER SITE SECONDS"),
         (["concurrency", "pages", "example.com", "2", "3"], "expected: concurrency SPIDER SITE N"),
         (["delay", "pages", "example.com", "2", "--unset"], "SPIDER SITE --unset"),
-        (["overrides", "--unset"], "--unset is for delay, concurrency and revisit"),
-        (["delay", "pages", "example.com", "2", "--watch"], "--watch is for status only"),
+        (["overrides", "--unset"], "--unset is not an option of scrapy frontier overrides"),
+        (["delay", "pages", "example.com", "2", "--watch"],
+         "--watch is not an option of scrapy frontier delay"),
     ],
 )
 @pytest.mark.workers
@@ -289,7 +290,7 @@ def test_overrides_lists_every_spiders_values_and_flags_the_bad_ones(
     table = frontier(redis_url, "overrides", "pages")
 
     assert listed.returncode == 1, listed.stderr  # bad values found
-    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    rows = json.loads(listed.stdout)
     assert rows == [
         {"spider": "pages", "kind": "delay", "site": "example.com", "value": "2000", "ok": True},
         {"spider": "pages", "kind": "delay", "site": "typo.example", "value": "2s", "ok": False},

@@ -94,7 +94,7 @@ def test_deadletters_list_requeue_and_purge_act_on_every_shard(
 
     listed = _scrapy(env, "deadletters", "list", "quotes", "--json", *option)
     assert listed.returncode == 0, listed.stderr
-    urls = sorted(json.loads(line)["url"] for line in listed.stdout.splitlines())
+    urls = sorted(record["url"] for record in json.loads(listed.stdout))
     assert urls == sorted(f"https://{site}/gone" for site in sites)
     limited = _scrapy(env, "deadletters", "list", "quotes", "--limit", "3", *option)
     assert len(limited.stdout.splitlines()) == min(3, len(sites))

@@ -18,6 +18,7 @@ from crawler.commands.frontier import _spider_table
 from crawler.extensions import ClusterStats
 from crawler.metrics import StatusCollector
 from crawler.status import StatusReader
+from crawler.storage import ADDED_STAT_PREFIX
 from tests.scheduler_harness import open_scheduler, reactor_loop
 
 if TYPE_CHECKING:
@@ -62,9 +63,11 @@ def test_status_counts_dict_items_in_the_collection_named_after_the_spider(
                        ITEM_PIPELINES={"crawler.pipelines.MongoPipeline": 300})
     for n in range(100):
         ext.item_scraped({"n": n})
-    _sent(ext)
-    # What MongoPipeline stores for them: the spider's name is their collection.
+    # What MongoPipeline stores for them (the spider's name is their
+    # collection) and counts as it adds them.
     db.dicts.insert_many([{"n": n} for n in range(100)])
+    ext.crawler.stats.inc_value(f"{ADDED_STAT_PREFIX}dicts", 100)
+    _sent(ext)
 
     _, status = _status(redis_url, mongo_uri, mongo_db)
 
@@ -156,31 +159,49 @@ def _table(status: Any) -> str:
     return console.export_text()
 
 
-def test_a_crawl_with_no_live_worker_is_idle_then_finished_not_running(
+def test_the_crawl_state_follows_workers_work_left_and_flags(
     redis_url: str, mongo_uri: str, mongo_db: str, rds: redis.Redis
 ) -> None:
-    """No live worker and work left: ``idle``; the last worker closed
-    ``finished`` and nothing is left: ``finished``; paused stays paused."""
+    """Never started: ``idle``; no live worker and work left: ``stopped``;
+    a live worker and work left: ``running``; a live worker and nothing
+    left: ``idle``; no live worker and nothing left: ``finished``, whatever
+    reason the last worker closed with; the pause and stop flags win."""
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].state == "idle"
+    assert "not started" in _table(status)
+
     rds.lpush("dicts:start_urls", "https://a.example/")
     _, status = _status(redis_url, mongo_uri, mongo_db)
-    assert status.spiders["dicts"].phase == "idle"
-    assert "│ state" in _table(status) and " idle " in _table(status)
-    assert "no live worker, 1 seeds and requests left" in _table(status)
-    assert status.as_dict()["spiders"]["dicts"]["phase"] == "idle"
+    assert status.spiders["dicts"].state == "stopped"
+    assert " stopped " in _table(status)
+    assert "no live worker, 1 seeds and requests left: start workers" in _table(status)
+    assert status.as_dict()["spiders"]["dicts"]["state"] == "stopped"
+
+    ext = _crawl_stats(redis_url, mongo_uri, mongo_db)
+    ext._write({}, ext._record(), False)  # a heartbeat: the worker is live
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].state == "running"
 
     rds.delete("dicts:start_urls")
-    _closed(_crawl_stats(redis_url, mongo_uri, mongo_db), "finished")
     _, status = _status(redis_url, mongo_uri, mongo_db)
-    assert status.spiders["dicts"].phase == "finished"
-    assert " finished " in _table(status)
+    assert status.spiders["dicts"].state == "idle"
+    assert "1 live workers wait for seeds" in _table(status)
 
-    _closed(_crawl_stats(redis_url, mongo_uri, mongo_db), "shutdown")
+    _closed(ext, "shutdown")
     _, status = _status(redis_url, mongo_uri, mongo_db)
-    assert status.spiders["dicts"].phase == "idle"
+    assert status.spiders["dicts"].state == "finished"
+    assert " finished " in _table(status)
+    assert not status.spiders["dicts"].live_workers
+    assert status.spiders["dicts"].workers[0].finish_reason == "shutdown"
 
     rds.set("{dicts}:control", "paused")
     _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].state == "paused"
     assert " paused " in _table(status)
+    rds.set("{dicts}:control", "stopped")
+    _, status = _status(redis_url, mongo_uri, mongo_db)
+    assert status.spiders["dicts"].state == "stopped"
+    assert "set by scrapy frontier stop" in _table(status)
 
 
 def test_feed_counts_are_labelled_as_totals_over_all_runs(

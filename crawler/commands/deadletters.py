@@ -22,7 +22,7 @@ from redis import StrictRedis
 from redis.exceptions import RedisClusterException, RedisError
 from scrapy.exceptions import UsageError
 
-from crawler.addon import EnvironmentCommand
+from crawler.addon import EnvironmentCommand, Subcommand, operands
 from crawler.commands.frontier import check_spider
 from crawler.frontier import serializer as json_serializer
 from crawler.frontier.connection import get_redis, redis_location
@@ -41,7 +41,19 @@ __all__ = [
     "requeue_each", "requeue_push",
 ]
 
-ACTIONS = ("list", "requeue", "purge")
+#: The subcommands, for their help (``scrapy deadletters SUB --help``).
+DEADLETTER_SUBCOMMANDS = (
+    Subcommand("list", "list SPIDER [--limit N] [--json]",
+               "Print the spider's dead letters, oldest first, one line each.",
+               "--json: one JSON array of objects (the records without the request; [] "
+               "when there are none)."),
+    Subcommand("requeue", "requeue SPIDER [--limit N]",
+               "Queue the dead letters' requests again, at the priority they were first "
+               "scheduled at.",
+               "A dead letter without a request (an undecodable frontier entry) stays."),
+    Subcommand("purge", "purge SPIDER", "Delete every dead letter of the spider."),
+)
+ACTIONS = tuple(sub.name for sub in DEADLETTER_SUBCOMMANDS)
 #: Exit status when Redis could not be reached or refused a call (as
 #: ``scrapy seed`` and ``scrapy frontier delay|concurrency|overrides``).
 REDIS_FAILED = 3
@@ -327,22 +339,43 @@ class Command(EnvironmentCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "list|requeue|purge SPIDER [--limit N] [--json]"
+        return "SUBCOMMAND SPIDER [OPTIONS]"
 
     def short_desc(self) -> str:
         return "List, requeue or purge the dead-letter queue of a spider"
 
+    def long_desc(self) -> str:
+        return (
+            "List, requeue or purge the dead-letter queue of a spider. "
+            "scrapy deadletters SUBCOMMAND --help prints a subcommand's usage and options."
+        )
+
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        parser.add_argument("--limit", type=int, default=None,
-                            help="at most N dead letters (list, requeue)")
-        parser.add_argument("--json", action="store_true",
-                            help="list: one JSON object per line")
+        self.add_subcommands(parser, "deadletters", DEADLETTER_SUBCOMMANDS, self._sub_options)
+
+    @staticmethod
+    def _sub_options(name: str, parser: argparse.ArgumentParser) -> None:
+        """The options of subcommand ``name``."""
+        if name in ("list", "requeue"):
+            parser.add_argument("--limit", type=int, default=None, metavar="N",
+                                help="at most N dead letters")
+        if name == "list":
+            parser.add_argument("--json", action="store_true",
+                                help="print one JSON array of objects ([] when none)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if len(args) != 2 or args[0] not in ACTIONS:
-            raise UsageError(f"expected one of {', '.join(ACTIONS)} and a spider name")
-        action, spider = args
+        self.run_json_safe(lambda: self._run(operands(opts, args, "deadletters"), opts), opts)
+
+    def _run(self, args: list[str], opts: argparse.Namespace) -> None:
+        action = opts.subcommand
+        if action not in ACTIONS:
+            raise UsageError(f"expected a subcommand: {', '.join(ACTIONS)}")
+        if len(args) != 1:
+            raise UsageError(f"expected: {action} SPIDER", print_help=False)
+        spider = args[0]
+        as_json = bool(getattr(opts, "json", False))
+        limit = getattr(opts, "limit", None)
         assert self.settings is not None
         check_spider(self.settings, spider)
         requeued = 0
@@ -352,12 +385,12 @@ class Command(EnvironmentCommand):
                 redis, spider, shard_count(self.settings)
             ))
             if action == "list":
-                if not self._list(frontier, opts) and not opts.json:
+                if not self._list(frontier, limit, as_json=as_json) and not as_json:
                     print(f"no dead letters of {spider}")
             elif action == "requeue":
                 adjust = self.settings.getint("RETRY_PRIORITY_ADJUST")
                 kept = 0
-                for done in requeue_each(frontier, opts.limit, adjust):
+                for done in requeue_each(frontier, limit, adjust):
                     requeued += done
                     kept += not done
                 print(f"requeued {requeued} dead letters of {spider}"
@@ -368,26 +401,32 @@ class Command(EnvironmentCommand):
         except (RedisError, RedisClusterException) as exc:
             sys.stdout.flush()
             after = f" after {requeued} dead letters of {spider} were requeued" if requeued else ""
-            print(
-                f"Redis at {redis_location(self.settings)} failed{after}: "
-                f"{type(exc).__name__}: {exc}",
-                file=sys.stderr,
-            )
+            message = (f"Redis at {redis_location(self.settings)} failed{after}: "
+                       f"{type(exc).__name__}: {exc}")
+            if as_json:
+                self.json_error(message)
+            print(message, file=sys.stderr)
             self.exitcode = REDIS_FAILED
         sys.stdout.flush()
 
     @staticmethod
-    def _list(frontier: FrontierShards, opts: argparse.Namespace) -> int:
-        """Print the dead letters (one line each); how many were printed."""
+    def _list(frontier: FrontierShards, limit: int | None, *, as_json: bool) -> int:
+        """Print the dead letters (one line each; ``as_json``: one JSON array,
+        one element per line, ``[]`` when there are none, printed once all
+        were read, so that a Redis failure half-way prints no partial
+        array); how many were printed."""
         count = 0
-        for _, raw in dead_letters(frontier, opts.limit):
+        records = []
+        for _, raw in dead_letters(frontier, limit):
             count += 1
             record = load_record(raw)
             record.pop(MOVING, None)
-            if opts.json:
-                print(json.dumps(record, ensure_ascii=False))
+            if as_json:
+                records.append(json.dumps(record, ensure_ascii=False))
             else:
                 when = datetime.fromtimestamp(record.get("time", 0), UTC)
                 print(f"{when:%Y-%m-%d %H:%M:%S}  attempts={record.get('attempts')}  "
                       f"{record.get('url')}  {record.get('reason')}")
+        if as_json:
+            print("[\n" + ",\n".join(records) + "\n]" if records else "[]")
         return count

@@ -32,7 +32,6 @@ import getpass
 import json
 import socket
 import sys
-import textwrap
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,7 +44,7 @@ from rich.table import Table
 from rich.text import Text
 from scrapy.exceptions import UsageError
 
-from crawler.addon import EnvironmentCommand, with_project_addons
+from crawler.addon import EnvironmentCommand, Subcommand, operands, with_project_addons
 from crawler.checks import validate_settings
 from crawler.config import FrontierConfig, SettingsError
 from crawler.control import PAUSED, RUNNING, STOPPED, ControlState, read_state, write_state
@@ -78,7 +77,14 @@ from crawler.overrides import (
     parse_site,
     stored_value_ok,
 )
-from crawler.status import FINISHED, IDLE, ClusterStatus, SpiderStatus, StatusReader
+from crawler.status import (
+    ACTIVE,
+    FINISHED,
+    IDLE,
+    ClusterStatus,
+    SpiderStatus,
+    StatusReader,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -92,39 +98,49 @@ __all__ = [
     "read_overrides", "render",
 ]
 
-SUBCOMMANDS = (
-    "status", "delay", "concurrency", "overrides", "revisit", "pause", "resume", "stop",
-    "clear", "audit",
+#: The subcommands, for their help (``scrapy frontier SUB --help``).
+FRONTIER_SUBCOMMANDS = (
+    Subcommand(
+        "status", "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]",
+        "Show per spider the crawl's state, its frontier, its workers and the items stored.",
+        "Per spider: the state (running, paused, stopped, idle, finished), frontier shards, "
+        "seeds waiting, requests queued by priority, leased, retries, revisits, dead "
+        "letters, URLs seen, documents it added per collection; each worker's pages and "
+        "items. Without SPIDER, every spider of the project. --json: one JSON object "
+        "(with an \"error\" field and exit 1 when a server could not be read); --watch: "
+        "refresh every --interval seconds.",
+    ),
+    Subcommand("delay", "delay SPIDER SITE SECONDS|--unset",
+               "Set (or remove) a site's delay for every worker of the crawl.",
+               "SITE is a host (example.com, example.com:8080) or a URL; SECONDS e.g. 2 "
+               "or 0.25."),
+    Subcommand("concurrency", "concurrency SPIDER SITE N|--unset",
+               "Set (or remove) a site's concurrency for every worker of the crawl."),
+    Subcommand("overrides", "overrides [SPIDER ...] [--json]",
+               "List the per-site overrides, flagging values the workers ignore (exit 1).",
+               "--json: one JSON array of objects."),
+    Subcommand("revisit", "revisit SPIDER SITE SECONDS|--unset",
+               "Set (or remove) a site's revisit interval (0: never revisit it)."),
+    Subcommand("pause", "pause SPIDER", "Every worker of the crawl stops starting downloads."),
+    Subcommand("resume", "resume SPIDER", "Every worker of the crawl crawls again."),
+    Subcommand("stop", "stop SPIDER",
+               "Every worker finishes what is in flight, gives back its leases and exits; "
+               "the frontier is kept."),
+    Subcommand("clear", "clear SPIDER --yes",
+               "Delete the crawl's frontier (every shard), keeping the seeds, stats, worker "
+               "records and control; refused while workers are live."),
+    Subcommand(
+        "audit", "audit SPIDER [--json] [--repair]",
+        "Report what is wrong with the crawl's Redis structures, one line each.",
+        "Structures that vanished (a flush, an eviction, a restart without persistence), "
+        "counters that disagree with the queues or slots, leases without data or data "
+        "without a deadline, keys of the wrong type, bad values (--json: one JSON array "
+        "of objects). Exit 0 when nothing is wrong, 1 when something is (a crawl with "
+        "nothing in Redis is not clean), 2 for a usage error, 3 when Redis failed. "
+        "--repair fixes what can be fixed safely and says so per line.",
+    ),
 )
-#: ``scrapy frontier SUB --help``: each subcommand's usage and what it does.
-SUBCOMMAND_HELP: dict[str, str] = {
-    "status": "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]\n\n"
-              "Per spider: frontier shards, seeds waiting, requests queued by priority, "
-              "leased, retries, revisits, dead letters, URLs seen, items stored, live "
-              "workers. --json: one JSON object; --watch: refresh every --interval seconds.",
-    "delay": "delay SPIDER SITE SECONDS|--unset\n\n"
-             "Set (or remove) a site's delay for every worker of the crawl.",
-    "concurrency": "concurrency SPIDER SITE N|--unset\n\n"
-                   "Set (or remove) a site's concurrency for every worker of the crawl.",
-    "overrides": "overrides [SPIDER ...] [--json]\n\n"
-                 "List the per-site overrides, flagging values the workers ignore (exit 1).",
-    "revisit": "revisit SPIDER SITE SECONDS|--unset\n\n"
-               "Set (or remove) a site's revisit interval (0: never revisit it).",
-    "pause": "pause SPIDER\n\nEvery worker of the crawl stops starting downloads.",
-    "resume": "resume SPIDER\n\nEvery worker of the crawl crawls again.",
-    "stop": "stop SPIDER\n\nEvery worker finishes what is in flight, gives back its leases "
-            "and exits; the frontier is kept.",
-    "clear": "clear SPIDER --yes\n\nDelete the crawl's frontier (every shard), keeping the "
-             "seeds, stats, worker records and control; refused while workers are live.",
-    "audit": "audit SPIDER [--json] [--repair]\n\n"
-             "Report what is wrong with the crawl's Redis structures, one line each "
-             "(--json: one object per line): structures that vanished (a flush, an "
-             "eviction, a restart without persistence), counters that disagree with the "
-             "queues or slots, leases without data or data without a deadline, keys of the "
-             "wrong type, bad values. Exit 0 when nothing is wrong, 1 when something is "
-             "(a crawl with nothing in Redis is not clean), 2 for a usage error, 3 when "
-             "Redis failed. --repair fixes what can be fixed safely and says so per line.",
-}
+SUBCOMMANDS = tuple(sub.name for sub in FRONTIER_SUBCOMMANDS)
 #: The state each control subcommand sets (:mod:`crawler.control`).
 _CONTROL: dict[str, ControlState] = {"pause": PAUSED, "resume": RUNNING, "stop": STOPPED}
 #: What the workers do, per state, for the command's output.
@@ -281,9 +297,10 @@ def project_spiders(settings: BaseSettings) -> list[str]:
 
 
 def live_workers(redis: Any, spider: str, timeout: float) -> list[str]:
-    """The ids of ``spider``'s workers whose heartbeat in ``{<spider>}:workers``
-    is at most ``timeout`` seconds old (``FRONTIER_WORKER_TIMEOUT``); a record
-    that cannot be read counts as not live.
+    """The ids of ``spider``'s workers whose record in ``{<spider>}:workers``
+    is not closed and whose heartbeat is at most ``timeout`` seconds old
+    (``FRONTIER_WORKER_TIMEOUT``); a record that cannot be read counts as
+    not live.
 
     :raises redis.exceptions.RedisError: Redis failed.
     """
@@ -291,10 +308,11 @@ def live_workers(redis: Any, spider: str, timeout: float) -> list[str]:
     live = []
     for worker, raw in redis.hgetall(CrawlKeys.for_spider(spider).workers).items():
         try:
-            beat = float(json.loads(raw).get("last_heartbeat") or 0.0)
+            record = json.loads(raw)
+            beat = float(record.get("last_heartbeat") or 0.0)
         except (ValueError, TypeError, AttributeError):
             continue
-        if now - beat <= timeout:
+        if record.get("closed") is None and now - beat <= timeout:
             live.append(worker.decode("utf-8", "replace") if isinstance(worker, bytes) else worker)
     return live
 
@@ -330,15 +348,22 @@ def _when(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _phase_detail(spider: SpiderStatus) -> str:
-    """Why the crawl is idle or finished, after the control key."""
-    if spider.phase == FINISHED:
-        return "; no live worker, nothing left, the last one finished"
-    if spider.phase == IDLE:
-        left = spider.seeds + spider.queued + spider.leases + spider.retries
-        return f"; no live worker, {left} seeds and requests left" if left else (
-            "; no live worker, nothing left")
-    return ""
+def _state_detail(spider: SpiderStatus) -> str:
+    """Why the crawl is in its state (:func:`crawler.status.crawl_state`),
+    after the control key."""
+    live, left = len(spider.live_workers), spider.work_left
+    if spider.control in (PAUSED, STOPPED):
+        return f"; set by scrapy frontier {spider.control}; {live} live workers, {left} left"
+    if spider.state == IDLE and not live:
+        return "; not started: seed it (scrapy seed) and start workers"
+    later = f"; {spider.revisits} revisits scheduled" if spider.revisits else ""
+    details = {
+        ACTIVE: f"; {live} live workers, {left} seeds and requests left",
+        IDLE: f"; {live} live workers wait for seeds, nothing left",
+        STOPPED: f"; no live worker, {left} seeds and requests left: start workers to go on",
+        FINISHED: f"; no live worker, nothing left{later}",
+    }
+    return details.get(spider.state, "")
 
 
 def _spider_table(spider: SpiderStatus) -> Table:
@@ -349,10 +374,10 @@ def _spider_table(spider: SpiderStatus) -> Table:
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     table.add_column("detail")
-    state = spider.state if spider.state != RUNNING else spider.phase
+    state = spider.state
     if spider.state_bad_value is not None:
-        state = f"running (BAD value {spider.state_bad_value!r})"
-    table.add_row("state", state, spider.keys["control"] + _phase_detail(spider))
+        state += f" (BAD value {spider.state_bad_value!r})"
+    table.add_row("state", state, spider.keys["control"] + _state_detail(spider))
     table.add_row(
         "frontier shards", str(spider.shards),
         spider.keys["shards"] if spider.shards > 1 else "",
@@ -382,7 +407,8 @@ def _spider_table(spider: SpiderStatus) -> Table:
     else:
         table.add_row("URLs seen", str(spider.seen), spider.keys["dupefilter"])
     for collection, count in sorted(spider.items.items()):
-        table.add_row(f"items in {collection}", str(count), "MongoDB collection")
+        table.add_row(f"items in {collection}", str(count),
+                      f"documents {spider.spider} added to MongoDB")
     for feed, count in spider.feeds.items():
         table.add_row("items in feed, all runs", str(count), feed)
     for stat in ("response_received_count", "item_scraped_count"):
@@ -396,20 +422,34 @@ def _workers_table(spider: SpiderStatus) -> Table | None:
     if not spider.workers:
         return None
     table = Table(title=f"workers of {spider.spider}", title_justify="left")
-    for name in ("worker", "job", "pages", "pages/min", "items", "last heartbeat", "live"):
-        table.add_column(
-            name, justify="right" if name in ("pages", "pages/min", "items") else "left"
-        )
+    numbers = ("pages", "pages/min", "items", "scraped")
+    for name in ("worker", "job", *numbers, "last heartbeat", "live"):
+        table.add_column(name, justify="right" if name in numbers else "left")
     for worker in spider.workers:
+        if worker.closed is not None:
+            live = f"no: closed ({worker.finish_reason or '?'})"
+        else:
+            live = "yes" if worker.live else "no: no heartbeat"
         table.add_row(
             worker.id,
             worker.job or "-",
             str(worker.pages),
             f"{worker.pages_per_minute:g}",
             str(worker.items),
+            str(worker.scraped),
             f"{_when(worker.last_heartbeat)} ({worker.age:.0f}s ago)",
-            "yes" if worker.live else "no",
+            live,
         )
+    if len(spider.workers) > 1:
+        table.add_row(
+            "total", "", str(sum(w.pages for w in spider.workers)), "",
+            str(sum(w.items for w in spider.workers)),
+            str(sum(w.scraped for w in spider.workers)), "", "",
+        )
+    table.caption = ("as of each worker's last heartbeat or close; pages: responses received; "
+                     "items: documents added to MongoDB (items scraped without MongoDB); "
+                     "scraped: items scraped")
+    table.caption_justify = "left"
     return table
 
 
@@ -440,8 +480,9 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
         workers = _workers_table(spider)
         if workers is not None:
             parts.append(workers)
-    if "mongodb" in status.servers and "mongodb" not in status.errors:
-        items = Table(title="items stored", title_justify="left")
+    if "mongodb" in status.servers and "mongodb" not in status.errors and status.items:
+        title = "documents in MongoDB (all spiders)"
+        items = Table(title=title, title_justify="left", min_width=len(title))
         items.add_column("collection")
         items.add_column("documents", justify="right")
         for collection, count in sorted(status.items.items()):
@@ -454,8 +495,13 @@ class Command(EnvironmentCommand):
     """Show what the shared frontier holds; set, remove and list per-site overrides.
 
     ``status [SPIDER ...]``: ``--json`` prints one JSON object (see
-    :meth:`crawler.status.ClusterStatus.as_dict`); with ``--watch`` it
-    prints one such line per refresh. A server that could not be read is
+    :meth:`crawler.status.ClusterStatus.as_dict`, with ``"error"``: the
+    servers that could not be read, when any); with ``--watch`` it
+    prints one such line per refresh. With ``--json``, every failure
+    prints a JSON object with an ``"error"`` field on stdout (and the
+    message on stderr) and exits non-zero: a usage error or an unknown
+    spider 2, Redis failing 1 (status) or 3 (the other subcommands). A
+    server that could not be read is
     named on stderr with its address (credentials masked) and the cause, and
     its figures are left out (not shown as zeros); the figures read are
     still printed. ``--watch`` refreshes in place on a terminal (rich's
@@ -471,7 +517,7 @@ class Command(EnvironmentCommand):
     concurrency in ``{<spider>}:conc``; with ``--unset`` instead of the
     value, the override is removed and the default applies again. Workers
     read them at their next lease. ``overrides [SPIDER ...]`` lists them
-    (``--json``: one object per line) and flags values the lease script
+    (``--json``: one JSON array of objects) and flags values the lease script
     would refuse. Exit status 0; 1 when ``overrides`` found a bad value; 2
     for a usage error, an unknown spider or a refused value (nothing is
     written); 3 when Redis could not be reached or refused the call (the
@@ -488,7 +534,7 @@ class Command(EnvironmentCommand):
     spider or no ``--yes`` (nothing deleted); 3 when Redis failed.
 
     ``audit SPIDER`` prints one line per thing wrong with the crawl's
-    structures (``--json``: one object per line; see
+    structures (``--json``: one JSON array of objects; see
     :class:`crawler.frontier.audit.Finding`), ``--repair`` fixes what it
     safely can. Exit status 0 when nothing is wrong (or all was repaired);
     1 when something is, a crawl with nothing in Redis included; 2 for a
@@ -500,17 +546,7 @@ class Command(EnvironmentCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return (
-            "status [SPIDER ...] [--json] [--watch [--interval SECONDS]]\n"
-            "       scrapy frontier delay SPIDER SITE SECONDS|--unset\n"
-            "       scrapy frontier concurrency SPIDER SITE N|--unset\n"
-            "       scrapy frontier overrides [SPIDER ...] [--json]\n"
-            "       scrapy frontier revisit SPIDER SITE SECONDS|--unset\n"
-            "       scrapy frontier pause|resume|stop SPIDER\n"
-            "       scrapy frontier clear SPIDER --yes\n"
-            "       scrapy frontier audit SPIDER [--json] [--repair]\n"
-            "       scrapy frontier SUBCOMMAND --help"
-        )
+        return "SUBCOMMAND [ARGS] [OPTIONS]"
 
     def short_desc(self) -> str:
         return (
@@ -520,102 +556,72 @@ class Command(EnvironmentCommand):
 
     def long_desc(self) -> str:
         return (
-            "status: print per spider: frontier shards, seeds waiting, requests queued by "
-            "priority, leased, retries waiting, revisits scheduled, dead letters, URLs seen "
-            "(all shards summed), items stored per collection, and "
-            "live workers with their pages per minute and last heartbeat. Without SPIDER, "
-            "every spider of the project. --json prints one JSON object; --watch refreshes. "
-            "delay / concurrency: set a site's delay (seconds, e.g. 2 or 0.25; stored in "
-            "ms) or concurrency (a whole number >= 1) for every worker of the crawl, or "
-            "remove it with --unset. SITE is a host (example.com, example.com:8080) or a "
-            "URL. overrides: list them, flagging values the workers ignore. revisit: set a "
-            "site's revisit interval (seconds; 0: never revisit the site) in place of "
-            "FRONTIER_REVISIT_AFTER, or remove it with --unset. "
-            "pause / resume / stop: every worker of the crawl stops starting downloads "
-            "(and stays up), starts again, or finishes what is in flight, gives back its "
-            "leases and exits; the frontier is kept for workers started after resume. "
-            "clear: delete the crawl's frontier (every shard: queues, leases, dead letters, "
-            "URLs seen, per-site state) and its recorded FRONTIER_SHARDS, keeping the seeds; "
-            "for a crawl with no worker running, e.g. to change FRONTIER_SHARDS. "
-            "audit: report what is wrong with the crawl's Redis structures (vanished "
-            "structures, counters, leases, types, values); exit 1 when anything is; "
-            "--repair fixes what can be fixed safely. "
-            "scrapy frontier SUBCOMMAND --help: that subcommand's help."
+            "Look at and steer the shared frontier of a crawl. "
+            "scrapy frontier SUBCOMMAND --help prints a subcommand's usage and options."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
-        # (replaces argparse's own --help: the parser resolves conflicts, so
-        # that process_options prints the help of the subcommand named)
-        parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-        self._parser = parser
-        parser.add_argument(
-            "--repair", action="store_true",
-            help="audit: fix what can be fixed safely, and say what was",
-        )
-        parser.add_argument(
-            "--json", action="store_true",
-            help="status: print one JSON object; overrides: one object per line",
-        )
-        parser.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
-        parser.add_argument(
-            "--interval",
-            type=float,
-            default=2.0,
-            metavar="SECONDS",
-            help="seconds between refreshes with --watch (default: 2)",
-        )
-        parser.add_argument(
-            "--yes", action="store_true", help="clear: delete without asking",
-        )
-        parser.add_argument(
-            "--unset", action="store_true",
-            help="delay, concurrency, revisit: remove the site's override (the default applies)",
-        )
+        self.add_subcommands(parser, "frontier", FRONTIER_SUBCOMMANDS, self._sub_options)
 
-    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
-        if opts.help:
-            if args and args[0] in SUBCOMMAND_HELP:
-                usage, what = SUBCOMMAND_HELP[args[0]].split("\n\n", 1)
-                sys.stdout.write(
-                    f"Usage\n=====\n  scrapy frontier {usage}\n\n{textwrap.fill(what, 78)}\n\n"
-                    "Run scrapy frontier --help for the options of every subcommand and the "
-                    "global ones.\n"
-                )
-            else:
-                self._parser.print_help()
-            sys.exit(0)
-        super().process_options(args, opts)
+    @staticmethod
+    def _sub_options(name: str, parser: argparse.ArgumentParser) -> None:
+        """The options of subcommand ``name``."""
+        if name in ("status", "overrides", "audit"):
+            parser.add_argument(
+                "--json", action="store_true",
+                help="print one JSON object" if name == "status" else "print one JSON array",
+            )
+        if name == "status":
+            parser.add_argument("--watch", "-w", action="store_true",
+                                help="refresh until Ctrl-C (--json: one line per refresh)")
+            parser.add_argument(
+                "--interval", type=float, default=2.0, metavar="SECONDS",
+                help="seconds between refreshes with --watch (default: 2)",
+            )
+        if name == "audit":
+            parser.add_argument("--repair", action="store_true",
+                                help="fix what can be fixed safely, and say what was")
+        if name == "clear":
+            parser.add_argument("--yes", action="store_true", help="delete without asking")
+        if name in ("delay", "concurrency", "revisit"):
+            parser.add_argument(
+                "--unset", action="store_true",
+                help="remove the site's override (the default applies)",
+            )
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
-        if not args or args[0] not in SUBCOMMANDS:
+        self.run_json_safe(
+            lambda: self._run(opts.subcommand, operands(opts, args, "frontier"), opts), opts
+        )
+
+    def _run(self, command: str | None, args: list[str], opts: argparse.Namespace) -> None:
+        assert self.settings is not None
+        if command not in SUBCOMMANDS:
             raise UsageError(f"expected a subcommand: {', '.join(SUBCOMMANDS)}")
-        if args[0] == "status":
-            self._status(args[1:], opts)
+        as_json = bool(getattr(opts, "json", False))
+        if command == "status":
+            self._status(args, opts)
             return
-        if opts.watch:
-            raise UsageError("--watch is for status only", print_help=False)
-        if opts.unset and args[0] not in ("delay", "concurrency", "revisit"):
-            raise UsageError("--unset is for delay, concurrency and revisit", print_help=False)
-        if opts.repair and args[0] != "audit":
-            raise UsageError("--repair is for audit only", print_help=False)
         try:
-            if args[0] == "audit":
-                self._audit(args[1:], as_json=opts.json, repair=opts.repair)
-            elif args[0] in _CONTROL:
-                self._control(args[0], args[1:])
-            elif args[0] == "clear":
-                self._clear(args[1:], opts.yes)
-            elif args[0] == "overrides":
-                self._list(args[1:], opts.json)
+            if command == "audit":
+                self._audit(args, as_json=as_json, repair=opts.repair)
+            elif command in _CONTROL:
+                self._control(command, args)
+            elif command == "clear":
+                self._clear(args, opts.yes)
+            elif command == "overrides":
+                self._list(args, as_json)
             else:
-                kinds = {command: kind for kind, command in _COMMANDS.items()}
-                self._set(kinds[args[0]], args[1:], opts.unset)
+                kinds = {name: kind for kind, name in _COMMANDS.items()}
+                self._set(kinds[command], args, opts.unset)
         except REDIS_ERRORS as exc:
-            sys.stderr.write(
-                f"Redis at {redis_location(self.settings)} failed: {type(exc).__name__}: {exc}\n"
-            )
+            message = (f"Redis at {redis_location(self.settings)} failed: "
+                       f"{type(exc).__name__}: {exc}")
+            if as_json:
+                self.json_error(message)
+            sys.stderr.write(message + "\n")
             self.exitcode = REDIS_FAILED
 
     def _status(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -626,10 +632,11 @@ class Command(EnvironmentCommand):
         try:
             reader = StatusReader.from_settings(self.settings, spiders)
         except REDIS_ERRORS as exc:  # a cluster client connects when built
-            sys.stderr.write(
-                f"could not read Redis at {redis_location(self.settings)}: "
-                f"{type(exc).__name__}: {exc}\n"
-            )
+            message = (f"could not read Redis at {redis_location(self.settings)}: "
+                       f"{type(exc).__name__}: {exc}")
+            if opts.json:
+                self.json_error(message)
+            sys.stderr.write(message + "\n")
             self.exitcode = 1
             return
         try:
@@ -798,8 +805,9 @@ class Command(EnvironmentCommand):
         finally:
             redis.close()
         if as_json:
-            for finding in found:
-                sys.stdout.write(json.dumps({"spider": spider, **finding.as_dict()}) + "\n")
+            sys.stdout.write(
+                json.dumps([{"spider": spider, **finding.as_dict()} for finding in found]) + "\n"
+            )
         else:
             for finding in found:
                 sys.stdout.write(finding.line() + "\n")
@@ -828,8 +836,7 @@ class Command(EnvironmentCommand):
             redis.close()
         bad = [o for o in found if not o.ok]
         if as_json:
-            for override in found:
-                sys.stdout.write(json.dumps(override.as_dict()) + "\n")
+            sys.stdout.write(json.dumps([override.as_dict() for override in found]) + "\n")
             sys.stdout.flush()
         else:
             # One line per override (grep-able): key, site, value.
@@ -901,7 +908,10 @@ class Command(EnvironmentCommand):
     def _print(self, status: ClusterStatus, as_json: bool) -> None:
         """One reading on stdout; the errors go to stderr (see :meth:`_status`)."""
         if as_json:
-            sys.stdout.write(json.dumps(status.as_dict()) + "\n")
+            data = status.as_dict()
+            if status.errors:
+                data["error"] = "; ".join(error_lines(status))
+            sys.stdout.write(json.dumps(data) + "\n")
             sys.stdout.flush()
         else:
             Console().print(render(status, errors=False))

@@ -3,7 +3,8 @@
 Three keys of a crawl would otherwise grow for as long as it runs:
 
 * the worker registry ``{s}:workers`` keeps one record per worker that ever
-  ran and died without closing; a record whose heartbeat is older than
+  ran (a closed worker's final record, one that died its last heartbeat);
+  a record whose heartbeat (or close) is older than
   ``FRONTIER_WORKER_FORGET_AFTER`` seconds (default 86400, a day) is removed
   (``lua/forget_workers.lua``, which reads the record again inside the call,
   so a worker that came back is kept);
