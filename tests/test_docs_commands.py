@@ -81,7 +81,7 @@ def shell_blocks(page: Path) -> list[Block]:
         if not opened:
             i += 1
             continue
-        indent, lang = opened.groups()
+        lang = opened.group(2)
         end = i + 1
         while end < len(lines) and lines[end].strip() != "```":
             end += 1
@@ -209,7 +209,7 @@ def page_servers(redis_url: str, mongo_uri: str, mongo_db: str,
     """The variables of a page whose blocks use servers they do not start."""
     yield {
         "REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db,
-        "REDIS_PORT": redis_url.rsplit(":", 1)[1].split("/")[0],
+        "REDIS_PORT": redis_url.rsplit(":", 1)[1].split("/", 1)[0],
         "MONGO_PORT": str(free_port()), "SITE_PORT": str(replay_server.port),
     }
 
