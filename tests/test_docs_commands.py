@@ -12,6 +12,9 @@ comment on the line before it that says how (docs/development.md):
 - ``<!-- test: env -->``: the block only exports those variables (set here);
 - ``<!-- test: serve -->``: each line starts a server that prints
   ``Serving``; it is started, must say so, and is stopped;
+- ``<!-- test: install -->``: each line is a ``pip install`` of files the
+  checkout has (``-r FILE``; ``'.[EXTRA]'`` of an extra ``pyproject.toml``
+  defines) or an ``apt-get install`` of packages the Makefile installs;
 - ``<!-- test: tests/test_x.py::test_name -->`` (or a whole file): that test
   runs what the block does; it must exist.
 
@@ -29,6 +32,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +54,8 @@ MARK = re.compile(r"^\s*<!-- test: (.+?) -->\s*$")
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 #: The variables an ``env`` block may export, and the test sets.
 VARIABLES = {"REDIS_PORT", "MONGO_PORT", "SITE_PORT", "REDIS_URL", "MONGO_URI"}
+#: The kinds of ``test:`` comment that name no test.
+KINDS = ("run", "env", "serve", "install")
 #: The top-level entries of the checkout a run's directory links to.
 LINKED = ("scrapy.cfg", "crawler", "devtools", "bench", "deploy", "requirements.txt")
 #: Seconds one page's run blocks may take together.
@@ -99,8 +105,8 @@ RUN_PAGES = sorted({b.page for b in BLOCKS if b.how == "run"})
 
 
 def test_the_pages_have_shell_blocks_of_each_kind() -> None:
-    hows = {b.how if b.how in ("run", "env", "serve") else "test" for b in BLOCKS}
-    assert hows == {"run", "env", "serve", "test"}
+    hows = {b.how if b.how in KINDS else "test" for b in BLOCKS}
+    assert hows >= {"run", "env", "serve", "test"}
     assert len(BLOCKS) >= 30
 
 
@@ -115,7 +121,7 @@ def test_every_shell_block_is_run_or_names_the_test_that_runs_it() -> None:
 def test_each_named_test_exists() -> None:
     missing = []
     for block in BLOCKS:
-        if block.how is None or block.how in ("run", "env", "serve"):
+        if block.how is None or block.how in KINDS:
             continue
         path, _, name = block.how.partition("::")
         source = ROOT / path
@@ -133,6 +139,28 @@ def test_env_blocks_only_export_the_variables_the_test_sets() -> None:
             assert words[0] == "export", f"{block.where}: {line}"
             names = {word.partition("=")[0] for word in words[1:]}
             assert names <= VARIABLES, f"{block.where}: {sorted(names - VARIABLES)}"
+
+
+def test_install_blocks_install_what_the_checkout_and_the_makefile_have() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("project", {}).get(
+        "optional-dependencies", {})
+    for block in (b for b in BLOCKS if b.how == "install"):
+        for line in block.text.splitlines():
+            words = shlex.split(line.partition(" #")[0])
+            if not words:
+                continue
+            where = f"{block.where}: {line}"
+            if "apt-get" in words[0] or words[:2] == ["sudo", "apt-get"]:
+                packages = [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+                assert all(f"install -y -q {p}" in makefile for p in packages), where
+                continue
+            assert words[0].endswith("pip") and words[1] == "install", where
+            for n, word in enumerate(words[2:], 2):
+                if words[n - 1] == "-r":
+                    assert (ROOT / Path(word).name).is_file(), where
+                elif m := re.fullmatch(r"\.\[([\w,-]+)\]", word):
+                    assert set(m.group(1).split(",")) <= set(extras), where
 
 
 def test_no_run_block_names_port_6379() -> None:
