@@ -1,9 +1,10 @@
 """The documentation's reference pages, generated from the code.
 
 A page under ``docs/`` holds a marker ``<!-- generated: NAME -->`` on a line
-of its own; :func:`expand` replaces it with the Markdown of :data:`GENERATORS`
-``[NAME]`` when MkDocs builds the site (the hook ``devtools/docs_hooks.py``),
-so the reference cannot drift from the code:
+of its own (after a note for readers of the bare Markdown, which goes too);
+:func:`expand` replaces it with the Markdown of :data:`GENERATORS` ``[NAME]``
+when MkDocs builds the site (the hook ``devtools/docs_hooks.py``), so the
+reference cannot drift from the code:
 
 - ``settings``: every row of :data:`crawler.config.SETTINGS` (name, default,
   allowed values, meaning);
@@ -47,8 +48,11 @@ __all__ = ["GENERATORS", "MARKER", "expand", "main"]
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
-#: A marker line: ``<!-- generated: NAME -->``.
-MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+#: A marker line, ``<!-- generated: NAME -->``, with the note for readers
+#: of the bare Markdown (on GitHub) that may stand in the line before it
+#: (``*Generated from the code ...*``): both are replaced.
+MARKER = re.compile(r"^(?:\*Generated from the code[^\n]*\*\n\n)?<!-- generated: ([a-z-]+) -->$",
+                    re.MULTILINE)
 
 #: Seconds the ``--help`` runs may take together.
 HELP_TIMEOUT = 120
