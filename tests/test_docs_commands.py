@@ -53,7 +53,8 @@ SHELLS = {"sh", "bash", "console", "shell"}
 MARK = re.compile(r"^\s*<!-- test: (.+?) -->\s*$")
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 #: The variables an ``env`` block may export, and the test sets.
-VARIABLES = {"REDIS_PORT", "MONGO_PORT", "SITE_PORT", "REDIS_URL", "MONGO_URI"}
+VARIABLES = {"REDIS_PORT", "MONGO_PORT", "SITE_PORT", "REDIS_URL", "MONGO_URI",
+             "SCRAPYD_HTTP_PORT"}
 #: The kinds of ``test:`` comment that name no test.
 KINDS = ("run", "env", "serve", "install")
 #: The top-level entries of the checkout a run's directory links to.
@@ -216,7 +217,12 @@ def _run_script(script: str, cwd: Path, env: dict[str, str]) -> subprocess.Compl
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
-        out, _ = process.communicate(timeout=RUN_TIMEOUT)
+        try:
+            out, _ = process.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, _ = process.communicate()
+            out += f"\n(stopped after {RUN_TIMEOUT} s)"
     finally:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -239,11 +245,19 @@ def page_servers(redis_url: str, mongo_uri: str, mongo_db: str,
         "REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db,
         "REDIS_PORT": redis_url.rsplit(":", 1)[1].split("/", 1)[0],
         "MONGO_PORT": str(free_port()), "SITE_PORT": str(replay_server.port),
+        "SCRAPYD_HTTP_PORT": str(free_port()),
     }
 
 
+def _page_param(page: Path) -> object:
+    """A page to run; one that starts scrapyd is a whole-system run (slow)."""
+    slow = any("scrapyd" in b.text for b in shell_blocks(page) if b.how == "run")
+    return pytest.param(page, marks=[pytest.mark.slow] if slow else [],
+                        id=str(page.relative_to(ROOT)))
+
+
 @pytest.mark.workers
-@pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [_page_param(page) for page in RUN_PAGES])
 def test_the_run_blocks_of_each_page_run_in_order(
     page: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -255,6 +269,7 @@ def test_the_run_blocks_of_each_page_run_in_order(
             "REDIS_PORT": redis_port, "MONGO_PORT": mongo_port, "SITE_PORT": site_port,
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
             "MONGO_URI": f"mongodb://127.0.0.1:{mongo_port}",
+            "SCRAPYD_HTTP_PORT": str(free_port()),
         }
     else:
         variables = request.getfixturevalue("page_servers")
