@@ -5,7 +5,11 @@ setting, metric and key the code has."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from crawler.config import SETTINGS
 from crawler.frontier import protocol
@@ -55,3 +59,17 @@ def test_the_frontier_s_key_table_names_every_key_the_scripts_are_given() -> Non
     store = page[page.index("The frontier's keys"):page.index("The keys of a shard script")]
     missing = [s for _, s in protocol.SHARD_KEYS if f"`{{s}}:{s}`" not in store]
     assert missing == []
+
+
+@pytest.mark.workers
+def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
+    """``mkdocs build --strict`` (``make docs``): no broken link, no page
+    left out of the navigation, every marker filled."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    commands = (tmp_path / "reference" / "commands.html").read_text()
+    assert "scrapy frontier audit --help" in commands
+    assert "generated:" not in commands
