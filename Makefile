@@ -3,6 +3,7 @@
 #   make check  the developer's loop: ruff, mypy and the fast tier (the tests
 #               that start no worker process, cluster or whole-system run)
 #   make test   sets up and runs the whole test suite, with ruff and mypy (CI)
+#   make docs   builds the documentation site (also part of make lint)
 # Both create the virtualenv .venv and install what is missing, redis-server
 # and faketime included (from Debian's packages).
 
@@ -11,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo check test lint redis-server faketime
+.PHONY: demo check test lint docs redis-server faketime
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,10 +36,15 @@ faketime:
 demo: redis-server $(VENV)/.runtime
 	$(PY) -m devtools.demo
 
-lint: $(VENV)/.dev
+lint: $(VENV)/.dev docs
 	$(PY) -m ruff check crawler devtools bench tests
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site (mkdocs.yml) into site/; warnings are errors, and
+# the reference pages are generated from the code (devtools/docs_hooks.py).
+docs: $(VENV)/.dev
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 # Two processes, each test file in one of them (its servers and keys stay its own).
 # The tiers are pytest marks (tests/tiers.py); FAST selects the fast tier.

@@ -737,7 +737,7 @@ SETTINGS: dict[str, Setting] = {
     "DUPEFILTER_DEBUG": _s(FLAG, "log every filtered duplicate"),
     "MAX_IDLE_TIME_BEFORE_CLOSE": _s(number(int, 0, unit="seconds"),
                                      "idle seconds before a worker closes (0: never)"),
-    # scrapy-redis's, not used by the frontier (README: What our components
+    # scrapy-redis's, not used by the frontier (docs/scrapy-redis.md: What our components
     # change in scrapy-redis 0.9.1); listed so that they are not taken for typos
     **{name: _s(_ANY, "scrapy-redis's; " + why) for name, why in (
         ("REDIS_ITEMS_KEY", "its RedisPipeline's list"),

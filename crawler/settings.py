@@ -3,8 +3,8 @@
 The project's choices among Scrapy's and scrapy-redis's settings, each with a
 comment; scrapy-redis's keep their names (they are what its users know). The
 project's own settings (``FRONTIER_*``, ``MONGO_*``, ...) take their defaults
-from ``crawler.config.SETTINGS``, documented in the README's "Settings"
-table; only those read from the environment are set here. Connection settings
+from ``crawler.config.SETTINGS``, documented in docs/reference/settings.md
+(generated from it); only those read from the environment are set here. Connection settings
 come from the environment so that credentials never live in code:
 
 =================  =============================  ==========================
@@ -90,8 +90,8 @@ MAX_IDLE_TIME_BEFORE_CLOSE = os.environ.get("MAX_IDLE_TIME_BEFORE_CLOSE", "0")
 
 # --- Our own settings (FRONTIER_*, MONGO_*, METRICS_*, LOG_JSON_*, WARC_*) ---
 # Their defaults are written once, in crawler.config.SETTINGS (with their
-# types and ranges), and listed with what they mean in the README's
-# "Settings" table; every component reads them through
+# types and ranges), and listed with what they mean in docs/reference/settings.md
+# (generated from that table); every component reads them through
 # crawler.config.FrontierConfig. Set one here (or with -s) to change it. Set
 # below are only those this project takes from the environment.
 

@@ -1,7 +1,7 @@
 """The deployment files of ``deploy/`` hold together (Docker does not run here).
 
 The compose file is parsed with PyYAML and checked at the schema level:
-the services the README lists, images or builds, references between
+the services docs/deployment.md lists, images or builds, references between
 services and volumes, loopback-only ports, credentials from the
 environment. scrapyd's config, the systemd units and the Grafana dashboard
 are checked against what the code provides.
@@ -28,7 +28,7 @@ from crawler.status import StatusReader
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 
-#: The services the README says the compose file has.
+#: The services docs/deployment.md says the compose file has.
 README_SERVICES = {"redis", "mongodb", "scrapyd1", "scrapyd2", "metrics"}
 
 

@@ -1,4 +1,4 @@
-"""README.md's table of scrapy-redis settings names every setting the
+"""The table of scrapy-redis settings in docs/scrapy-redis.md names every setting the
 installed scrapy-redis reads and every name in its ``defaults.py``, so the
 table cannot drift from the package."""
 
@@ -12,7 +12,7 @@ from scrapy_redis import connection, defaults
 
 from crawler.config import is_unknown
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "scrapy-redis.md"
 HEADING = "## What our components change in scrapy-redis 0.9.1"
 #: A string literal that names a setting: upper case words joined by "_".
 SETTING_LITERAL = re.compile(r"""["']([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)["']""")
@@ -21,7 +21,7 @@ SETTING_LITERAL = re.compile(r"""["']([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)["']""")
 def table_names() -> set[str]:
     """The upper-case names in backticks in the first column of the first
     table under :data:`HEADING`."""
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     section = text[text.index(HEADING):]
     rows = []
     for line in section.splitlines()[1:]:
@@ -47,7 +47,7 @@ def settings_read_by_scrapy_redis() -> set[str]:
     return names
 
 
-def test_readme_table_names_every_scrapy_redis_setting_and_default() -> None:
+def test_the_docs_table_names_every_scrapy_redis_setting_and_default() -> None:
     names = table_names()
     wanted = settings_read_by_scrapy_redis() | {k for k in vars(defaults) if k.isupper()}
     assert "REDIS_START_URLS_AS_SET" in wanted and "PIPELINE_KEY" in wanted

@@ -121,7 +121,7 @@ class DurableSeeds:
             type(spider).__name__, spider.redis_key,  # type: ignore[attr-defined]
             "SPOP" if seeds.intake.as_set else "LRANGE/LTRIM",
             "; seeds are read as FrontierSpider reads them, not by scrapy-redis's "
-            "make_request_from_data (README: Seeding with redis-cli)" if ours else "",
+            "make_request_from_data (docs/workers.md: Seeding with redis-cli)" if ours else "",
             extra={"spider": spider},
         )
         return seeds

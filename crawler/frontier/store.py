@@ -82,6 +82,10 @@ key                                 type    holds
                                             ``SCHEDULER_DUPEFILTER_KEY``)
 ``{s}:bloom``                       string  the Bloom dupefilter's bitmap instead
                                             (:mod:`crawler.frontier.bloom`)
+``{s}:dead:trimmed``                string  dead letters trimmed off ``{s}:dead``
+                                            past its cap (the housekeeping)
+``{s}:forget``                      string  the housekeeping's ``HSCAN`` cursor over
+                                            ``{s}:due``
 ==================================  ======  ==========================================
 
 A queued request that was handed out before and never acknowledged (its
