@@ -507,8 +507,11 @@ local PARK_MS = 1000
 local function park(site, prio, data)
   local at = K.now + PARK_MS
   redis.call('ZADD', K.retries, at, prio .. '\t' .. site .. '\t' .. data)
-  local r = redis.pcall('HSET', K.retryat, site, at)
-  if type(r) == 'table' then problem(K.retryat .. ' is not a hash: left alone') end
+  -- (the time of the site's last retry: raised, never lowered)
+  if hnum(K.retryat, site, NAT, -1, 'replaced') < at then
+    local r = redis.pcall('HSET', K.retryat, site, at)
+    if type(r) == 'table' then problem(K.retryat .. ' is not a hash: left alone') end
+  end
 end
 
 -- Queue `data` on `site` at priority `prio` (front: next out; else last).
