@@ -229,7 +229,7 @@ def test_a_malformed_queue_index_is_left_reported_and_the_push_waits_for_the_rep
     assert rds.hlen("{t}:qc") == 0
 
 
-@pytest.mark.parametrize("key", ["{t}:qm", "{t}:qc", "{t}:lv"])
+@pytest.mark.parametrize("key", ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:retries"])
 def test_a_queue_hash_of_the_wrong_type_refuses_the_call_before_any_write(
     rds: redis.Redis, key: str
 ) -> None:
@@ -680,3 +680,19 @@ def test_a_heartbeat_that_meets_noscript_is_an_outage_not_a_refusal(
     assert scheduler.session.down_until == 0.0
     assert rds.zscore("{beat}:alive", scheduler.holder) is not None
     assert crawler.stats.get_value("frontier/redis/outages") == 1
+
+
+def test_a_protocol_record_of_the_wrong_type_refuses_a_lease_call_before_any_write(
+    rds: redis.Redis,
+) -> None:
+    """``{s}:speaks`` is written after ``{s}:alive`` by a holder's first
+    lease call: its type is checked first, so nothing is half written."""
+    frontier = _frontier(rds)
+    frontier.push_many([Push(b"/x", "a.example", 0, b"1", False)])
+    rds.set("{t}:speaks", "not a hash")
+    with pytest.raises(ResponseError, match=r"frontier key \{t\}:speaks holds a string"):
+        frontier.lease_many(["w#1:1"])
+    assert rds.exists("{t}:alive", "{t}:leases") == 0
+    with pytest.raises(ResponseError, match="nothing was written"):
+        frontier.alive("w#1")
+    assert rds.exists("{t}:alive") == 0
