@@ -21,7 +21,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import pymongo
 import pytest
@@ -183,31 +183,42 @@ def stop_heartbeats() -> Iterator[None]:
 
 #: Drives ``lib.lua``'s queues (``q_push``/``q_pop``/``q_best``) from ARGV:
 #: ``push|front site prio data``, ``pop site prio``, ``best site``; returns
-#: each op's result and, last, the problems reported.
+#: each op's result ("parked" for a push to a damaged queue, "damaged" for a
+#: pop of one) and, last, the problems reported, then the damaged values
+#: met ("damaged <kind> <field>").
 _QUEUE_DRIVER = """
 K.qm, K.qc, K.lv, K.dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+K.retries, K.retryat, K.now = KEYS[5], KEYS[6], 0
 local out = {}
 local i = 1
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'push' or op == 'front' then
-    local why = q_push(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], op == 'front')
-    out[#out + 1] = why or 'ok'
+    local why, parked = q_push(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], op == 'front')
+    out[#out + 1] = why or (parked and 'parked') or 'ok'
     i = i + 4
   elseif op == 'pop' then
-    local data, empty = q_pop(ARGV[i + 1], ARGV[i + 2], function(chunk, why)
+    local data, empty, broken = q_pop(ARGV[i + 1], ARGV[i + 2], function(chunk, why)
       redis.call('RPUSH', K.dead, why)
     end)
     out[#out + 1] = data or '<nil>'
-    out[#out + 1] = empty and 'empty' or 'more'
+    out[#out + 1] = (broken and 'damaged') or (empty and 'empty') or 'more'
     i = i + 3
   elseif op == 'best' then
     out[#out + 1] = q_best(ARGV[i + 1]) or '<nil>'
     i = i + 2
   end
 end
+for j = 1, #damaged, 2 do
+  problems[#problems + 1] = 'damaged ' .. damaged[j] .. ' ' .. damaged[j + 1]
+end
 out[#out + 1] = problems
 return out
+"""
+
+#: Runs ``repair.lua`` on the keys of ``queue_lib`` (``{t}:...``).
+_REPAIR_DRIVER = """
+K.qm, K.qc, K.lv, K.wait, K.ready, K.due, K.joined = unpack(KEYS, 1, 7)
 """
 
 
@@ -218,11 +229,36 @@ def queue_lib(rds: redis.Redis) -> Iterator[Callable[..., list[Any]]]:
     ops (see ``_QUEUE_DRIVER``); the keys are deleted afterwards."""
     lib = resources.files("crawler.frontier").joinpath("lua/lib.lua").read_text()
     script = rds.register_script(lib + "\n" + _QUEUE_DRIVER)
-    keys = ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:deadq"]
+    keys = ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:deadq", "{t}:retries", "{t}:retryat"]
+
+    def text(x: Any) -> Any:
+        if isinstance(x, list):
+            return [text(y) for y in x]
+        return x.decode() if isinstance(x, bytes) else x
 
     def call(*args: Any) -> list[Any]:
-        reply = script(keys=keys, args=list(args))
-        return [x.decode() if isinstance(x, bytes) else x for x in reply]
+        return cast("list[Any]", text(script(keys=keys, args=list(args))))
 
     yield call
-    rds.delete(*keys)
+    rds.delete(*keys, "{t}:wait", "{t}:ready", "{t}:due", "{t}:joined")
+
+
+@pytest.fixture
+def queue_repair(rds: redis.Redis) -> Callable[[str, str], list[str]]:
+    """``repair.lua`` (what ``scrapy frontier audit --repair`` and a worker
+    run on a damaged queue value) on ``queue_lib``'s keys: call it with
+    ``kind, field``; returns its lines (what it found and did)."""
+    folder = resources.files("crawler.frontier").joinpath("lua")
+    source = folder.joinpath("lib.lua").read_text() + "\n" + _REPAIR_DRIVER + \
+        folder.joinpath("repair.lua").read_text()
+    script = rds.register_script(source)
+    keys = ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:wait", "{t}:ready", "{t}:due", "{t}:joined"]
+
+    def call(kind: str, field: str) -> list[str]:
+        from crawler.frontier import protocol
+
+        reply = script(keys=keys, args=[protocol.header("repair")({"kind": kind,
+                                                                   "field": field})])
+        return protocol.repaired_of(reply)
+
+    return call

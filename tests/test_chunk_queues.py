@@ -55,14 +55,29 @@ def test_entries_with_any_bytes(queue_lib: Any) -> None:
     assert _pops(queue_lib, "a", "1", len(data)) == data
 
 
-def test_a_malformed_levels_value_is_rebuilt(queue_lib: Any, rds: redis.Redis) -> None:
+def test_a_malformed_levels_value_is_left_reported_and_rebuilt_by_the_repair(
+    queue_lib: Any, queue_repair: Any, rds: redis.Redis
+) -> None:
+    # The scripts trust {s}:lv as they wrote it: a word that is no priority
+    # makes the site have no level for them (nothing leased), the value is
+    # left as it is and reported as damaged; the repair (repair.lua, what
+    # the worker and `scrapy frontier audit --repair` run) rebuilds it from
+    # {s}:qm, and no queued request was lost.
     queue_lib("push", "a", "1", "one")
     queue_lib("push", "a", "7", "seven")
-    rds.hset("{t}:lv", "a", "garbage")
-    out = queue_lib("best", "a")
-    assert out[0] == "7"
-    assert "is malformed: rebuilt" in out[-1][0].decode()
-    assert rds.hget("{t}:lv", "a") == b"7 1"
+    rds.hset("{t}:lv", "a", "garbage 1")
+    out = queue_lib("best", "a", "push", "a", "3", "three")
+    assert out == ["<nil>", "ok", ["damaged lv a"]]
+    assert rds.hget("{t}:lv", "a") == b"garbage 1"
+    lines = queue_repair("lv", "a")
+    assert len(lines) == 1 and "set to \"7 3 1\"" in lines[0], lines
+    assert rds.hget("{t}:lv", "a") == b"7 3 1"
+    assert rds.zscore("{t}:wait", "a") == 0  # (passed over: back in the wait index)
+    assert queue_repair("lv", "a") == []  # run twice: nothing more to do
+    assert _pops(queue_lib, "a", "7", 1) == ["seven"]
+    assert _pops(queue_lib, "a", "3", 1) == ["three"]
+    assert _pops(queue_lib, "a", "1", 1) == ["one"]
+    assert rds.exists("{t}:lv") == 0
 
 
 def test_an_unreadable_chunk_is_dead_lettered_and_the_queue_goes_on(
@@ -79,38 +94,46 @@ def test_an_unreadable_chunk_is_dead_lettered_and_the_queue_goes_on(
 
 
 @pytest.mark.parametrize("bad", ["x y", "5 2", "", "1e400 2", "-1 9999999999999999"])
-def test_a_malformed_bounds_value_is_rebuilt_from_the_chunks_and_nothing_is_stranded(
-    queue_lib: Any, rds: redis.Redis, bad: str
+def test_a_malformed_bounds_value_is_left_reported_and_rebuilt_from_the_chunks_by_the_repair(
+    queue_lib: Any, queue_repair: Any, rds: redis.Redis, bad: str
 ) -> None:
     data = [f"{i:03d}" + "q" * 300 for i in range(20)]  # several chunks
     for entry in data:
         queue_lib("push", "a", "0", entry)
+    chunks = rds.hgetall("{t}:qc")
     rds.hset("{t}:qm", "a\t0", bad)
-    out = queue_lib("pop", "a", "0")
-    assert out[:2] == [data[0], "more"]
-    assert "is malformed: rebuilt from its chunks" in out[-1][0].decode()
-    assert queue_lib("push", "a", "0", "new")[0] == "ok"  # a push repairs it as well
-    assert _pops(queue_lib, "a", "0", 20) == [*data[1:], "new"]
+    out = queue_lib("pop", "a", "0", "push", "a", "0", "new")
+    # (nothing taken, nothing written to the queue: the push is parked in
+    # the retry set, which the next lease call queues again)
+    assert out == ["<nil>", "damaged", "parked", ["damaged qm a\t0"]]
+    assert rds.hgetall("{t}:qc") == chunks and rds.hget("{t}:qm", "a\t0") == bad.encode()
+    assert rds.zrange("{t}:retries", 0, -1) == [b"0\ta\tnew"]
+    lines = queue_repair("qm", "a\t0")
+    assert len(lines) == 1 and "rebuilt from its chunks" in lines[0], lines
+    assert queue_repair("qm", "a\t0") == []  # run twice: nothing more to do
+    assert queue_lib("push", "a", "0", "new")[0] == "ok"
+    assert _pops(queue_lib, "a", "0", 21) == [*data, "new"]
     assert rds.hlen("{t}:qc") == 0 and not rds.hexists("{t}:qm", "a\t0")
 
 
-def test_a_malformed_bounds_value_without_chunks_is_dropped(
-    queue_lib: Any, rds: redis.Redis
+def test_a_malformed_bounds_value_without_chunks_is_dropped_by_the_repair(
+    queue_lib: Any, queue_repair: Any, rds: redis.Redis
 ) -> None:
     queue_lib("push", "a[1]*", "0", "x")  # (glob characters in the site's name)
     queue_lib("pop", "a[1]*", "0")
     rds.hset("{t}:qm", "a[1]*\t0", "garbage")
     rds.hset("{t}:qc", "a[1]*x\t0\t0", "1:y")  # another queue's chunk: not matched
     out = queue_lib("pop", "a[1]*", "0")
-    assert out[:2] == ["<nil>", "empty"]
-    assert "no chunk of the queue left" in out[-1][0].decode()
+    assert out[:2] == ["<nil>", "damaged"]
+    lines = queue_repair("qm", "a[1]*\t0")
+    assert "no chunk of the queue left" in lines[0], lines
     assert not rds.hexists("{t}:qm", "a[1]*\t0")
     assert queue_lib("push", "a[1]*", "0", "new")[0] == "ok"
     assert _pops(queue_lib, "a[1]*", "0", 1) == ["new"]
 
 
 def test_a_rebuilt_queue_is_renumbered_so_no_pop_walks_a_gap(
-    queue_lib: Any, rds: redis.Redis
+    queue_lib: Any, queue_repair: Any, rds: redis.Redis
 ) -> None:
     # Chunk numbers far apart (keys edited by hand): the rebuilt queue is
     # one chunk after another, so a pop does not loop over 10^13 missing
@@ -121,20 +144,21 @@ def test_a_rebuilt_queue_is_renumbered_so_no_pop_walks_a_gap(
         "a\t0\t007": "3:odd", "a\t0\t123456789012345": "3:big",
     })
     rds.hset("{t}:qm", "a\t0", "garbage")
-    out = queue_lib("pop", "a", "0", "pop", "a", "0", "pop", "a", "0", "pop", "a", "0")
-    assert out[:-1] == ["first", "more", "middle", "more", "last", "empty", "<nil>", "empty"]
-    problem = out[-1][0].decode()
+    assert queue_lib("pop", "a", "0")[:2] == ["<nil>", "damaged"]
+    problem = queue_repair("qm", "a\t0")[0]
     assert "2 chunks with numbers the frontier never writes" in problem
     assert "rebuilt from its chunks in {t}:qc (3 found)" in problem
+    out = queue_lib("pop", "a", "0", "pop", "a", "0", "pop", "a", "0", "pop", "a", "0")
+    assert out[:-1] == ["first", "more", "middle", "more", "last", "empty", "<nil>", "empty"]
     assert set(rds.hkeys("{t}:qc")) == {b"a\t0\t007", b"a\t0\t123456789012345"}
 
 
 @pytest.mark.parametrize("bad", ["0 123456789012345", "007 9", "1e3 1e4"])
 def test_bounds_the_scripts_never_write_are_malformed(
-    queue_lib: Any, rds: redis.Redis, bad: str
+    queue_lib: Any, queue_repair: Any, rds: redis.Redis, bad: str
 ) -> None:
     queue_lib("push", "a", "0", "kept")
     rds.hset("{t}:qm", "a\t0", bad)
-    out = queue_lib("pop", "a", "0")
-    assert out[:2] == ["kept", "empty"]
-    assert "is malformed: rebuilt" in out[-1][0].decode()
+    assert queue_lib("pop", "a", "0") == ["<nil>", "damaged", ["damaged qm a\t0"]]
+    assert "rebuilt from its chunks" in queue_repair("qm", "a\t0")[0]
+    assert queue_lib("pop", "a", "0")[:2] == ["kept", "empty"]

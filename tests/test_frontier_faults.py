@@ -19,6 +19,8 @@ from scrapy import Request, Spider
 
 from crawler.commands.deadletters import purge, requeue
 from crawler.frontier import serializer
+from crawler.frontier.audit import repair_damage
+from crawler.frontier.protocol import Damage
 from crawler.frontier.store import Commit, Frontier, Lease, NotDue, Push
 from crawler.keys import shard_prefixes
 from tests import scheduler_harness as harness
@@ -191,25 +193,43 @@ def test_a_frontier_key_of_the_wrong_type_refuses_the_call_and_writes_nothing(
     assert after == {**before, key.encode(): bad}
 
 
-def test_a_malformed_queue_index_is_rebuilt_and_the_push_queued(
+def test_a_malformed_queue_index_is_left_reported_and_the_push_waits_for_the_repair(
     rds: redis.Redis,
 ) -> None:
+    """A queue's bounds in ``{s}:qm`` that the frontier never writes: the
+    scripts leave them as they are and name them in the reply (``damaged``);
+    a push meant for that queue waits in the retry set meanwhile (pending,
+    not dead-lettered). The worker's repair (the audit's) rebuilds them, and
+    every request is leased: none is stranded."""
     frontier = _frontier(rds)
+    ids = iter(range(1000))
+
+    def leased() -> list[Lease] | None:
+        result = frontier.lease_many([f"w#a:{next(ids)}"])
+        return result if isinstance(result, list) else None
+
     rds.hset("{t}:qm", "a.example\t0", "not chunk numbers")  # and no chunk of it
-    assert frontier.push_many([Push(b'{"u":"/x"}', "a.example", 0, b"1", False)]) == [True]
+    done = frontier.commit(Commit(pushes=[Push(b'{"u":"/x"}', "a.example", 0, b"1", False)]))
+    assert done is not None and done.pushed == [True]
+    assert done.damaged == (Damage("qm", "a.example\t0"),)
+    assert rds.hget("{t}:qm", "a.example\t0") == b"not chunk numbers"
     assert rds.llen("{t}:dead") == 0
-    assert int(rds.get("{t}:count") or 0) == 1
-    [lease] = _leased(frontier.lease_many(["w#a:0"]))
+    assert frontier.pending() == 1
+    assert all(x.repaired for x in repair_damage(frontier, done.damaged[0]))
+    [lease] = wait_for(leased, 5, "the push, queued again once repaired", 0.05)
     assert lease.data == b'{"u":"/x"}'
     # Chunks under a malformed index are found again, not stranded.
     frontier.push_many([Push(b"/y", "b.example", 0, b"2", False)])
     rds.hset("{t}:qm", "b.example\t0", "7 3")
-    [lease] = _leased(frontier.lease_many(["w#a:1"]))
+    result = frontier.lease_many([f"w#a:{next(ids)}"])
+    assert isinstance(result, NotDue) and result.damaged == (Damage("qm", "b.example\t0"),)
+    assert all(x.repaired for x in repair_damage(frontier, result.damaged[0]))
+    [lease] = _leased(frontier.lease_many([f"w#a:{next(ids)}"]))
     assert lease.data == b"/y"
     assert rds.hlen("{t}:qc") == 0
 
 
-@pytest.mark.parametrize("key", ["{t}:qm", "{t}:qc", "{t}:lv"])
+@pytest.mark.parametrize("key", ["{t}:qm", "{t}:qc", "{t}:lv", "{t}:retries"])
 def test_a_queue_hash_of_the_wrong_type_refuses_the_call_before_any_write(
     rds: redis.Redis, key: str
 ) -> None:
@@ -238,12 +258,17 @@ def test_queued_entries_survive_an_unreadable_chunk_and_it_is_dead_lettered(
             break
         got += [lease.data for lease in result]
         frontier.ack([lease.lease_id for lease in result])
+    # (the count, left as it is by the scripts once every queue is empty,
+    # is reported; the worker's repair, the audit's, resets it)
+    assert isinstance(result, NotDue) and result.damaged == (Damage("count", ""),), result
+    assert all(x.repaired for x in repair_damage(frontier, result.damaged[0]))
     [dead] = [json.loads(d) for d in rds.lrange("{t}:dead", 0, -1)]
     assert "holds an entry that cannot be read" in dead["reason"]
     assert dead["entry"] == "garbage, not entries"
     assert got and got == entries[len(entries) - len(got):]  # the rest, in order
     # The entries of the unreadable chunk were counted: the counters are
-    # reset once every queue is empty, so idle workers see the crawl done.
+    # reset once every queue is empty (the repair above), so idle workers
+    # see the crawl done.
     assert frontier.pending() == 0
     assert not rds.exists("{t}:prio")
 
@@ -655,3 +680,19 @@ def test_a_heartbeat_that_meets_noscript_is_an_outage_not_a_refusal(
     assert scheduler.session.down_until == 0.0
     assert rds.zscore("{beat}:alive", scheduler.holder) is not None
     assert crawler.stats.get_value("frontier/redis/outages") == 1
+
+
+def test_a_protocol_record_of_the_wrong_type_refuses_a_lease_call_before_any_write(
+    rds: redis.Redis,
+) -> None:
+    """``{s}:speaks`` is written after ``{s}:alive`` by a holder's first
+    lease call: its type is checked first, so nothing is half written."""
+    frontier = _frontier(rds)
+    frontier.push_many([Push(b"/x", "a.example", 0, b"1", False)])
+    rds.set("{t}:speaks", "not a hash")
+    with pytest.raises(ResponseError, match=r"frontier key \{t\}:speaks holds a string"):
+        frontier.lease_many(["w#1:1"])
+    assert rds.exists("{t}:alive", "{t}:leases") == 0
+    with pytest.raises(ResponseError, match="nothing was written"):
+        frontier.alive("w#1")
+    assert rds.exists("{t}:alive") == 0

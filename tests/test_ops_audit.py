@@ -13,10 +13,11 @@ import pytest
 import redis as redis_lib
 from redis.cluster import RedisCluster
 
-from crawler.frontier.audit import audit_crawl
+from crawler.frontier.audit import audit_crawl, repair_damage
 from crawler.frontier.eviction import evicted_keys
+from crawler.frontier.protocol import Damage
 from crawler.frontier.shards import FrontierShards
-from crawler.frontier.store import Lease
+from crawler.frontier.store import Lease, NotDue
 from crawler.keys import CrawlKeys, created_key, shards_key
 from devtools.embedded import RedisServer
 from tests.test_ops_cli import scrapy
@@ -230,3 +231,59 @@ def test_wrong_types_and_unreadable_chunks_are_reported_not_repaired(rds: redis.
     assert not any(x.repaired for x in found), [x.line() for x in found]
     assert rds.get(f.key("count")) == b"6"
     assert rds.type(f.key("due")) == b"string"
+
+
+def _damage(rds: redis.Redis, f: Any) -> dict[str, bytes]:
+    """Hand-damage one value of each kind the scripts trust (a site's
+    priorities, a queue's bounds, a join time); returns the values as the
+    frontier wrote them."""
+    queue = "b.example\t2"  # (its best priority: the next lease call pops it)
+    want = {"lv": rds.hget(f.key("lv"), "a.example"), "qm": rds.hget(f.key("qm"), queue)}
+    rds.hset(f.key("lv"), "a.example", "zz 9 \xff")
+    rds.hset(f.key("qm"), queue, "x y")
+    rds.hset(f.key("joined"), "a.example", "soon")
+    return want
+
+
+def test_a_lease_call_leaves_damaged_values_reports_them_and_loses_nothing(
+    rds: redis.Redis,
+) -> None:
+    """The scripts repair nothing: a value the frontier never writes is
+    left as it is, its site passed over, and the reply names it; after
+    :func:`repair_damage` (what the worker runs) every request is leased."""
+    crawl = _crawl(rds)
+    f = crawl[0]
+    _damage(rds, f)
+    before = {k: rds.dump(f.key(k)) for k in ("lv", "qm", "qc")}
+    result = f.lease_many(["w#1:0"])
+    assert isinstance(result, NotDue), result
+    assert set(result.damaged) == {Damage("lv", "a.example"), Damage("qm", "b.example\t2")}
+    assert {k: rds.dump(f.key(k)) for k in ("lv", "qm", "qc")} == before
+    found = [x for d in result.damaged for x in repair_damage(f, d)]
+    assert found and all(x.repaired for x in found), [x.line() for x in found]
+    assert [x for d in result.damaged for x in repair_damage(f, d)] == []  # twice: nothing
+    leased = [f.lease_many([f"w#1:{i}"]) for i in range(1, 7)]
+    assert all(isinstance(x, list) for x in leased), leased
+
+
+def test_audit_repair_run_twice_is_harmless_and_nothing_is_lost(rds: redis.Redis) -> None:
+    crawl = _crawl(rds)
+    f = crawl[0]
+    want = _damage(rds, f)
+    rds.set(f.key("count"), 7)  # (every queue emptied below: a count left over)
+    keys = CrawlKeys.for_spider(SPIDER)
+    found = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers)
+    assert {(x.kind, x.key.split(" ")[0]) for x in found} >= {
+        ("bad-value", f.key("lv")), ("bad-value", f.key("qm")), ("bad-value", f.key("joined")),
+    }, [x.line() for x in found]
+    first = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers, repair=True)
+    assert all(x.repaired for x in first), [x.line() for x in first]
+    assert rds.hget(f.key("lv"), "a.example") == want["lv"]
+    assert want["qm"] in rds.hvals(f.key("qm"))
+    assert not rds.hexists(f.key("joined"), "a.example")
+    second = audit_crawl(crawl, stats_key=keys.stats, workers_key=keys.workers, repair=True)
+    assert second == [], [x.line() for x in second]
+    leased = [f.lease_many([f"w#1:{i}"]) for i in range(6)]
+    assert all(isinstance(x, list) for x in leased), leased
+    assert isinstance(f.lease_many(["w#1:9"]), NotDue)
+    assert not {"count", "prio", "joined"} & set(crawl.audit()), crawl.audit()

@@ -139,3 +139,20 @@ def test_seed_names_the_redis_that_failed_with_its_password_masked(redis_url: st
     host = redis_url.split("://", 1)[1].split("/", 1)[0]
     assert f"Redis at redis://nobody:****@{host}" in done.stderr, done.stderr
     assert "s3cret-pw" not in done.stderr + done.stdout
+
+
+@pytest.mark.workers
+def test_a_priority_the_frontier_does_not_take_is_refused_where_it_is_written(
+    redis_url: str,
+) -> None:
+    result = seed(redis_url, "quotes", "https://a.example/", "--priority", "1000001")
+    assert result.returncode == 2, result.stderr
+    assert "--priority must be from -1,000,000 to 1,000,000" in result.stderr
+    result = seed(redis_url, "quotes", '{"url": "https://b.example/", "priority": -2000000}')
+    assert result.returncode == 1, result.stderr
+    assert "'priority' -2000000 is out of range" in result.stderr
+    client: redis.Redis = redis.Redis.from_url(redis_url)
+    try:
+        assert client.llen("quotes:start_urls") == 0
+    finally:
+        client.close()

@@ -44,6 +44,8 @@ def test_good_seeds_parse(data: bytes | str, expected: Seed) -> None:
         ("[1, 2]", "JSON seed must be an object"),
         ('{"url": "https://a.example/", "priority": "high"}', "'priority' must be int"),
         ('{"url": "https://a.example/", "priority": true}', "'priority' must be int"),
+        ('{"url": "https://a.example/", "priority": 1000001}', "'priority' 1000001 is out of"),
+        ('{"url": "https://a.example/", "priority": -5000000}', "the frontier takes"),
         ('{"url": "https://a.example/", "meta": []}', "'meta' must be dict"),
         ('{"url": "https://a.example/", "headers": {"a": 1}}', "'headers' values"),
         ('{"url": "https://a.example/", "body": "x", "q": "y"}', "both a 'body' and form data"),

@@ -4,12 +4,14 @@ again, bad values in the new keys), against real Redis servers."""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import TYPE_CHECKING
 
 import pytest
 from scrapy import Request, Spider
+from twisted.internet.defer import maybeDeferred
 
 from crawler.config import config_error_of
 from crawler.frontier import router as router_module
@@ -251,27 +253,38 @@ def test_a_stale_shard_peeked_at_is_served_first_when_its_site_joined_first(
     "value", ["abc", "-5", "1e15", "", "9" * 17, "12.5", "1.5e3", " 5", "0x10", "+7", "9" * 20]
 )
 @pytest.mark.parametrize("shards", [2, 4])
-def test_a_malformed_join_time_is_reported_counted_as_now_and_nothing_lost(
-    redis_url: str, rds: redis.Redis, value: str, shards: int
+def test_a_malformed_join_time_is_left_reported_and_repaired_by_the_worker_and_nothing_lost(
+    redis_url: str, rds: redis.Redis, value: str, shards: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``{s}:joined`` edited by hand: a site's value is not whole µs. The
-    worker goes on, every request is served once, the value is reported,
-    and the site counts as joined when the call met it (its field is
-    rewritten); the key is empty at the end."""
+    scripts count the site as joined long ago, leave the value as it is and
+    report it; the worker runs the audit's repair of it (deleted) and logs
+    one WARNING naming the key and ``scrapy frontier audit --repair``.
+    Every request is served once; the key is empty at the end."""
     scheduler, crawler = harness.open_scheduler(
         redis_url, _Spider, FRONTIER_SHARDS=shards, CONCURRENT_REQUESTS=4
     )
+    # (the repair runs at once, not in the reactor's thread pool: the
+    # harness turns no reactor)
+    scheduler.reports.run_off_reactor = maybeDeferred
     urls = [f"https://x{i}.example/{j}" for i in range(6) for j in range(2)]
     for url in urls:
         scheduler.enqueue_request(Request(url))
     assert scheduler.flush_outbox()
+    edited = []
     for shard in scheduler.queue.shards:
         for site in rds.zrange(shard.key("ready"), 0, -1):
             rds.hset(shard.key("joined"), site, value)
-    got = [r.url for r in _serve(scheduler, len(urls))]
+            edited.append(f"{shard.key('joined')} {site.decode()}")
+    with caplog.at_level(logging.WARNING, logger="crawler.frontier.scheduler"):
+        got = [r.url for r in _serve(scheduler, len(urls))]
     assert sorted(got) == sorted(urls)
     assert scheduler.next_request() is None
-    assert crawler.stats.get_value("frontier/problems")
+    assert crawler.stats.get_value("frontier/repaired")
+    lines = [r.getMessage() for r in caplog.records if "Damaged frontier value" in r.getMessage()]
+    assert lines and all("scrapy frontier audit --repair t" in x for x in lines), lines
+    assert {x.split(", one the")[0].removeprefix("Damaged frontier value ") for x in lines} <= \
+        set(edited), lines
     for shard in scheduler.queue.shards:
         assert rds.exists(shard.key("joined"), shard.key("ready")) == 0
 

@@ -29,6 +29,7 @@ from crawler.addon import EnvironmentCommand
 from crawler.commands.frontier import check_spider
 from crawler.frontier.connection import get_redis, redis_location
 from crawler.frontier.seeds import BadSeed, SeedPusher, seed_json
+from crawler.frontier.store import PRIORITY_LIMIT
 from crawler.keys import CrawlKeys
 
 if TYPE_CHECKING:
@@ -118,6 +119,11 @@ class Command(EnvironmentCommand):
                 raise UsageError("--meta must be a JSON object", print_help=False)
         if opts.batch_size < 1:
             raise UsageError("--batch-size must be positive", print_help=False)
+        if opts.priority is not None and not -PRIORITY_LIMIT <= opts.priority <= PRIORITY_LIMIT:
+            raise UsageError(
+                f"--priority must be from -{PRIORITY_LIMIT:,} to {PRIORITY_LIMIT:,}",
+                print_help=False,
+            )
         key = CrawlKeys.for_spider(spider, self.settings).seeds
         pusher = SeedPusher(get_redis(self.settings), key, opts.batch_size,
                             as_set=self.settings.getbool("REDIS_START_URLS_AS_SET"))

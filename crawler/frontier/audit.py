@@ -29,15 +29,26 @@
     the download slots counted in ``{s}:active`` / ``{s}:wactive`` disagree
     with the slots held in ``{s}:lslot``, or a slot held by no lease.
 ``bad-value``
-    a value the scripts cannot read (an override, a due time, a counter).
+    a value the scripts cannot read (an override, a due time, a counter), or
+    a queue value the frontier never writes: a site's priorities in
+    ``{s}:lv``, a queue's bounds in ``{s}:qm``, a join time in
+    ``{s}:joined``. The scripts trust the queue values: they leave such a
+    value as it is, pass its site or queue over (its requests wait, none
+    is lost) and name it in their reply; the worker that gets it runs
+    :func:`repair_damage`, the repair ``--repair`` makes of that one value,
+    and logs one WARNING line.
 
 With ``repair``, what can be fixed safely is fixed, each under ``WATCH`` of
 the keys it reads (a crawl that writes them meanwhile makes that repair
 give up, and the finding says so): counters recomputed from the queues and
 slots, a deadline of now given to stranded lease data (the next lease call
-returns its request to its queue), deadlines without data deleted, and bad
-override, due-time and pace values deleted (the scripts already use the
-default in their place). Vanished structures, wrong types and unreadable
+returns its request to its queue), deadlines without data deleted, bad
+override, due-time, pace and join-time values deleted (the scripts already
+use the default in their place), and the queue values above rebuilt
+(``lua/repair.lua``, one atomic call each: a queue's bounds from its
+chunks in ``{s}:qc``, a site's priorities from ``{s}:qm``; the site is put
+back in ``{s}:wait``). Repairs are idempotent: run twice, the second
+finds nothing to do. Vanished structures, wrong types and unreadable
 lease data are not repaired: the first need a re-seed, the others a look
 by hand (lease data that cannot be read is dead-lettered when it expires).
 
@@ -54,7 +65,8 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.exceptions import WatchError
 
 from crawler.frontier.eviction import NOEVICTION, evicted_keys, eviction_policy, missing_message
-from crawler.frontier.store import _lease_entry, chunk_entries, holder_of
+from crawler.frontier.protocol import Damage
+from crawler.frontier.store import PRIORITY_LIMIT, _lease_entry, chunk_entries, holder_of
 from crawler.keys import created_key, shards_key
 from crawler.overrides import CONCURRENCY, DELAY, REVISIT, stored_value_ok
 
@@ -64,7 +76,11 @@ if TYPE_CHECKING:
     from crawler.frontier.shards import FrontierShards
     from crawler.frontier.store import Frontier
 
-__all__ = ["Finding", "audit_crawl"]
+__all__ = ["REPAIR_COMMAND", "Finding", "audit_crawl", "repair_damage"]
+
+#: The command that finds and repairs what the workers repair one value at
+#: a time (``SPIDER``: the spider's name).
+REPAIR_COMMAND = "scrapy frontier audit --repair {spider}"
 
 #: The type each shard key must have (``none``, absent, is always fine).
 TYPES: dict[str, str] = {
@@ -78,6 +94,9 @@ TYPES: dict[str, str] = {
 #: Hashes of whole ms >= 0 whose bad values the scripts ignore (a bad
 #: value means 0 or the default there, so deleting it changes nothing).
 _WHOLE_MS = ("due", "slow", "rdelay")
+#: The hash of join times (whole µs, up to 16 digits), read as "long ago"
+#: (0) by the scripts when a value is not one.
+JOINED = "joined"
 #: How many times a repair is tried when the crawl writes its keys meanwhile.
 _TRIES = 3
 
@@ -189,7 +208,7 @@ def _audit_shard(f: Frontier, repair: bool) -> list[Finding]:
         found.extend(_queues(f, repair))
     if not wrong & {"leases", "ldata", "lslot", "active", "wactive"}:
         found.extend(_leases(f, repair))
-    for name in sorted({DELAY, CONCURRENCY, REVISIT, *_WHOLE_MS} - wrong):
+    for name in sorted({DELAY, CONCURRENCY, REVISIT, JOINED, *_WHOLE_MS} - wrong):
         found.extend(_values(f, name, repair))
     return found
 
@@ -217,8 +236,27 @@ def _scan_queues(r: Redis, f: Frontier) -> tuple[dict[str, int], set[str], list[
 
 
 def _queues(f: Frontier, repair: bool) -> list[Finding]:
+    found: list[Finding] = []
+    if repair:
+        # (what a worker does when a lease call reports {s}:count damaged)
+        found.extend(repair_damage(f, Damage("count", "")))
+    counted, fields, unreadable = _counters(f, repair)
+    found.extend(counted)
+    for name in unreadable:
+        found.append(Finding("bad-value", f"{f.key('qc')} {name}",
+                             "a queue chunk that cannot be read (the scripts dead-letter it)"))
+    found.extend(_chunks(f, fields, repair))
+    return found
+
+
+def _counters(f: Frontier, repair: bool) -> tuple[list[Finding], set[str], list[str]]:
+    """``{s}:count`` and ``{s}:prio`` against the queues (with ``repair``:
+    set from them under ``WATCH``), the chunk fields of ``{s}:qc`` and the
+    chunks that cannot be read."""
     r = f.redis
     found: list[Finding] = []
+    fields: set[str] = set()
+    unreadable: list[str] = []
     for attempt in range(_TRIES):
         with r.pipeline(transaction=True) as pipe:
             if repair:
@@ -264,20 +302,79 @@ def _queues(f: Frontier, repair: bool) -> list[Finding]:
             for finding in found:
                 finding.repaired = True
             break
-    for name in unreadable:
-        found.append(Finding("bad-value", f"{f.key('qc')} {name}",
-                             "a queue chunk that cannot be read (the scripts dead-letter it)"))
-    found.extend(_chunks(f, fields))
-    return found
+    return found, fields, unreadable
 
 
-def _chunks(f: Frontier, fields: set[str]) -> list[Finding]:
+def _priority_ok(word: str) -> bool:
+    """Whether ``word`` is a priority as the scripts write it in ``{s}:lv``
+    (an integer within ``PRIORITY_LIMIT``, at most 8 characters)."""
+    digits = word[1:] if word.startswith("-") else word
+    return len(word) <= 8 and digits.isascii() and digits.isdigit() \
+        and abs(int(word)) <= PRIORITY_LIMIT
+
+
+def _bounds_ok(raw: str) -> bool:
+    """Whether ``raw`` is a queue's bounds as the scripts write them in
+    ``{s}:qm`` (``<head> <tail>``, head <= tail; lib.lua's q_bounds)."""
+    parts = raw.split(" ")
+    if len(parts) != 2:
+        return False
+    numbers = []
+    for part in parts:
+        digits = part[1:] if part.startswith("-") else part
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 14 or \
+                (len(digits) > 1 and digits.startswith("0")) or part == "-0":
+            return False
+        numbers.append(int(part))
+    return numbers[0] <= numbers[1]
+
+
+def _repaired(finding: Finding, lines: list[str]) -> Finding:
+    """``finding`` marked repaired; ``lines`` (what the repair did) added."""
+    finding.repaired = True
+    if lines:
+        finding.detail += " [" + "; ".join(lines) + "]"
+    return finding
+
+
+def _levels(f: Frontier, bounds_of: dict[str, str], repair: bool) -> list[Finding]:
+    """Sites whose priorities in ``{s}:lv`` are no frontier's, or lack a
+    queue's of ``{s}:qm`` (``bounds_of``); with ``repair``, rebuilt from
+    ``{s}:qm`` (:func:`repair_damage`)."""
+    raw_levels = {_text(k): _text(v) for k, v in f.redis.hscan_iter(f.key("lv"), count=1000)}
+    levels = {site: v.split() for site, v in raw_levels.items()}
+    rebuild: dict[str, Finding] = {}
+    for site, words in sorted(levels.items()):
+        if not all(_priority_ok(w) for w in words):
+            rebuild[site] = Finding(
+                "bad-value", f"{f.key('lv')} {site}",
+                f"{raw_levels[site]!r} is not the site's priorities: the scripts pass the "
+                "site over, its requests queued, until it is rebuilt",
+                fix=f"rebuilt from {f.key('qm')}",
+            )
+    for queue in sorted(bounds_of):
+        site, _, prio = queue.rpartition("\t")
+        if prio not in levels.get(site, []) and site not in rebuild:
+            rebuild[site] = Finding(
+                "vanished", f"{f.key('lv')} {site}",
+                f"lacks priority {prio}, whose queue is in {f.key('qm')}: its requests "
+                "are never leased (evicted, or a value edited by hand?)",
+                fix=f"rebuilt from {f.key('qm')}",
+            )
+    if repair:
+        for site, finding in rebuild.items():
+            _repaired(finding, f.repair("lv", site))
+    return list(rebuild.values())
+
+
+def _chunks(f: Frontier, fields: set[str], repair: bool = False) -> list[Finding]:
     """Queues of ``{s}:qm`` whose chunks are gone from ``{s}:qc``, chunks
-    of no queue in ``{s}:qm``, and queues whose priority ``{s}:lv`` lacks
-    (the scripts never lease from either)."""
+    of no queue in ``{s}:qm``, queues whose bounds in ``{s}:qm`` are no
+    frontier's, and sites whose priorities in ``{s}:lv`` are not those of
+    their queues (the scripts lease from none of them; with ``repair``,
+    the last two are rebuilt: :func:`repair_damage`)."""
     found: list[Finding] = []
     bounds_of = {_text(k): _text(v) for k, v in f.redis.hscan_iter(f.key("qm"), count=1000)}
-    levels = {_text(k): _text(v).split() for k, v in f.redis.hscan_iter(f.key("lv"), count=1000)}
     strays: dict[str, int] = {}
     for name in fields:
         queue = name.rsplit("\t", 1)[0]
@@ -289,21 +386,20 @@ def _chunks(f: Frontier, fields: set[str]) -> list[Finding]:
             f"gone, while {n} chunk(s) of that queue are in {f.key('qc')}: "
             "their requests are never leased (evicted?)",
         ))
-    for queue in sorted(bounds_of):
-        site, _, prio = queue.rpartition("\t")
-        if prio not in levels.get(site, []):
-            found.append(Finding(
-                "vanished", f"{f.key('lv')} {site}",
-                f"lacks priority {prio}, whose queue is in {f.key('qm')}: its requests "
-                "are never leased (evicted?)",
-            ))
+    found.extend(_levels(f, bounds_of, repair))
     for queue, raw in sorted(bounds_of.items()):
-        bounds = raw.split(" ")
-        if len(bounds) != 2 or not all(b.isdigit() for b in bounds) or \
-                int(bounds[0]) > int(bounds[1]):
-            found.append(Finding("bad-value", f"{f.key('qm')} {queue}",
-                                 f"{raw!r} is not '<head> <tail>' (the scripts rebuild it)"))
+        if not _bounds_ok(raw):
+            finding = Finding(
+                "bad-value", f"{f.key('qm')} {queue}",
+                f"{raw!r} is not '<head> <tail>': the scripts pass its site over, its "
+                "requests queued, until it is rebuilt",
+                fix=f"rebuilt from its chunks in {f.key('qc')}",
+            )
+            found.append(finding)
+            if repair:
+                _repaired(finding, f.repair("qm", queue))
             continue
+        bounds = raw.split(" ")
         gone = [n for n in range(int(bounds[0]), int(bounds[1]) + 1)
                 if f"{queue}\t{n}" not in fields]
         if gone:
@@ -444,6 +540,8 @@ def _ok(name: str, raw: bytes | str) -> bool:
         return stored_value_ok(CONCURRENCY, value)
     if name == REVISIT:
         return stored_value_ok(REVISIT, value)
+    if name == JOINED:
+        return value.isdigit() and len(value) <= 16
     return _whole(value) is not None
 
 
@@ -455,6 +553,17 @@ def _values(f: Frontier, name: str, repair: bool) -> list[Finding]:
     bad: list[bytes] = []
     for field, raw in r.hscan_iter(key, count=1000):
         if not _ok(name, raw):
+            if name == JOINED:
+                finding = Finding(
+                    "bad-value", f"{key} {_text(field)}",
+                    f"{_text(raw)!r} is not whole µs: the scripts count the site as joined "
+                    "long ago (first in its priority across shards)",
+                    fix="deleted (joined long ago, as the scripts read it)",
+                )
+                found.append(finding)
+                if repair:
+                    _repaired(finding, f.repair("joined", _text(field)))
+                continue
             bad.append(field)
             found.append(Finding(
                 "bad-value", f"{key} {_text(field)}",
@@ -478,3 +587,19 @@ def _values(f: Frontier, name: str, repair: bool) -> list[Finding]:
                 except WatchError:
                     finding.detail += " (not repaired: written meanwhile)"
     return found
+
+
+def repair_damage(f: Frontier, damage: Damage) -> list[Finding]:
+    """The repair ``scrapy frontier audit --repair`` makes of one damaged
+    value (a script's reply named it: :class:`~crawler.frontier.protocol.Damage`),
+    on shard ``f`` only. Safe while workers run, and idempotent: one
+    atomic ``repair.lua`` call (a value that is fine by then is left as it
+    is; see :meth:`crawler.frontier.store.Frontier.repair`).
+
+    :returns: what was found and done (empty: nothing was wrong any more).
+    :raises redis.exceptions.RedisError: Redis failed, or a key has the
+        wrong type (nothing was written).
+    """
+    key = f"{f.key(damage.kind)} {damage.field}".rstrip()
+    lines = f.repair(damage.kind, damage.field)
+    return [Finding("bad-value", key, line, fix="repaired", repaired=True) for line in lines]

@@ -31,6 +31,13 @@ Replies. A reply is a flat list of names and values (``{"wait", 0,
 :func:`committed_of`, :func:`delay_of` and :func:`forgot_of` turn it into
 typed objects (:class:`Lease`, :class:`NotDue`, :class:`Committed`,
 :class:`DelaySet`). A name missing from a reply means None.
+
+Damage. The scripts trust the queue values the frontier writes and repair
+none: a value there that it never writes (``{s}:lv``'s priorities,
+``{s}:qm``'s bounds, ``{s}:count`` with every queue empty, ``{s}:joined``'s
+times) is left as it is and named in the reply's ``damaged`` (kind,
+field pairs), read into :class:`Damage` s; the worker runs
+:func:`crawler.frontier.audit.repair_damage` on each.
 """
 
 from __future__ import annotations
@@ -46,9 +53,27 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
 __all__ = [
-    "EXTRA_KEYS", "PAYLOADS", "SHARD_KEYS", "SHARD_SCRIPTS", "VERSION", "Committed",
-    "DelaySet", "Lease", "NotDue", "committed_of", "delay_of", "fields", "forgot_of", "header",
-    "leases_of", "lua_binding", "refusal", "shard_keys",
+    "DAMAGE_KINDS",
+    "EXTRA_KEYS",
+    "PAYLOADS",
+    "SHARD_KEYS",
+    "SHARD_SCRIPTS",
+    "VERSION",
+    "Committed",
+    "Damage",
+    "DelaySet",
+    "Lease",
+    "NotDue",
+    "committed_of",
+    "delay_of",
+    "fields",
+    "forgot_of",
+    "header",
+    "leases_of",
+    "lua_binding",
+    "refusal",
+    "repaired_of",
+    "shard_keys",
 ]
 
 #: The protocol version every header carries and every script checks.
@@ -59,7 +84,7 @@ VERSION = 1
 #: ``forget_workers.lua``, ``bloom.lua``) keep their own few keys.
 SHARD_SCRIPTS: tuple[str, ...] = (
     "lease.lua", "commit.lua", "delay.lua", "extend.lua", "alive.lua", "trim_dead.lua",
-    "forget_sites.lua",
+    "forget_sites.lua", "repair.lua",
 )
 
 #: A shard's keys, in the one order of every shard script's ``KEYS``: the
@@ -256,6 +281,33 @@ def _problems(value: Iterable[Any] | None) -> tuple[str, ...]:
     return tuple(_text(p) for p in value or ())
 
 
+#: The kinds of :class:`Damage`: the key (``{s}:<kind>``) whose value it is.
+DAMAGE_KINDS = ("lv", "qm", "count", "joined")
+
+
+class Damage(NamedTuple):
+    """A queue value the frontier never writes, met by a script, which left
+    it as it is (see the module's docstring).
+
+    :ivar kind: the key's name in the shard: ``lv`` (a site's priorities),
+        ``qm`` (a queue's bounds), ``count`` (requests counted with every
+        queue empty), ``joined`` (a site's join time).
+    :ivar field: the hash field (the site; ``site\tprio`` for ``qm``), ""
+        for ``count``.
+    """
+
+    kind: str
+    field: str
+
+
+def _damaged(value: Sequence[Any] | None) -> tuple[Damage, ...]:
+    """The reply's ``damaged``, ``[kind, field, ...]``, as :class:`Damage` s
+    (kinds not in :data:`DAMAGE_KINDS` are left out)."""
+    items = [_text(v) for v in value or ()]
+    pairs = zip(items[0::2], items[1::2], strict=False)
+    return tuple(Damage(kind, name) for kind, name in pairs if kind in DAMAGE_KINDS)
+
+
 class Committed(NamedTuple):
     """What :meth:`crawler.frontier.store.Frontier.commit` did.
 
@@ -270,6 +322,8 @@ class Committed(NamedTuple):
     :ivar joined: when the commit ran, µs of the Redis server's clock (the
         sites it put in ``{s}:ready`` joined then), with join times kept
         (several shards); else None.
+    :ivar damaged: the queue values met that the frontier never writes
+        (:class:`Damage`), left as they are.
     """
 
     pushed: list[bool]
@@ -279,6 +333,7 @@ class Committed(NamedTuple):
     problems: list[str]
     claimed: bool
     joined: int | None = None
+    damaged: tuple[Damage, ...] = ()
 
     @classmethod
     def of(cls, reply: Sequence[Any]) -> Committed:
@@ -292,7 +347,7 @@ def committed_of(reply: Sequence[Any]) -> Committed:
     return Committed(
         [bool(p) for p in f.get("pushed") or ()], int(f.get("freed") or 0),
         int(f.get("acked") or 0), int(f.get("given") or 0), list(_problems(f.get("problems"))),
-        bool(f.get("claimed")), _int_or_none(f.get("joined")),
+        bool(f.get("claimed")), _int_or_none(f.get("joined")), _damaged(f.get("damaged")),
     )
 
 
@@ -322,6 +377,7 @@ class Lease:
         (:mod:`crawler.frontier.lifecycle`): :data:`~crawler.frontier.lifecycle.SUSPECT`
         for a last chance leased alone (the reply's ``alone``), else
         :data:`~crawler.frontier.lifecycle.LEASED`.
+    :ivar damaged: see :class:`Committed` (set on a call's first lease).
     """
 
     data: bytes
@@ -336,6 +392,7 @@ class Lease:
     head: int | None = None
     last_passed: str | None = None
     state: str = LEASED
+    damaged: tuple[Damage, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,6 +406,7 @@ class NotDue:
     :ivar head: when the first site at that priority joined the shard's
         ready index, µs (see :class:`Lease`), or None when none is due.
     :ivar last_passed: see :class:`Lease`.
+    :ivar damaged: see :class:`Committed`.
     """
 
     wait: float | None
@@ -359,6 +417,7 @@ class NotDue:
     best: int | None = None
     head: int | None = None
     last_passed: str | None = None
+    damaged: tuple[Damage, ...] = ()
 
 
 def leases_of(reply: Sequence[Any], lease_ids: Sequence[str]) -> list[Lease] | NotDue:
@@ -372,11 +431,12 @@ def leases_of(reply: Sequence[Any], lease_ids: Sequence[str]) -> list[Lease] | N
     best = _int_or_none(f.get("best"))
     head = _int_or_none(f.get("head")) if best is not None else None
     passed = _text(f.get("passed") or b"") or None
+    damaged = _damaged(f.get("damaged"))
     taken = f.get("leases") or []
     if not taken:
         wait = int(f.get("wait", -1))
         return NotDue(None if wait < 0 else wait / 1000, expired, retried, dead, problems,
-                      best, head, passed)
+                      best, head, passed, damaged)
     leases = []
     for i in range(len(taken) // 3):
         data, site, deliveries = taken[3 * i : 3 * i + 3]
@@ -385,7 +445,8 @@ def leases_of(reply: Sequence[Any], lease_ids: Sequence[str]) -> list[Lease] | N
         else:
             state = SUSPECT if f.get("alone") in (1, b"1", "1") else LEASED
             leases.append(Lease(data, _text(site), lease_ids[0], int(deliveries), expired,
-                                retried, dead, problems, best, head, passed, state))
+                                retried, dead, problems, best, head, passed, state,
+                                damaged))
     return leases
 
 
@@ -409,3 +470,9 @@ def delay_of(reply: Sequence[Any]) -> DelaySet:
     f = fields(reply)
     return DelaySet(bool(f.get("removed")), int(f.get("moved") or 0),
                     _problems(f.get("problems")))
+
+
+def repaired_of(reply: Sequence[Any]) -> list[str]:
+    """``repair.lua``'s reply: what it found wrong and did, a line each
+    (empty: nothing was)."""
+    return list(_problems(fields(reply).get("repaired")))

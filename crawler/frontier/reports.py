@@ -13,7 +13,13 @@ besides their answer (:class:`Reports`):
   the queues (``frontier/leases/returned``), requests it moved to the
   dead-letter list (``frontier/dead``, one WARNING);
 * bad values the scripts met and worked around (:meth:`Reports.problems`:
-  ``frontier/problems``, one WARNING per value, once per worker).
+  ``frontier/problems``, one WARNING per value, once per worker);
+* queue values the frontier never writes, which the scripts left as they
+  are and named in their reply (:meth:`Reports.damaged`): each is repaired
+  off the reactor thread by :func:`crawler.frontier.audit.repair_damage`,
+  the repair ``scrapy frontier audit --repair`` makes of it, on that shard
+  and key only (``frontier/repaired``; one WARNING per key and worker,
+  naming the key, what was wrong and the command).
 
 Collaborators: the crawler (stats, signals), the dupefilter (its ``log``),
 and the crawl's shards (the dead-letter key named; set at open as
@@ -26,13 +32,19 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
+from twisted.internet.threads import deferToThread
+
+from crawler.frontier.audit import REPAIR_COMMAND, repair_damage
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
 
+    from crawler.frontier.audit import Finding
     from crawler.frontier.outbox import Op
+    from crawler.frontier.protocol import Damage
     from crawler.frontier.shards import FrontierShards
     from crawler.frontier.store import Committed, Lease, NotDue
 
@@ -56,12 +68,19 @@ class Reports:
         self.crawler = crawler
         self.dupefilter = dupefilter
         self._problems: set[str] = set()
+        #: (shard, damage) whose repair runs now: not started again meanwhile
+        self._repairing: set[tuple[int, Damage]] = set()
+        #: keys whose repair was logged (once per worker)
+        self._logged: set[str] = set()
+        #: Runs a repair off the reactor thread: ``run(function, *args)`` ->
+        #: a Deferred of its result.
+        self.run_off_reactor: Callable[..., Deferred[Any]] = deferToThread
 
     @property
     def stats(self) -> Any:
         return self.crawler.stats
 
-    def committed(self, ops: Sequence[Op], reply: Committed | None) -> None:
+    def committed(self, ops: Sequence[Op], reply: Committed | None, shard: int = 0) -> None:
         """A commit of ``ops`` is in Redis; ``reply`` is its reply, None when
         the reply was lost and Redis only told that it ran (then which
         pushes were duplicates is not known, and one INFO line says so)."""
@@ -94,6 +113,7 @@ class Reports:
             if n:
                 self.stats.inc_value(key, n)
         self.problems(reply.problems)
+        self.damaged(reply.damaged, shard)
 
     def lease_result(self, result: Lease | NotDue, shard: int) -> None:
         """Count what a lease call to ``shard`` did besides leasing; log what it met."""
@@ -107,6 +127,7 @@ class Reports:
                 result.dead, self.shards[shard].key("dead"), extra={"spider": self.spider},
             )
         self.problems(result.problems)
+        self.damaged(result.damaged, shard)
 
     def problems(self, problems: Sequence[str]) -> None:
         """Log each bad value the scripts met, once per worker."""
@@ -115,3 +136,49 @@ class Reports:
                 self._problems.add(text)
                 self.stats.inc_value("frontier/problems")
                 logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
+
+    def damaged(self, damaged: Sequence[Damage], shard: int) -> None:
+        """Repair each value a call to ``shard`` left as it is (a script
+        repairs none): :func:`~crawler.frontier.audit.repair_damage` runs
+        off the reactor thread, one at a time per value (a report that
+        comes while its repair runs starts none; a later one, after a
+        repair given up, tries again). Each key repaired is logged once
+        per worker, as a WARNING naming the key, what was wrong and the
+        command that finds and repairs all such values."""
+        for damage in damaged:
+            job = (shard, damage)
+            if job in self._repairing:
+                continue
+            self._repairing.add(job)
+            frontier = self.shards[shard]
+            d = self.run_off_reactor(repair_damage, frontier, damage)
+            d.addCallback(self._repaired, frontier.key(damage.kind), damage)
+            d.addErrback(self._repair_failed, frontier.key(damage.kind), damage)
+            d.addBoth(self._done, job)
+
+    def _done(self, _: Any, job: tuple[int, Damage]) -> None:
+        self._repairing.discard(job)
+
+    def _repaired(self, found: list[Finding], key: str, damage: Damage) -> None:
+        done = [x for x in found if x.repaired]
+        if done:
+            self.stats.inc_value("frontier/repaired", len(done))
+        name = f"{key} {damage.field}".rstrip()
+        if name in self._logged or not found:
+            return
+        self._logged.add(name)
+        logger.warning(
+            "Damaged frontier value %s, one the frontier never writes (its site or queue was "
+            "passed over meanwhile, no request lost): %s; %s; `%s` finds and repairs every "
+            "such value", name, "; ".join(x.detail.removeprefix(name + " ") for x in found),
+            "repaired by this worker" if len(done) == len(found) else "not all repaired yet",
+            REPAIR_COMMAND.format(spider=self.shards.spider), extra={"spider": self.spider},
+        )
+
+    def _repair_failed(self, failure: Any, key: str, damage: Damage) -> None:
+        name = f"{key} {damage.field}".rstrip()
+        logger.warning(
+            "Damaged frontier value %s (a value the frontier never writes) could not be "
+            "repaired by this worker: %s; run `%s`", name, failure.getErrorMessage(),
+            REPAIR_COMMAND.format(spider=self.shards.spider), extra={"spider": self.spider},
+        )

@@ -605,7 +605,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         logged (:meth:`Reports.committed
         <crawler.frontier.reports.Reports.committed>`); ``reply`` is None
         when its reply was lost and Redis only told that it ran."""
-        self.reports.committed(ops, reply)
+        self.reports.committed(ops, reply, shard)
         if reply is not None:
             self.router.committed(shard, reply)
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from crawler.frontier.store import PRIORITY_LIMIT
+
 if TYPE_CHECKING:
     from redis import Redis
 
@@ -151,6 +153,11 @@ def parse_seed(data: bytes | str, encoding: str = "utf-8") -> Seed:
     headers = obj.get("headers", {})
     if not all(isinstance(v, str) for v in headers.values()):
         raise BadSeed("JSON seed 'headers' values must be strings")
+    if not -PRIORITY_LIMIT <= obj.get("priority", 0) <= PRIORITY_LIMIT:
+        raise BadSeed(
+            f"JSON seed 'priority' {obj['priority']} is out of range: the frontier takes "
+            f"-{PRIORITY_LIMIT:,} to {PRIORITY_LIMIT:,}"
+        )
     return Seed(
         url=check_url(url),
         meta=obj.get("meta", {}),

@@ -366,6 +366,7 @@ class Frontier:
         self._extend = _Lua(redis, "extend.lua", lib=True)
         self._alive = _Lua(redis, "alive.lua", lib=True)
         self._delay = _Lua(redis, "delay.lua", lib=True)
+        self._repair = _Lua(redis, "repair.lua", lib=True)
         #: KEYS of a call without a holder (protocol.shard_keys)
         self._keys = protocol.shard_keys(self.prefix)
         self._lease_header = protocol.header("lease", {
@@ -386,6 +387,7 @@ class Frontier:
         self._delay_header = protocol.header("delay", {
             "default_ms": self.default_delay_ms, "margin": delay_margin,
         })
+        self._repair_header = protocol.header("repair")
         self._scripts = [self._commit, self._lease, self._extend, self._alive]
 
     def load_scripts(self) -> None:
@@ -759,6 +761,24 @@ class Frontier:
         for problem in done.problems:
             logger.warning("Bad value in Redis: %s", problem)
         return done.removed, done.moved
+
+    def repair(self, kind: str, field: str) -> list[str]:
+        """Repair one queue value the frontier never writes (``lua/repair.lua``,
+        atomic and idempotent): ``kind`` ``qm`` (``field`` ``site\\tprio``:
+        the queue's bounds rebuilt from its chunks), ``lv`` (``field`` the
+        site: its priorities rebuilt from ``{s}:qm``; for both, the site is
+        put back in ``{s}:wait`` when its requests were passed over),
+        ``joined`` (``field`` the site: a time that is not whole µs
+        deleted) or ``count`` (``field`` "": ``{s}:count`` set to 0 and
+        ``{s}:prio`` deleted when no queue is left).
+
+        :returns: what was wrong and done, a line each (empty: nothing).
+        :raises redis.exceptions.ResponseError: a key of the wrong type, or
+            an unknown ``kind`` (nothing was written).
+        """
+        return protocol.repaired_of(self._repair(
+            keys=self._keys, args=[self._repair_header({"kind": kind, "field": field})],
+        ))
 
     # -- a site's inputs: what the middlewares tell the frontier -----------------
 

@@ -13,6 +13,9 @@
 -- Returns the time, ms. Times are the Redis server's clock (TIME), ms.
 local H, refused = open_call('alive')
 if not H then return refused end
+-- (both keys are written: a wrong type refuses the call before any write)
+local err = check_types({{K.alive, 'zset'}, {K.speaks, 'hash'}})
+if err then return err end
 local now = now_ms()
 local holder = H.o.holder
 if H.o.check then

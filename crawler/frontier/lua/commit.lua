@@ -69,7 +69,9 @@
 --          revisit of that fingerprint; an interval of 0 removes it. Its
 --          entry skips the dupefilter when it comes due (lease.lua).
 -- Returns, by name ({name, value, ...}: protocol.py's fields): pushed, freed (slots freed), acked
--- (acks that ended a lease), given (given back), problems, claimed, joined:
+-- (acks that ended a lease), given (given back), problems, claimed, joined,
+-- damaged (the frontier's own values met that it never writes, left as
+-- they are for the worker's repair: lib.lua's damage):
 -- pushed has per push 1 (queued) or 0 (filtered as seen); problems lists
 -- the bad values met (each a line of text); claimed is 0 when the claim was
 -- not in the list (then nothing else was done); joined is the time of the
@@ -103,7 +105,11 @@ if n_push + n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {K.wait, 'zset'}
   spec[#spec + 1] = {K.ready, 'zset'}
 end
-if n_push + n_give > 0 then spec[#spec + 1] = {K.prio, 'hash'} end
+if n_push + n_give > 0 then
+  spec[#spec + 1] = {K.prio, 'hash'}
+  -- (a request for a damaged queue is parked there: lib.lua's park)
+  spec[#spec + 1] = {K.retries, 'zset'}
+end
 if n_push + n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {K.qm, 'hash'}
   spec[#spec + 1] = {K.qc, 'hash'}
@@ -116,7 +122,7 @@ if n_slot + n_ack + n_give > 0 then
   spec[#spec + 1] = {K.wactive, 'hash'}
   spec[#spec + 1] = {K.lslot, 'hash'}
 end
-if n_retry > 0 then spec[#spec + 1] = {K.retries, 'zset'} end
+if n_retry > 0 and n_push + n_give == 0 then spec[#spec + 1] = {K.retries, 'zset'} end
 if n_revisit > 0 then
   spec[#spec + 1] = {K.revisits, 'zset'}
   spec[#spec + 1] = {K.rdata, 'hash'}
@@ -284,4 +290,4 @@ save_turns()
 local joined = ''
 if K.join then joined = clock_us end
 return {'pushed', pushed, 'freed', freed, 'acked', ended, 'given', given,
-        'problems', problems, 'claimed', 1, 'joined', joined}
+        'problems', problems, 'claimed', 1, 'joined', joined, 'damaged', damaged}

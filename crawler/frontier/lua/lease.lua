@@ -171,7 +171,9 @@
 -- last chance was passed over because the worker held leases (held_all;
 -- the first one met), else ""; alone (with leases) is 1 when the call's
 -- only lease is a last chance leased alone (lifecycle.py's suspect), else
--- 0. A call without lease ids leases nothing: it
+-- 0; damaged lists the frontier's own values met that it never writes
+-- ({kind, field, ...}: lib.lua's damage), left as they are for the
+-- worker's repair. A call without lease ids leases nothing: it
 -- moves due sites and does its housekeeping, and tells that priority and
 -- the wait (a peek).
 local H, refused = open_call('lease')
@@ -194,7 +196,7 @@ local lease_ms = tonumber(O.lease_ms)
 local err = check_types({
   {K.wait, 'zset'}, {K.active, 'hash'}, {K.due, 'hash'}, {K.wactive, 'hash'},
   {K.lslot, 'hash'}, {K.dead, 'list'}, {K.rdata, 'hash'}, {K.ready, 'zset'},
-  {K.prio, 'hash'}, {K.qm, 'hash'}, {K.qc, 'hash'}, {K.lv, 'hash'},
+  {K.prio, 'hash'}, {K.qm, 'hash'}, {K.qc, 'hash'}, {K.lv, 'hash'}, {K.speaks, 'hash'},
 }) or check_counter(K.count) or check_counter(K.seq)
 if err then return err end
 local ids = values(H, 'ids')
@@ -433,7 +435,7 @@ while a <= #ids and looks > 0 and not alone do
       unready(site)
       redis.call('ZADD', K.wait, not_before, site)
     else
-      local entry, empty = q_pop(site, member, function(chunk, why)
+      local entry, empty, broken = q_pop(site, member, function(chunk, why)
         problem(why .. ': dead-lettered')
         bury(dead, why, site, member, chunk, 0, now)
         buried = buried + 1
@@ -456,9 +458,13 @@ while a <= #ids and looks > 0 and not alone do
         s.level, s.member = level, member
         if passed_last == '' then passed_last = site end
         pos = pos + 1
+      elseif broken then
+        -- its queue's K.qm value is damaged (reported): the site is passed
+        -- over, its requests kept, until the repair wakes it
+        unready(site)
       elseif not entry then
-        -- a level without entries (a chunk that could not be read, a
-        -- malformed K.qm value): it is forgotten, and the site ranked
+        -- a level without entries (a chunk that could not be read): it is
+        -- forgotten, and the site ranked
         -- again by its best level left (its score still named the level
         -- forgotten: its lower priorities would jump the line, and pass
         -- `least`); look again
@@ -575,20 +581,21 @@ if n > 0 then
   local best, head = best_due()
   return {'expired', #expired, 'retried', #due_retries, 'dead', dead_housekept,
           'problems', problems, 'leases', out, 'best', best, 'head', head,
-          'passed', passed_last, 'alone', alone and 1 or 0}
+          'passed', passed_last, 'alone', alone and 1 or 0, 'damaged', damaged}
 end
 
 -- Nothing leased: how long until it is worth asking again. Never 0 unless
 -- this call moved or housekept all it could (more is due at once).
 local wait = -1
-if redis.call('HLEN', K.qm) == 0 and tonumber(redis.call('GET', K.count) or '0') ~= 0 then
-  -- No queue holds anything: the counters are off (entries of a chunk
-  -- that could not be read, a key edited by hand). Reset them, so that idle
-  -- workers can tell the crawl is done.
-  problem(K.count .. ' counted ' .. redis.call('GET', K.count) ..
-          ' queued requests with every queue empty: reset to 0')
-  redis.call('SET', K.count, 0)
-  redis.call('DEL', K.prio)
+-- (K.count as it counts the requests queued: none when it is off)
+local counted = tonumber(redis.call('GET', K.count) or '0')
+if counted ~= 0 and redis.call('HLEN', K.qm) == 0 then
+  -- No queue holds anything, yet K.count counts requests (a key edited by
+  -- hand, entries of chunks that could not be read): reported as damaged,
+  -- for the repair to count them again (idle workers tell the crawl is
+  -- done by that count); this call takes it for 0.
+  damage('count', '')
+  counted = 0
 end
 -- The next site in K.wait this worker may lease from when it comes due:
 -- sites where it holds its fair share are passed over (it asks again at
@@ -609,7 +616,7 @@ for j = 1, #nxt, 2 do
   end
 end
 if redis.call('ZCARD', K.ready) > 0 or
-   (wait < 0 and tonumber(redis.call('GET', K.count) or '0') > 0) then
+   (wait < 0 and counted > 0) then
   -- Due sites where this worker holds its share, or work only on sites at
   -- their concurrency: a slot frees when a download ends (the worker
   -- leases again at once when it is one of its own) or the next site in
@@ -630,4 +637,4 @@ end
 local best, head = best_due()
 return {'wait', wait, 'expired', #expired, 'retried', #due_retries, 'dead', dead_housekept,
         'problems', problems, 'leases', out, 'best', best, 'head', head,
-        'passed', passed_last}
+        'passed', passed_last, 'damaged', damaged}

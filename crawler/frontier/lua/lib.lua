@@ -15,9 +15,29 @@
 --   done), which the worker logs once.
 -- * A request is written to its destination before it is removed from its
 --   source, or both happen in one step that cannot fail half-way.
+-- * The queues' own structures (K.qm's bounds, K.lv's priorities, K.count,
+--   K.joined's times) are the frontier's: the scripts trust them and repair
+--   nothing. A value there that the frontier never writes (a key edited by
+--   hand) is left as it is, the site or queue it belongs to is passed over
+--   (its requests wait, none is lost), and the reply names it in `damaged`
+--   (kind, field): the worker then runs the repair of `scrapy frontier
+--   audit --repair` on that one value (crawler/frontier/audit.py,
+--   repair.lua).
 -- Times are the Redis server's clock (TIME), in ms.
 
 local problems, reported = {}, {}
+
+-- The frontier's own values met that it never writes: {kind1, field1,
+-- kind2, field2, ...} (the reply's `damaged`), each once per call.
+local damaged, damaged_seen = {}, {}
+local function damage(kind, field)
+  local k = kind .. '\t' .. field
+  if not damaged_seen[k] then
+    damaged_seen[k] = true
+    damaged[#damaged + 1] = kind
+    damaged[#damaged + 1] = field
+  end
+end
 
 -- Report `text` once per call.
 local function problem(text)
@@ -379,23 +399,6 @@ end
 -- costs its length plus a few bytes.
 local CHUNK_BYTES = 2048
 
--- The site's queues found in K.qm (for a K.lv value that cannot be read):
--- their priorities, highest first.
-local function q_scan_levels(site)
-  local pattern = string.gsub(site, '[%[%]%*%?\\]', '\\%0') .. '\t*'
-  local found, cursor = {}, '0'
-  repeat
-    local r = redis.call('HSCAN', K.qm, cursor, 'MATCH', pattern, 'COUNT', 1000)
-    cursor = r[1]
-    for i = 1, #r[2], 2 do
-      local p = string.sub(r[2][i], #site + 2)
-      if prio_ok(p) then found[#found + 1] = p end
-    end
-  until cursor == '0'
-  table.sort(found, function(a, b) return tonumber(a) > tonumber(b) end)
-  return found
-end
-
 local function q_set_levels(site, levels)
   if #levels == 0 then
     redis.call('HDEL', K.lv, site)
@@ -404,19 +407,19 @@ local function q_set_levels(site, levels)
   end
 end
 
--- The site's non-empty priorities, highest first (strings). A malformed
--- value is reported and rebuilt from the queues in K.qm.
+-- The site's non-empty priorities, highest first (strings), and true when
+-- K.lv's value is not one the frontier writes (a word that is no
+-- priority): then none is returned, nothing is written, and the value is
+-- reported as damaged ('lv', site) for the repair (repair.lua) to rebuild
+-- from K.qm. Until then the site's requests stay queued, not leased.
 local function q_levels(site)
   local v = redis.call('HGET', K.lv, site)
   local out = {}
   if not v then return out end
   for p in string.gmatch(v, '%S+') do
     if not prio_ok(p) then
-      problem(K.lv .. ' ' .. site .. ' = ' .. string.format('%q', v) ..
-              ' is malformed: rebuilt from ' .. K.qm)
-      out = q_scan_levels(site)
-      q_set_levels(site, out)
-      return out
+      damage('lv', site)
+      return {}, true
     end
     out[#out + 1] = p
   end
@@ -428,8 +431,11 @@ local function q_best(site)
   return q_levels(site)[1]
 end
 
+-- (a damaged K.lv value is left as it is: the repair rebuilds it from
+-- K.qm, which holds the new queue)
 local function q_add_level(site, prio)
-  local levels = q_levels(site)
+  local levels, broken = q_levels(site)
+  if broken then return end
   local p = tonumber(prio)
   for i, l in ipairs(levels) do
     if l == prio then return end
@@ -444,7 +450,8 @@ local function q_add_level(site, prio)
 end
 
 local function q_drop_level(site, prio)
-  local levels = q_levels(site)
+  local levels, broken = q_levels(site)
+  if broken then return end
   for i, l in ipairs(levels) do
     if l == prio then
       table.remove(levels, i)
@@ -463,7 +470,8 @@ local function chunk_no(v)
   return nil
 end
 
--- "<head> <tail>" -> head, tail (nil when malformed).
+-- "<head> <tail>" -> head, tail (nil when it is not a value the frontier
+-- writes).
 local function q_bounds(v)
   local h, t = string.match(v, '^(%S+) (%S+)$')
   if not h then return nil end
@@ -472,77 +480,51 @@ local function q_bounds(v)
   return h, t
 end
 
--- The bounds of queue `f` ("site\tprio") from its value `b` in K.qm; a
--- malformed value is reported and rebuilt from the queue's chunks in K.qc,
--- so no queued request is stranded: their numbers in order, the chunks
--- renumbered one after another from the lowest when there are gaps (so a
--- pop never walks a gap). Returns head, tail, or nil when no chunk of the
--- queue is left (its K.qm field is then deleted). Only for a value that
--- exists. (A field of K.qc whose number the scripts never write, e.g.
--- "007", is left where it is and counted in the problem.)
-local function q_repair(f, b)
-  local head, tail = q_bounds(b)
-  if head then return head, tail end
-  local pattern = string.gsub(f, '[%[%]%*%?\\]', '\\%0') .. '\t*'
-  local found, seen, odd, cursor = {}, {}, 0, '0'
-  repeat
-    local r = redis.call('HSCAN', K.qc, cursor, 'MATCH', pattern, 'COUNT', 1000)
-    cursor = r[1]
-    for i = 1, #r[2], 2 do
-      -- (HSCAN may return a field twice: each is counted once)
-      local suffix = string.sub(r[2][i], #f + 2)
-      if not seen[suffix] then
-        seen[suffix] = true
-        local n = not string.find(suffix, '\t', 1, true) and chunk_no(suffix)
-        if n then found[#found + 1] = n else odd = odd + 1 end
-      end
-    end
-  until cursor == '0'
-  local what = K.qm .. ' ' .. f .. ' = ' .. string.format('%q', b) .. ' is malformed: '
-  if odd > 0 then
-    what = what .. odd .. ' chunks with numbers the frontier never writes left in ' ..
-           K.qc .. '; '
-  end
-  if #found == 0 then
-    problem(what .. 'no chunk of the queue left in ' .. K.qc .. ', dropped')
-    redis.call('HDEL', K.qm, f)
-    return nil
-  end
-  table.sort(found)
-  head = found[1]
-  -- (ascending, each to the lowest free number: never onto a chunk not
-  -- moved yet, which all have higher numbers)
-  for i, n in ipairs(found) do
-    local to = head + i - 1
-    if n ~= to then
-      redis.call('HSET', K.qc, f .. '\t' .. to, redis.call('HGET', K.qc, f .. '\t' .. n))
-      redis.call('HDEL', K.qc, f .. '\t' .. n)
-    end
-  end
-  tail = head + #found - 1
-  problem(what .. 'rebuilt from its chunks in ' .. K.qc .. ' (' .. #found .. ' found)')
-  redis.call('HSET', K.qm, f, head .. ' ' .. tail)
-  return head, tail
-end
-
 -- The bounds of queue `f` ("site\tprio") for a push: its K.qm value (nil
--- when the queue is empty, or had no chunk left: q_repair), head, tail.
+-- when the queue is empty), head, tail; or nil, nil, nil, true when the
+-- value is not one the frontier writes (reported as damaged ('qm', f),
+-- left as it is: repair.lua rebuilds it from the queue's chunks).
 local function q_tail_of(f)
   local b = redis.call('HGET', K.qm, f)
   if b then
-    local head, tail = q_repair(f, b)
+    local head, tail = q_bounds(b)
     if head then return b, head, tail end
+    damage('qm', f)
+    return nil, nil, nil, true
   end
   return nil, 0, 0
 end
 
+-- How long a request meant for a damaged queue waits in K.retries before
+-- a lease call tries to queue it again, ms (the worker that got the
+-- report repairs the queue meanwhile).
+local PARK_MS = 1000
+
+-- Put `data` (queued at `prio` on `site`, its deliveries in it) in
+-- K.retries PARK_MS from now, as a due retry would be: its queue is
+-- damaged. K.retryat keeps the site from being forgotten meanwhile
+-- (leniently: its wrong type is reported).
+local function park(site, prio, data)
+  local at = K.now + PARK_MS
+  redis.call('ZADD', K.retries, at, prio .. '\t' .. site .. '\t' .. data)
+  -- (the time of the site's last retry: raised, never lowered)
+  if hnum(K.retryat, site, NAT, -1, 'replaced') < at then
+    local r = redis.pcall('HSET', K.retryat, site, at)
+    if type(r) == 'table' then problem(K.retryat .. ' is not a hash: left alone') end
+  end
+end
+
 -- Queue `data` on `site` at priority `prio` (front: next out; else last).
 -- Returns nil, or the reason it could not be queued (then nothing was
--- written); a malformed K.qm value is rebuilt first (q_repair), so today
--- every push is queued.
+-- written; none today), and true when the queue is damaged (q_tail_of):
+-- the request was parked in K.retries instead (park), not queued.
 local function q_push(site, prio, data, front)
   local f = site .. '\t' .. prio
-  local b, head, tail = q_tail_of(f)
+  local b, head, tail, broken = q_tail_of(f)
+  if broken then
+    park(site, prio, data)
+    return nil, true
+  end
   local n = tail
   if front then n = head end
   local piece = #data .. ':' .. data
@@ -563,9 +545,10 @@ end
 -- Take the next entry of `site`'s queue at priority `prio`. Returns the
 -- entry (nil when the queue is empty: its priority is dropped from K.lv)
 -- and whether the queue is empty now. A chunk whose entries cannot be
--- read is given to `bad(chunk, why)` (a dead letter) and dropped; a
--- malformed K.qm value is reported and rebuilt from the queue's chunks
--- (q_repair).
+-- read is given to `bad(chunk, why)` (a dead letter) and dropped. A K.qm
+-- value the frontier never writes is left as it is and reported as
+-- damaged ('qm', "site\tprio"): nil, true, true (nothing taken; the
+-- caller passes the site over until the repair).
 local function q_pop(site, prio, bad)
   local f = site .. '\t' .. prio
   local b = redis.call('HGET', K.qm, f)
@@ -573,10 +556,10 @@ local function q_pop(site, prio, bad)
     q_drop_level(site, prio)
     return nil, true
   end
-  local head, tail = q_repair(f, b)
+  local head, tail = q_bounds(b)
   if not head then
-    q_drop_level(site, prio)
-    return nil, true
+    damage('qm', f)
+    return nil, true, true
   end
   local first = head
   while true do
@@ -612,10 +595,13 @@ end
 
 -- Queue `data` on `site` at priority `prio` (front: next out; else back),
 -- and count it in K.count and K.prio. Returns nil, or the reason it could not
--- be queued (see q_push); in that case the queue holds nothing new.
+-- be queued (see q_push); in that case the queue holds nothing new. A
+-- request for a damaged queue is parked in K.retries (q_push), not
+-- counted.
 local function enqueue(site, prio, data, front)
-  local why = q_push(site, prio, data, front)
+  local why, parked = q_push(site, prio, data, front)
   if why then return why end
+  if parked then return nil end
   redis.call('INCR', K.count)
   hadd(K.prio, prio, 1)
   return nil
@@ -638,7 +624,11 @@ local function enqueue_buffered(site, prio, data)
   local f = site .. '\t' .. prio
   local q = qbuf[f]
   if not q then
-    local b, head, tail = q_tail_of(f)
+    local b, head, tail, broken = q_tail_of(f)
+    if broken then
+      park(site, prio, data)
+      return
+    end
     q = {head = head, tail = tail, cur = '', moved = not b, dirty = false}
     if b then q.cur = redis.call('HGET', K.qc, f .. '\t' .. tail) or '' end
     qbuf[f] = q
@@ -737,8 +727,9 @@ end
 
 -- When `site` (in K.ready) took its turn there, µs (a number): 0 when not
 -- known (a site queued by an older version: long ago). A value that is not
--- whole µs (a key edited by hand) is reported and replaced by this call's
--- time: the site counts as joined now. Never raises.
+-- whole µs (a key edited by hand) counts as 0 too, left as it is and
+-- reported as damaged ('joined', site): the repair deletes it. Never
+-- raises.
 local function joined_of(site)
   if not K.join then return 0 end
   local v = redis.pcall('HGET', K.joined, site)
@@ -748,11 +739,8 @@ local function joined_of(site)
   end
   if not v then return 0 end
   if #v <= 16 and string.match(v, NAT) then return tonumber(v) end
-  problem(K.joined .. ' ' .. site .. ' = ' .. string.format('%q', v) ..
-          ' is not whole µs: counted as joined now')
-  if not clock_us then read_clock(redis.call('TIME')) end
-  redis.call('HSET', K.joined, site, clock_us)
-  return tonumber(clock_us)
+  damage('joined', site)
+  return 0
 end
 
 -- Turns are re-based long before they could wrap at TURN (where the sites
