@@ -35,7 +35,7 @@ from protego import _protego
 from redis.exceptions import ResponseError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import DownloadTimeoutError, IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.robotstxt import ProtegoRobotParser, decode_robotstxt
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -43,6 +43,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
+from twisted.internet.defer import TimeoutError as DefTimeoutError
+from twisted.internet.error import TCPTimedOutError
 from twisted.internet.threads import deferToThread
 
 from crawler.config import FrontierConfig, stop_on_config_error
@@ -63,6 +65,7 @@ from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
 from crawler.frontier.slots import RobotsGate
+from crawler.frontier.stuck import ROBOTS_WAIT_META
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -92,7 +95,7 @@ GIVE_UP_MS = 30 * 86_400_000
 RULES_SWEEP_MIN = 1024
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Self
 
     from redis import Redis
@@ -104,6 +107,11 @@ if TYPE_CHECKING:
     from crawler.frontier.store import Frontier
 
 T = TypeVar("T")
+
+#: Download errors of a host that did not answer in time.
+_TIMEOUTS: tuple[type[BaseException], ...] = (
+    DownloadTimeoutError, TimeoutError, TCPTimedOutError, DefTimeoutError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -381,6 +389,16 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         #: site -> the failed attempt whose wait this worker logged
         self._logged: dict[str, int] = {}
         self._problems: set[str] = set()
+        #: requests waiting in this worker for their site's robots.txt
+        #: (fetched here or by another worker), with time.monotonic() then
+        self._waiting: dict[Request, float] = {}
+        #: site -> (its robots.txt request, the download, time.monotonic() at start)
+        self._fetches: dict[str, tuple[Request, asyncio.Future[Any], float]] = {}
+        #: sites whose robots.txt fetch timed out or was given up here
+        self._unanswered: set[str] = set()
+        #: waits that began at or before this time.monotonic() are given up
+        #: (:meth:`give_up_waits`)
+        self._give_up_at = -math.inf
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -425,6 +443,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         """
         if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
             return None
+        request.meta.pop(ROBOTS_WAIT_META, None)
         rules = await self._rules_for(request)
         while isinstance(rules, _Wait):
             if RETRY_DELAY_META not in request.meta:
@@ -494,13 +513,61 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         elif not self._config_error(exc):
             logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
 
-    async def _rules_for(self, request: Request) -> RobotParser | _Wait:  # noqa: PLR0911
+    def waits_only(self, active: Iterable[Request], at_least: float = 0.0) -> bool:
+        """Whether every request of ``active`` (the downloader's) has waited
+        ``at_least`` seconds for robots.txt: its site's, in this middleware,
+        or robots.txt's own fetch; False when ``active`` is empty."""
+        since = time.monotonic() - at_least
+        fetching = {id(f[0]): f[2] for f in self._fetches.values()}
+        seen = False
+        for request in active:
+            started = self._waiting.get(request, fetching.get(id(request)))
+            if started is None or started > since:
+                return False
+            seen = True
+        return seen
+
+    def unanswered(self) -> set[str]:
+        """Sites whose robots.txt did not answer this worker (its fetch timed
+        out, or was given up: :meth:`give_up_waits`) and whose rules it has
+        not learnt since."""
+        return set(self._unanswered)
+
+    def give_up_waits(self) -> int:
+        """Stop waiting for robots.txt now (an idle worker at its
+        ``MAX_IDLE_TIME_BEFORE_CLOSE``): each fetch in flight is cancelled
+        and counts as a failed attempt (``did not answer within N s``: the
+        site is held, its requests go back to Redis to wait for the next
+        attempt, as after any failure), and each request waiting for
+        another worker's fetch goes back to Redis too.
+
+        :returns: the robots.txt fetches cancelled.
+        """
+        self._give_up_at = time.monotonic()
+        fetches = list(self._fetches.values())
+        for _, download, _ in fetches:
+            download.cancel()
+        return len(fetches)
+
+    async def _rules_for(self, request: Request) -> RobotParser | _Wait:
         """The rules of ``request``'s site: this worker's copy while fresh,
         else Redis's, else fetched once for the cluster; or a wait."""
         site = site_of(request)
         local = self._rules.get(site)
         if local is not None and time.monotonic() < local[1]:
             return local[0]
+        self._waiting[request] = time.monotonic()
+        try:
+            return await self._wait_rules(request, site)
+        finally:
+            self._waiting.pop(request, None)
+
+    async def _wait_rules(self, request: Request, site: str) -> RobotParser | _Wait:  # noqa: PLR0911
+        """:meth:`_rules_for` past this worker's copy."""
+        started = self._waiting.get(request, time.monotonic())
+        if spider_closing(self.crawler):
+            # Closing (an idle close, a stop): no fetch that would hold it up.
+            return _Wait(self.retry_base, 0, "the worker is closing")
         backoff = 0.0
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         lock = self._prefix(site) + "robots:lock:" + site
@@ -544,6 +611,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             if time.monotonic() > deadline:
                 # A fetch that long, or a lock set by hand without expiry.
                 return _Wait(self.retry_base, 0, "another worker holds its lock")
+            if started <= self._give_up_at:
+                return _Wait(self.retry_base, 0, "another worker fetches it")
             await asyncio.sleep(0.1)
         renew = asyncio.ensure_future(self._renew(lock))
         try:
@@ -673,6 +742,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._rules))
         self._rules[site] = (parser, now + max(0.0, min(seconds, self.local_max)))
         self._logged.pop(site, None)  # its rules are known: no wait to log
+        self._unanswered.discard(site)
         return parser
 
     def _robots_maxsize(self) -> int:
@@ -710,15 +780,28 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         body = b""
         engine = self.crawler.engine
         assert engine is not None
+        started = time.monotonic()
+        download = asyncio.ensure_future(engine.download_async(robots))
+        self._fetches[site] = (robots, download, started)
         try:
-            response: Response | None = await engine.download_async(robots)
+            await asyncio.wait([download])
+        finally:
+            self._fetches.pop(site, None)
+            if not download.done():
+                download.cancel()
+        response: Response | None = None
+        try:
+            response = download.result()
+        except asyncio.CancelledError:  # given up (give_up_waits)
+            failure = f"did not answer within {time.monotonic() - started:.0f} s"
+            self._unanswered.add(site)
         except IgnoreRequest as exc:  # too many redirects: unavailable
-            response = None
             logger.info("robots.txt of %s unavailable (%s): no rules", site, exc)
         except Exception as exc:  # DNS, refused, timeout, ...: unreachable
-            response = None
             failure = f"{type(exc).__name__}: {exc}"
             stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
+            if isinstance(exc, _TIMEOUTS):
+                self._unanswered.add(site)
         stats.inc_value("robotstxt/request_count")
         if response is not None:
             stats.inc_value("robotstxt/response_count")
@@ -825,6 +908,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         site = site_of(request)
         later = request.replace()
         later.meta[RETRY_DELAY_META] = max(0.0, wait.seconds)
+        later.meta[ROBOTS_WAIT_META] = True
         self._stats.inc_value("robotstxt/unreachable/deferred")
         if self._logged.get(site) != wait.attempt:
             self._logged[site] = wait.attempt

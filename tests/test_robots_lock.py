@@ -175,7 +175,10 @@ def test_redis_lost_while_renewing(
     site = site_factory(pages(), handler=robots)
     lock = _lock_of(site)
     log = tmp_path / "w.log"
-    with _through_proxy(env, redis_url, rds, [site.url + "/"], log) as (proxy, proc):
+    # (an idle limit longer than the fetch: a worker that only waits for a
+    # robots.txt gives it up at its idle limit)
+    settings = {**SETTINGS, "MAX_IDLE_TIME_BEFORE_CLOSE": 30}
+    with _through_proxy(env, redis_url, rds, [site.url + "/"], log, settings) as (proxy, proc):
         # (set before the worker's first renewal: it fetches robots.txt after start-up)
         rule = proxy.lose_replies(command="PEXPIRE", times=2)
         try:
