@@ -60,6 +60,7 @@ class Backoff:
     :ivar down_until: ``time.monotonic()`` before which no call is sent.
     :ivar unreachable: the last call met an outage (or a configuration error).
     :ivar config_stopped: a configuration error stopped the crawl.
+    :ivar closing: the scheduler is closing (outages logged at DEBUG).
     :ivar spider: the spider, for the log lines (set at open).
     """
 
@@ -74,6 +75,9 @@ class Backoff:
         self.down_until = 0.0
         self.unreachable = False
         self.config_stopped = False
+        #: The scheduler is closing: each failed try is logged at DEBUG
+        #: (:class:`~crawler.frontier.closing.Closing` logs the wait).
+        self.closing = False
         self._gave_up = False
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
@@ -156,7 +160,10 @@ class Backoff:
             self.stats.inc_value("frontier/redis/outages")
         self.backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self.backoff * 2))
         self.down_until = time.monotonic() + self.backoff
-        logger.warning(
+        # (at close, the closing logs one line when it starts trying and one
+        # when it ends: not one per try)
+        logger.log(
+            logging.DEBUG if self.closing else logging.WARNING,
             "Redis %s (%s); %d writes waiting; trying again in %.1fs",
             "is no master (a failover): connections dropped" if failover
             else "has too few replicas" if isinstance(exc, NotReplicated) else "unreachable",
