@@ -216,3 +216,36 @@ def test_what_waits_is_said_in_one_line() -> None:
                  robots=[RobotsWait(f"s{i}", 1, 2.0) for i in range(5)])
     assert many.describe(shown=2).endswith(
         "s1 (1 failed attempt; next try in 2 s) and 3 more sites")
+
+
+def test_a_redis_outage_is_said_again_every_30_s_while_probes_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from crawler.frontier import health
+
+    monkeypatch.setattr(health, "STILL_DOWN_EVERY", 0.0)
+    told: list[tuple[float, str]] = []
+    said = threading.Event()
+
+    def ping() -> None:
+        raise RedisConnectionError("Connection refused")
+
+    def still_down(seconds: float, exc: BaseException) -> None:
+        told.append((seconds, str(exc)))
+        said.set()
+
+    probe = health.RedisHealth(ping, lambda: None, still_down=still_down)
+    probe.probe()  # no outage yet: a failed probe says nothing
+    time.sleep(0.1)
+    probe.failed()
+    time.sleep(health.PROBE_INTERVAL)
+    probe.probe()
+    assert said.wait(5)
+    assert told[0][1] == "Connection refused" and told[0][0] >= 0
+    probe.recovered()
+    said.clear()
+    time.sleep(health.PROBE_INTERVAL)
+    probe.probe()
+    assert not said.wait(1)  # recovered: nothing more to say

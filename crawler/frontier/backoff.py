@@ -33,6 +33,7 @@ from crawler.frontier.connection import (
     config_error_message,
     drop_connections,
     is_no_master,
+    redis_location,
 )
 from crawler.frontier.health import RedisHealth, may_call_redis
 from crawler.frontier.replicas import NotReplicated
@@ -86,7 +87,8 @@ class Backoff:
         #: restart from an older snapshot can reach this worker's
         #: frontier calls without an error of their own.
         self.redis_health = RedisHealth(
-            self.ping, self._redis_answered, on_failure=self.host.forget_seen)
+            self.ping, self._redis_answered, on_failure=self.host.forget_seen,
+            still_down=self._still_down)
 
     @property
     def stats(self) -> Any:
@@ -243,6 +245,17 @@ class Backoff:
     def probing(self) -> bool:
         """Whether an outage's backoff runs now."""
         return self.unreachable and time.monotonic() < self.down_until
+
+    def _still_down(self, seconds: float, exc: BaseException) -> None:
+        """Redis has been unreachable for ``seconds`` (the probe's thread):
+        say what the worker waits for, and how to stop it."""
+        logger.warning(
+            "Redis at %s unreachable for %.0f s (%s): this worker waits for it, whatever "
+            "MAX_IDLE_TIME_BEFORE_CLOSE (an outage is waited out; nothing is lost). Check "
+            "that Redis runs there and that REDIS_URL names it; Ctrl-C or SIGTERM stops "
+            "the worker", redis_location(self.crawler.settings), seconds, exc,
+            extra={"spider": self.spider},
+        )
 
     def ping(self) -> None:
         """``PING`` Redis (the probe of :class:`RedisHealth`, in its thread)."""

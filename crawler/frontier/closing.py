@@ -149,8 +149,9 @@ class Closing:
         time.sleep(max(0.0, min(1.0, self.session.backoff or 0.5, deadline - time.monotonic())))
 
     def _tell(self, deadline: float) -> None:
-        """Say, once per close, that the close waits for Redis until ``deadline``."""
-        if self._told:
+        """Say, once per close, that the close waits for Redis until
+        ``deadline`` (when it has something to send)."""
+        if self._told or not (self.outbox or self.session.in_doubt is not None):
             return
         self._told = True
         logger.warning(
