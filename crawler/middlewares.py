@@ -82,7 +82,8 @@ class SeedHostsMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
         if not FrontierConfig.of(crawler).stay_on_seed_hosts:
-            raise NotConfigured("FRONTIER_STAY_ON_SEED_HOSTS is off")
+            logger.info("SeedHostsMiddleware off: FRONTIER_STAY_ON_SEED_HOSTS is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -357,7 +358,8 @@ class ItemIdMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
         if not FrontierConfig.of(crawler).mongo_item_ids_enabled:
-            raise NotConfigured("MONGO_ITEM_IDS_ENABLED is off")
+            logger.info("ItemIdMiddleware off: MONGO_ITEM_IDS_ENABLED is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
     def process_spider_output(

@@ -65,6 +65,7 @@ from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
 from crawler.frontier.slots import RobotsGate
+from crawler.frontier.store import BAD_VALUE_HINT
 from crawler.frontier.stuck import ROBOTS_WAIT_META
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
@@ -511,7 +512,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if not isinstance(exc, UNREACHABLE):
             logger.error("Could not open the robots.txt gate of slot %s: %r", slot, exc)
         elif not self._config_error(exc):
-            logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
+            logger.warning(
+                "Could not open the robots.txt gate of slot %s: %s (its next request tries "
+                "again; check that Redis runs if this goes on)", slot, exc,
+            )
 
     def waits_only(self, active: Iterable[Request], at_least: float = 0.0) -> bool:
         """Whether every request of ``active`` (the downloader's) has waited
@@ -599,7 +603,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 note_redis_failure(self.crawler)
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 logger.warning(
-                    "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs",
+                    "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs (the "
+                    "request waits; check that Redis runs if this goes on)",
                     site, exc, backoff,
                 )
                 await asyncio.sleep(backoff)
@@ -726,7 +731,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
     def _problem(self, text: str) -> None:
         if text not in self._problems:
             self._problems.add(text)
-            logger.warning("Bad value in Redis: %s", text, extra={"spider": self.crawler.spider})
+            logger.warning("Bad value in Redis: %s%s", text, BAD_VALUE_HINT,
+                           extra={"spider": self.crawler.spider})
 
     def _keep(self, site: str, body: bytes, seconds: float) -> RobotParser:
         """Parse ``body`` and use it for ``site`` for ``seconds`` unread
@@ -853,14 +859,16 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if stored.body is not None:
             logger.warning(
                 "robots.txt of %s unreachable (%s); the rules fetched %.0fs ago are kept; "
-                "next try in %.1fs", site, reason, time.time() - (stored.fetched or 0), wait,
+                "next try in %.1fs (nothing to do unless the site should answer)",
+                site, reason, time.time() - (stored.fetched or 0), wait,
             )
             await self._hold(site, down, hold=False)
             return self._keep(site, stored.body, wait)
         if now_ms - since >= GIVE_UP_MS:
             logger.warning(
                 "robots.txt of %s unreachable (%s) for %.0f days: crawled as if it had none "
-                "(RFC 9309 section 2.3.1.4)", site, reason, (now_ms - since) / 86_400_000,
+                "(RFC 9309 section 2.3.1.4; nothing to do: its robots.txt is obeyed once it "
+                "answers)", site, reason, (now_ms - since) / 86_400_000,
             )
             await self._store(site, b"", None)
             return self._keep(site, b"", self.ttl)
@@ -881,7 +889,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             # robots.txt themselves once the lock expires.
             if self._config_error(exc):
                 return
-            logger.warning("Could not share the robots.txt state of %s in Redis: %s", site, exc)
+            logger.warning(
+                "Could not share the robots.txt state of %s in Redis: %s (the other workers "
+                "fetch it themselves; check that Redis runs if this goes on)", site, exc,
+            )
 
     def _config_error(self, exc: Exception) -> bool:
         """Whether ``exc`` is a configuration error of Redis (a password, an
@@ -913,7 +924,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if self._logged.get(site) != wait.attempt:
             self._logged[site] = wait.attempt
             logger.warning(
-                "robots.txt of %s unreachable (%s); its requests wait; next try in %.1fs",
+                "robots.txt of %s unreachable (%s); its requests wait; next try in %.1fs "
+                "(they go on once it answers; nothing to do unless the site should be up)",
                 site, wait.reason or f"{wait.attempt} failed attempts", wait.seconds,
                 extra={"spider": self.crawler.spider},
             )
@@ -938,7 +950,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             # once the lock expires.
             if self._config_error(exc):
                 return
-            logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
+            logger.warning(
+                "Could not share robots.txt of %s in Redis: %s (the other workers fetch it "
+                "themselves; check that Redis runs if this goes on)", site, exc,
+            )
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
         delay_ms = round(delay * 1000) if delay else None
@@ -1007,7 +1022,8 @@ class AdaptiveSlowdownMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; NotConfigured when switched off."""
         if not FrontierConfig.of(crawler).adaptive_enabled:
-            raise NotConfigured("FRONTIER_ADAPTIVE_ENABLED is off")
+            logger.info("AdaptiveSlowdownMiddleware off: FRONTIER_ADAPTIVE_ENABLED is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
     def process_response(self, request: Request, response: Response) -> Any:
@@ -1049,7 +1065,10 @@ class AdaptiveSlowdownMiddleware:
                 self._slow.pop(site, None)
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
-            logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
+            logger.warning(
+                "Could not adjust the delay of %s in Redis: %s (tried again at its next "
+                "response; check that Redis runs if this goes on)", site, exc,
+            )
             note_redis_failure(self.crawler)
         return response
 

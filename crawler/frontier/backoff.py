@@ -166,7 +166,8 @@ class Backoff:
         # when it ends: not one per try)
         logger.log(
             logging.DEBUG if self.closing else logging.WARNING,
-            "Redis %s (%s); %d writes waiting; trying again in %.1fs",
+            "Redis %s (%s); %d writes waiting; trying again in %.1fs (an outage is waited "
+            "out; check that Redis runs if this goes on)",
             "is no master (a failover): connections dropped" if failover
             else "has too few replicas" if isinstance(exc, NotReplicated) else "unreachable",
             exc, len(self.outbox), self.backoff, extra={"spider": self.spider},

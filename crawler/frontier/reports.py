@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
+from crawler.frontier.store import BAD_VALUE_HINT
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -114,4 +116,5 @@ class Reports:
             if text not in self._problems:
                 self._problems.add(text)
                 self.stats.inc_value("frontier/problems")
-                logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
+                logger.warning("Bad value in Redis: %s%s", text, BAD_VALUE_HINT,
+                               extra={"spider": self.spider})

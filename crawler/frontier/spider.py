@@ -403,7 +403,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     else "unreachable"
                 )
                 logger.warning(
-                    "Redis %s while reading seeds (%s); retrying in %.1fs",
+                    "Redis %s while reading seeds (%s); retrying in %.1fs (check that Redis runs "
+                    "if this goes on)",
                     what, exc, backoff, extra={"spider": self},
                 )
                 if not refused:
