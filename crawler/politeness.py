@@ -331,6 +331,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
       kept (RFC 9309 section 2.4) and fetched again with the same backoff.
       A site unreachable for 30 days without rules known is crawled as if
       it had no robots.txt (RFC 9309 section 2.3.1.4 allows it).
+    * A worker with ``MAX_IDLE_TIME_BEFORE_CLOSE`` > 0 whose downloads all
+      wait for robots.txt gives them up at its idle limit
+      (:meth:`give_up_waits`): a fetch in flight counts as a failed attempt
+      (``did not answer within N s``: the site is held, its requests go back
+      to Redis), so a host that never answers does not keep the worker open
+      for ``DOWNLOAD_TIMEOUT`` at each attempt; such sites are reported by
+      :meth:`unanswered` until their rules are known.
 
     A malformed value in ``{s}:robots`` or ``{s}:robots:down``, or one of
     those keys holding another type, counts as absent (logged once): the

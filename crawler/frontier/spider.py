@@ -100,6 +100,16 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
     * With ``MAX_IDLE_TIME_BEFORE_CLOSE`` > 0 the worker closes once it has had
       no request, response or seed for that many seconds *and* has nothing
       queued or in flight, and no seed is in an intake batch anywhere.
+      Idle means nothing it can do now: requests that only wait for a
+      robots.txt are given up at the limit (the robots.txt middleware's
+      ``give_up_waits``: they go back to Redis), and requests still pending
+      do not keep it open when none is leased anywhere and each is on a site
+      whose robots.txt did not answer this worker or due in more than
+      :data:`~crawler.frontier.stuck.FAR_WAIT` (60) seconds; it then logs
+      one WARNING saying what waits and why, and leaves them in Redis for
+      a later worker (:mod:`crawler.frontier.stuck`). A request sent back
+      to wait for robots.txt is no activity. Redis out of reach never
+      counts as idle (an outage is waited out).
       scrapy-redis starts that clock when the module is imported, which
       closes busy crawls early. A paused crawl (``scrapy frontier pause``,
       :mod:`crawler.control`) is not idle; its clock starts again when it
