@@ -216,6 +216,10 @@ def test_what_waits_is_said_in_one_line() -> None:
                  robots=[RobotsWait(f"s{i}", 1, 2.0) for i in range(5)])
     assert many.describe(shown=2).endswith(
         "s1 (1 failed attempt; next try in 2 s) and 3 more sites")
+    other = Stuck(requests=1, sites={"c.example"}, robots=[RobotsWait("c.example", 0, 0.0)])
+    assert other.describe() == (
+        "1 request of 1 site wait in Redis: robots.txt did not answer for c.example "
+        "(another worker's fetch has not answered)")
 
 
 def test_a_redis_outage_is_said_again_every_30_s_while_probes_fail(

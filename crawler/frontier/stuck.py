@@ -9,8 +9,8 @@ later worker), and say so in one line (:meth:`Stuck.describe`).
 Pending work only waits when no request is leased anywhere (a leased one
 may yield new work) and every site with queued work, and every retry, is
 either on a site whose robots.txt did not answer this worker (its fetch
-timed out or was given up at the idle limit; the site is in
-``{s}:robots:down``), or not due for more than :data:`FAR_WAIT` seconds
+timed out or was given up at the idle limit, or its wait for another
+worker's fetch was), or not due for more than :data:`FAR_WAIT` seconds
 (a site whose robots.txt answers 5xx is waited for while its next try is
 sooner).
 
@@ -48,7 +48,8 @@ class RobotsWait:
     """A site whose robots.txt could not be fetched.
 
     :ivar site: the site (host, or host:port).
-    :ivar attempts: failed fetches in a row.
+    :ivar attempts: failed fetches in a row (0: none recorded yet; another
+        worker's fetch is under way and has not answered).
     :ivar next_in: seconds until the next attempt (0: due).
     """
 
@@ -87,7 +88,8 @@ class Stuck:
         if self.robots:
             listed = ", ".join(
                 f"{r.site} ({r.attempts} failed attempt{'s' * (r.attempts != 1)}; "
-                f"next try in {_span(r.next_in)})"
+                f"next try in {_span(r.next_in)})" if r.attempts
+                else f"{r.site} (another worker's fetch has not answered)"
                 for r in self.robots[:shown]
             )
             more = len(self.robots) - shown
@@ -173,8 +175,8 @@ def survey(
             timed += [(_text(s), float(now_ms)) for s in ready]
             for site, score in timed:
                 stuck.sites.add(site)
-                if site in down and site in unanswered:
-                    next_ms, attempts = down[site]
+                if site in unanswered:
+                    next_ms, attempts = down.get(site, (now_ms, 0))
                     robots[site] = RobotsWait(site, attempts, max(0.0, (next_ms - now_ms) / 1000))
                     continue
                 due = max(0.0, (score - now_ms) / 1000)
