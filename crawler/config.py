@@ -781,6 +781,9 @@ SETTINGS: dict[str, Setting] = {
     "RETRY_HTTP_CODES": _s(Kind("a list of HTTP status codes (100-599)", _check_list_of_statuses),
                            "statuses that are retried"),
     "RETRY_PRIORITY_ADJUST": _s(number(int), "priority change of a retried request"),
+    "RETRY_GIVE_UP_LOG_LEVEL": _s(_ANY, "log level of Scrapy's 'Gave up retrying' line "
+                                  "(the frontier's default: DEBUG, the dead letter's WARNING "
+                                  "says it; set it to have Scrapy's line back)"),
     "DEPTH_LIMIT": _s(_COUNT, "most link hops from a seed (0: no limit)"),
     "LOG_ENABLED": _s(FLAG, "log at all"),
     # --- frontier

@@ -169,7 +169,8 @@ class ClusterStats:
         settings = crawler.settings
         config = FrontierConfig.of(crawler)
         if not config.stats_enabled:
-            raise NotConfigured("FRONTIER_STATS_ENABLED is off")
+            logger.info("ClusterStats off: FRONTIER_STATS_ENABLED is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         interval = config.heartbeat_interval
         if interval <= 0:
             raise NotConfigured("FRONTIER_HEARTBEAT_INTERVAL must be positive")
@@ -258,7 +259,8 @@ class ClusterStats:
         if redis_is_failing(self.crawler):
             # (the frontier's close met the outage: no wait for Redis here;
             # the registry forgets this worker after its last heartbeat)
-            logger.warning("Redis unreachable at close: the last cluster stats not sent",
+            logger.warning("Redis unreachable at close: the last cluster stats not sent (the "
+                           "crawl's totals miss this worker's last seconds; nothing to do)",
                            extra={"spider": self.crawler.spider})
             return
         await self._send_now(final=True)

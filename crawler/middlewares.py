@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DONT_DEAD_LETTER_META",
     "BackoffRetryMiddleware",
+    "DeadLettered",
     "ItemIdMiddleware",
     "RevisitMiddleware",
     "SeedHostsMiddleware",
@@ -81,7 +82,8 @@ class SeedHostsMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
         if not FrontierConfig.of(crawler).stay_on_seed_hosts:
-            raise NotConfigured("FRONTIER_STAY_ON_SEED_HOSTS is off")
+            logger.info("SeedHostsMiddleware off: FRONTIER_STAY_ON_SEED_HOSTS is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -200,6 +202,16 @@ def retry_after(value: bytes | None, now: datetime | None = None) -> float | Non
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+#: Meta key: the reason a request was dead-lettered with (set at give-up).
+_DEAD_REASON_META = "frontier_dead_reason"
+
+
+class DeadLettered(IgnoreRequest):
+    """A request's download failed for good and it is in the dead letters:
+    Scrapy logs an ``IgnoreRequest`` without a traceback (the scheduler
+    logged the dead letter's one line)."""
+
+
 class BackoffRetryMiddleware(RetryMiddleware):
     """Scrapy's RetryMiddleware, with retries that wait in Redis.
 
@@ -221,10 +233,20 @@ class BackoffRetryMiddleware(RetryMiddleware):
     writes it to the dead-letter queue with the reason and attempt count;
     unless its meta has ``dont_dead_letter`` (:data:`DONT_DEAD_LETTER_META`):
     its failure is then left to the component that sent it.
+
+    A dead letter is logged in one line, by the scheduler (``Dead letter
+    for <url>: <reason>``): Scrapy's own give-up line is logged at DEBUG
+    unless the project sets ``RETRY_GIVE_UP_LOG_LEVEL``, and a download
+    error of a request without an errback ends as :class:`DeadLettered` (an
+    ``IgnoreRequest``, which Scrapy logs without a traceback); a request
+    with an errback gets the download error itself, as with Scrapy.
     """
 
     def __init__(self, settings: Any) -> None:
         super().__init__(settings)
+        if (settings.getpriority("RETRY_GIVE_UP_LOG_LEVEL") or 0) <= 0:
+            # The dead letter's own line says it (and what to do).
+            self.give_up_log_level = logging.DEBUG
         config = FrontierConfig.from_settings(settings)
         self.base = config.retry_backoff_base
         self.cap = config.retry_backoff_max
@@ -237,7 +259,9 @@ class BackoffRetryMiddleware(RetryMiddleware):
             return response
         reason = response_status_message(response.status)
         wait = retry_after(response.headers.get(b"Retry-After"))
-        return self._retry_later(request, reason, wait) or response
+        retry = self._retry_later(request, reason, wait)
+        request.meta.pop(_DEAD_REASON_META, None)
+        return retry or response
 
     def process_exception(self, request: Request, exception: Exception) -> Any:  # type: ignore[override]
         """Retry a download error in ``RETRY_EXCEPTIONS``, later.
@@ -251,15 +275,19 @@ class BackoffRetryMiddleware(RetryMiddleware):
         if isinstance(exception, self.exceptions_to_retry) and not request.meta.get(
             "dont_retry", False
         ):
-            return self._retry_later(request, exception, None)
+            retry = self._retry_later(request, exception, None)
+            dead = request.meta.pop(_DEAD_REASON_META, None)
+            if retry is None and dead is not None and request.errback is None:
+                raise DeadLettered(dead)
+            return retry
         if request.meta.get(DONT_DEAD_LETTER_META, False):
             return None
+        reason = f"download failed: {type(exception).__name__}: {exception}"
         self.crawler.signals.send_catch_log(
-            request_dead,
-            request=request,
-            reason=f"download failed: {type(exception).__name__}: {exception}",
-            error=repr(exception),
+            request_dead, request=request, reason=reason, error=repr(exception),
         )
+        if request.errback is None:
+            raise DeadLettered(reason)
         return None
 
     def _retry_later(
@@ -270,12 +298,11 @@ class BackoffRetryMiddleware(RetryMiddleware):
             if request.meta.get(DONT_DEAD_LETTER_META, False):
                 return None
             attempts = request.meta.get("retry_times", 0) + 1
+            text = f"gave up after {attempts} attempts: {reason}"
             self.crawler.signals.send_catch_log(
-                request_dead,
-                request=request,
-                reason=f"gave up after {attempts} attempts: {reason}",
-                error=str(reason),
+                request_dead, request=request, reason=text, error=str(reason),
             )
+            request.meta[_DEAD_REASON_META] = text  # (after: not in the dead letter)
             return None
         delay = backoff_delay(retry.meta["retry_times"], self.base, self.cap, self.jitter)
         if wait is not None:
@@ -331,7 +358,8 @@ class ItemIdMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``crawler``; raise NotConfigured when switched off."""
         if not FrontierConfig.of(crawler).mongo_item_ids_enabled:
-            raise NotConfigured("MONGO_ITEM_IDS_ENABLED is off")
+            logger.info("ItemIdMiddleware off: MONGO_ITEM_IDS_ENABLED is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
     def process_spider_output(

@@ -459,7 +459,10 @@ class MongoPipeline:
         config = FrontierConfig.of(crawler)
         uri = config.mongo_uri
         if not uri:
-            raise NotConfigured("MONGO_URI is not set")
+            raise NotConfigured(
+                "MONGO_URI is not set: items are not stored in MongoDB; set MONGO_URI (or "
+                "list crawler.addon.MongoAddon, which defaults it), or remove the pipeline"
+            )
         return cls(
             crawler,
             uri,
@@ -660,7 +663,8 @@ class MongoPipeline:
                     self._backoff = min(BACKOFF_CAP, max(0.5, self._backoff * 2))
                     log = logger.warning if isinstance(exc, ConnectionFailure) else logger.error
                     log(
-                        "MongoDB unreachable or failing (%r); %d documents wait, retrying in %.1fs",
+                        "MongoDB unreachable or failing (%r); %d documents wait, retrying in %.1fs "
+                        "(check MONGO_URI and that MongoDB runs if this goes on)",
                         exc, self._count(), self._backoff,
                         exc_info=not isinstance(exc, PyMongoError),
                     )
@@ -856,7 +860,10 @@ class MongoPipeline:
             f.flush()
             os.fsync(f.fileno())
         self.crawler.stats.inc_value("mongo/spilled", spilled)
-        logger.warning("MongoDB unreachable: spilled %d documents to %s", spilled, path)
+        logger.warning(
+            "MongoDB unreachable: spilled %d documents to %s (once MongoDB is back: "
+            "scrapy loadspill %s)", spilled, path, path,
+        )
         for done in waiters:
             if not done.done():
                 done.set_result(None)

@@ -35,7 +35,7 @@ from protego import _protego
 from redis.exceptions import ResponseError
 from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import DownloadTimeoutError, IgnoreRequest, NotConfigured
 from scrapy.http.request import NO_CALLBACK
 from scrapy.robotstxt import ProtegoRobotParser, decode_robotstxt
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -43,6 +43,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.python import to_unicode
 from scrapy.utils.response import response_status_message
+from twisted.internet.defer import TimeoutError as DefTimeoutError
+from twisted.internet.error import TCPTimedOutError
 from twisted.internet.threads import deferToThread
 
 from crawler.config import FrontierConfig, stop_on_config_error
@@ -63,6 +65,8 @@ from crawler.frontier.scheduler import RETRY_DELAY_META, UNREACHABLE
 from crawler.frontier.shards import FrontierShards
 from crawler.frontier.sites import SLOT_META, site_of, slot_of
 from crawler.frontier.slots import RobotsGate
+from crawler.frontier.store import BAD_VALUE_HINT
+from crawler.frontier.stuck import ROBOTS_WAIT_META
 from crawler.keys import shard_count, site_prefix
 from crawler.middlewares import DONT_DEAD_LETTER_META, backoff_delay
 
@@ -92,7 +96,7 @@ GIVE_UP_MS = 30 * 86_400_000
 RULES_SWEEP_MIN = 1024
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Self
 
     from redis import Redis
@@ -104,6 +108,11 @@ if TYPE_CHECKING:
     from crawler.frontier.store import Frontier
 
 T = TypeVar("T")
+
+#: Download errors of a host that did not answer in time.
+_TIMEOUTS: tuple[type[BaseException], ...] = (
+    DownloadTimeoutError, TimeoutError, TCPTimedOutError, DefTimeoutError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -322,6 +331,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
       kept (RFC 9309 section 2.4) and fetched again with the same backoff.
       A site unreachable for 30 days without rules known is crawled as if
       it had no robots.txt (RFC 9309 section 2.3.1.4 allows it).
+    * A worker with ``MAX_IDLE_TIME_BEFORE_CLOSE`` > 0 whose downloads all
+      wait for robots.txt gives them up at its idle limit
+      (:meth:`give_up_waits`): a fetch in flight counts as a failed attempt
+      (``did not answer within N s``: the site is held, its requests go back
+      to Redis), so a host that never answers does not keep the worker open
+      for ``DOWNLOAD_TIMEOUT`` at each attempt; such sites are reported by
+      :meth:`unanswered` until their rules are known.
 
     A malformed value in ``{s}:robots`` or ``{s}:robots:down``, or one of
     those keys holding another type, counts as absent (logged once): the
@@ -381,6 +397,16 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         #: site -> the failed attempt whose wait this worker logged
         self._logged: dict[str, int] = {}
         self._problems: set[str] = set()
+        #: requests waiting in this worker for their site's robots.txt
+        #: (fetched here or by another worker), with time.monotonic() then
+        self._waiting: dict[Request, float] = {}
+        #: site -> (its robots.txt request, the download, time.monotonic() at start)
+        self._fetches: dict[str, tuple[Request, asyncio.Future[Any], float]] = {}
+        #: sites whose robots.txt fetch timed out or was given up here
+        self._unanswered: set[str] = set()
+        #: waits that began at or before this time.monotonic() are given up
+        #: (:meth:`give_up_waits`)
+        self._give_up_at = -math.inf
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -425,6 +451,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         """
         if request.meta.get("dont_obey_robotstxt") or request.url.startswith(("data:", "file:")):
             return None
+        request.meta.pop(ROBOTS_WAIT_META, None)
         rules = await self._rules_for(request)
         while isinstance(rules, _Wait):
             if RETRY_DELAY_META not in request.meta:
@@ -492,15 +519,66 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if not isinstance(exc, UNREACHABLE):
             logger.error("Could not open the robots.txt gate of slot %s: %r", slot, exc)
         elif not self._config_error(exc):
-            logger.warning("Could not open the robots.txt gate of slot %s: %s", slot, exc)
+            logger.warning(
+                "Could not open the robots.txt gate of slot %s: %s (its next request tries "
+                "again; check that Redis runs if this goes on)", slot, exc,
+            )
 
-    async def _rules_for(self, request: Request) -> RobotParser | _Wait:  # noqa: PLR0911
+    def waits_only(self, active: Iterable[Request], at_least: float = 0.0) -> bool:
+        """Whether every request of ``active`` (the downloader's) has waited
+        ``at_least`` seconds for robots.txt: its site's, in this middleware,
+        or robots.txt's own fetch; False when ``active`` is empty."""
+        since = time.monotonic() - at_least
+        fetching = {id(f[0]): f[2] for f in self._fetches.values()}
+        seen = False
+        for request in active:
+            started = self._waiting.get(request, fetching.get(id(request)))
+            if started is None or started > since:
+                return False
+            seen = True
+        return seen
+
+    def unanswered(self) -> set[str]:
+        """Sites whose robots.txt did not answer this worker (its fetch timed
+        out, or it or a wait for another worker's fetch was given up:
+        :meth:`give_up_waits`) and whose rules it has not learnt since."""
+        return set(self._unanswered)
+
+    def give_up_waits(self) -> int:
+        """Stop waiting for robots.txt now (an idle worker at its
+        ``MAX_IDLE_TIME_BEFORE_CLOSE``): each fetch in flight is cancelled
+        and counts as a failed attempt (``did not answer within N s``: the
+        site is held, its requests go back to Redis to wait for the next
+        attempt, as after any failure), and each request waiting for
+        another worker's fetch goes back to Redis too.
+
+        :returns: the robots.txt fetches cancelled.
+        """
+        self._give_up_at = time.monotonic()
+        fetches = list(self._fetches.values())
+        for _, download, _ in fetches:
+            download.cancel()
+        return len(fetches)
+
+    async def _rules_for(self, request: Request) -> RobotParser | _Wait:
         """The rules of ``request``'s site: this worker's copy while fresh,
         else Redis's, else fetched once for the cluster; or a wait."""
         site = site_of(request)
         local = self._rules.get(site)
         if local is not None and time.monotonic() < local[1]:
             return local[0]
+        self._waiting[request] = time.monotonic()
+        try:
+            return await self._wait_rules(request, site)
+        finally:
+            self._waiting.pop(request, None)
+
+    async def _wait_rules(self, request: Request, site: str) -> RobotParser | _Wait:  # noqa: PLR0911
+        """:meth:`_rules_for` past this worker's copy."""
+        started = self._waiting.get(request, time.monotonic())
+        if spider_closing(self.crawler):
+            # Closing (an idle close, a stop): no fetch that would hold it up.
+            return _Wait(self.retry_base, 0, "the worker is closing")
         backoff = 0.0
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         lock = self._prefix(site) + "robots:lock:" + site
@@ -532,7 +610,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 note_redis_failure(self.crawler)
                 backoff = min(REDIS_BACKOFF_CAP, max(0.5, backoff * 2))
                 logger.warning(
-                    "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs",
+                    "Redis unreachable reading robots.txt of %s (%s); trying again in %.1fs (the "
+                    "request waits; check that Redis runs if this goes on)",
                     site, exc, backoff,
                 )
                 await asyncio.sleep(backoff)
@@ -544,6 +623,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             if time.monotonic() > deadline:
                 # A fetch that long, or a lock set by hand without expiry.
                 return _Wait(self.retry_base, 0, "another worker holds its lock")
+            if started <= self._give_up_at:
+                self._unanswered.add(site)  # (no answer within this worker's idle limit)
+                return _Wait(self.retry_base, 0, "another worker fetches it")
             await asyncio.sleep(0.1)
         renew = asyncio.ensure_future(self._renew(lock))
         try:
@@ -657,7 +739,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
     def _problem(self, text: str) -> None:
         if text not in self._problems:
             self._problems.add(text)
-            logger.warning("Bad value in Redis: %s", text, extra={"spider": self.crawler.spider})
+            logger.warning("Bad value in Redis: %s%s", text, BAD_VALUE_HINT,
+                           extra={"spider": self.crawler.spider})
 
     def _keep(self, site: str, body: bytes, seconds: float) -> RobotParser:
         """Parse ``body`` and use it for ``site`` for ``seconds`` unread
@@ -673,6 +756,7 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             self._sweep_at = max(RULES_SWEEP_MIN, 2 * len(self._rules))
         self._rules[site] = (parser, now + max(0.0, min(seconds, self.local_max)))
         self._logged.pop(site, None)  # its rules are known: no wait to log
+        self._unanswered.discard(site)
         return parser
 
     def _robots_maxsize(self) -> int:
@@ -710,15 +794,28 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         body = b""
         engine = self.crawler.engine
         assert engine is not None
+        started = time.monotonic()
+        download = asyncio.ensure_future(engine.download_async(robots))
+        self._fetches[site] = (robots, download, started)
         try:
-            response: Response | None = await engine.download_async(robots)
+            await asyncio.wait([download])
+        finally:
+            self._fetches.pop(site, None)
+            if not download.done():
+                download.cancel()
+        response: Response | None = None
+        try:
+            response = download.result()
+        except asyncio.CancelledError:  # given up (give_up_waits)
+            failure = f"did not answer within {time.monotonic() - started:.0f} s"
+            self._unanswered.add(site)
         except IgnoreRequest as exc:  # too many redirects: unavailable
-            response = None
             logger.info("robots.txt of %s unavailable (%s): no rules", site, exc)
         except Exception as exc:  # DNS, refused, timeout, ...: unreachable
-            response = None
             failure = f"{type(exc).__name__}: {exc}"
             stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
+            if isinstance(exc, _TIMEOUTS):
+                self._unanswered.add(site)
         stats.inc_value("robotstxt/request_count")
         if response is not None:
             stats.inc_value("robotstxt/response_count")
@@ -770,14 +867,16 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         if stored.body is not None:
             logger.warning(
                 "robots.txt of %s unreachable (%s); the rules fetched %.0fs ago are kept; "
-                "next try in %.1fs", site, reason, time.time() - (stored.fetched or 0), wait,
+                "next try in %.1fs (nothing to do unless the site should answer)",
+                site, reason, time.time() - (stored.fetched or 0), wait,
             )
             await self._hold(site, down, hold=False)
             return self._keep(site, stored.body, wait)
         if now_ms - since >= GIVE_UP_MS:
             logger.warning(
                 "robots.txt of %s unreachable (%s) for %.0f days: crawled as if it had none "
-                "(RFC 9309 section 2.3.1.4)", site, reason, (now_ms - since) / 86_400_000,
+                "(RFC 9309 section 2.3.1.4; nothing to do: its robots.txt is obeyed once it "
+                "answers)", site, reason, (now_ms - since) / 86_400_000,
             )
             await self._store(site, b"", None)
             return self._keep(site, b"", self.ttl)
@@ -798,7 +897,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             # robots.txt themselves once the lock expires.
             if self._config_error(exc):
                 return
-            logger.warning("Could not share the robots.txt state of %s in Redis: %s", site, exc)
+            logger.warning(
+                "Could not share the robots.txt state of %s in Redis: %s (the other workers "
+                "fetch it themselves; check that Redis runs if this goes on)", site, exc,
+            )
 
     def _config_error(self, exc: Exception) -> bool:
         """Whether ``exc`` is a configuration error of Redis (a password, an
@@ -825,11 +927,13 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
         site = site_of(request)
         later = request.replace()
         later.meta[RETRY_DELAY_META] = max(0.0, wait.seconds)
+        later.meta[ROBOTS_WAIT_META] = True
         self._stats.inc_value("robotstxt/unreachable/deferred")
         if self._logged.get(site) != wait.attempt:
             self._logged[site] = wait.attempt
             logger.warning(
-                "robots.txt of %s unreachable (%s); its requests wait; next try in %.1fs",
+                "robots.txt of %s unreachable (%s); its requests wait; next try in %.1fs "
+                "(they go on once it answers; nothing to do unless the site should be up)",
                 site, wait.reason or f"{wait.attempt} failed attempts", wait.seconds,
                 extra={"spider": self.crawler.spider},
             )
@@ -854,7 +958,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             # once the lock expires.
             if self._config_error(exc):
                 return
-            logger.warning("Could not share robots.txt of %s in Redis: %s", site, exc)
+            logger.warning(
+                "Could not share robots.txt of %s in Redis: %s (the other workers fetch it "
+                "themselves; check that Redis runs if this goes on)", site, exc,
+            )
 
     def _share(self, site: str, body: bytes, delay: float | None) -> None:
         delay_ms = round(delay * 1000) if delay else None
@@ -923,7 +1030,8 @@ class AdaptiveSlowdownMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build the middleware; NotConfigured when switched off."""
         if not FrontierConfig.of(crawler).adaptive_enabled:
-            raise NotConfigured("FRONTIER_ADAPTIVE_ENABLED is off")
+            logger.info("AdaptiveSlowdownMiddleware off: FRONTIER_ADAPTIVE_ENABLED is False")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
     def process_response(self, request: Request, response: Response) -> Any:
@@ -965,7 +1073,10 @@ class AdaptiveSlowdownMiddleware:
                 self._slow.pop(site, None)
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
-            logger.warning("Could not adjust the delay of %s in Redis: %s", site, exc)
+            logger.warning(
+                "Could not adjust the delay of %s in Redis: %s (tried again at its next "
+                "response; check that Redis runs if this goes on)", site, exc,
+            )
             note_redis_failure(self.crawler)
         return response
 

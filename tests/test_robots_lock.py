@@ -62,8 +62,10 @@ def _lock_of(site: Any) -> str:
     return "{pages}:robots:lock:" + site.url.split("//")[1]
 
 
-#: The workers' settings: a short lock, fast robots.txt backoff.
-SETTINGS: dict[str, Any] = {"MAX_IDLE_TIME_BEFORE_CLOSE": 2,
+#: The workers' settings: a short lock, fast robots.txt backoff; an idle
+#: limit longer than the slow fetches take before the tests release them
+#: (a worker that only waits for a robots.txt gives it up at its idle limit).
+SETTINGS: dict[str, Any] = {"MAX_IDLE_TIME_BEFORE_CLOSE": 5,
                             "FRONTIER_ROBOTS_LOCK_SECONDS": LOCK_S, **FAST}
 
 
@@ -175,7 +177,10 @@ def test_redis_lost_while_renewing(
     site = site_factory(pages(), handler=robots)
     lock = _lock_of(site)
     log = tmp_path / "w.log"
-    with _through_proxy(env, redis_url, rds, [site.url + "/"], log) as (proxy, proc):
+    # (an idle limit longer than the fetch: a worker that only waits for a
+    # robots.txt gives it up at its idle limit)
+    settings = {**SETTINGS, "MAX_IDLE_TIME_BEFORE_CLOSE": 30}
+    with _through_proxy(env, redis_url, rds, [site.url + "/"], log, settings) as (proxy, proc):
         # (set before the worker's first renewal: it fetches robots.txt after start-up)
         rule = proxy.lose_replies(command="PEXPIRE", times=2)
         try:
@@ -308,7 +313,7 @@ def test_a_worker_forced_to_stop_while_fetching_robots_txt(
     lock = _lock_of(site)
     rds.lpush("pages:start_urls", site.url + "/")
     log = tmp_path / "w.log"
-    proc = start_worker("pages", env, log, SETTINGS)
+    proc = start_worker("pages", env, log, {**SETTINGS, "MAX_IDLE_TIME_BEFORE_CLOSE": 60})
     try:
         wait_for(lambda: bool(robots.asked), 30, "the robots.txt request", rds)
         first = rds.pttl(lock)

@@ -80,6 +80,12 @@ def test_a_stop_during_a_redis_outage_ends_within_its_bound_and_loses_nothing(
     assert took < STOP_BOUND, (took, text[-3000:])
     assert proc.returncode == 0, text[-3000:]
     assert "frontier writes not sent" in text, text[-3000:]
+    # The close's wait for Redis is said once when it starts and once when
+    # it ends, not at every try.
+    closing = text.split("Closing spider", 1)[1]
+    assert closing.count("Redis unreachable at close: trying for up to") == 1, closing[-3000:]
+    assert closing.count("frontier writes not sent") == 1
+    assert closing.count("WARNING: Redis unreachable (") <= 1, closing[-3000:]
 
     proxy.end_outage()
     proxy.stop_losing()

@@ -33,6 +33,7 @@ from crawler.frontier.connection import (
     config_error_message,
     drop_connections,
     is_no_master,
+    redis_location,
 )
 from crawler.frontier.health import RedisHealth, may_call_redis
 from crawler.frontier.replicas import NotReplicated
@@ -60,6 +61,7 @@ class Backoff:
     :ivar down_until: ``time.monotonic()`` before which no call is sent.
     :ivar unreachable: the last call met an outage (or a configuration error).
     :ivar config_stopped: a configuration error stopped the crawl.
+    :ivar closing: the scheduler is closing (outages logged at DEBUG).
     :ivar spider: the spider, for the log lines (set at open).
     """
 
@@ -74,6 +76,9 @@ class Backoff:
         self.down_until = 0.0
         self.unreachable = False
         self.config_stopped = False
+        #: The scheduler is closing: each failed try is logged at DEBUG
+        #: (:class:`~crawler.frontier.closing.Closing` logs the wait).
+        self.closing = False
         self._gave_up = False
         #: Gates synchronous Redis calls on the running reactor's thread
         #: during an outage and once the spider is closing (health.py).
@@ -82,7 +87,8 @@ class Backoff:
         #: restart from an older snapshot can reach this worker's
         #: frontier calls without an error of their own.
         self.redis_health = RedisHealth(
-            self.ping, self._redis_answered, on_failure=self.host.forget_seen)
+            self.ping, self._redis_answered, on_failure=self.host.forget_seen,
+            still_down=self._still_down)
 
     @property
     def stats(self) -> Any:
@@ -156,8 +162,12 @@ class Backoff:
             self.stats.inc_value("frontier/redis/outages")
         self.backoff = min(OUTAGE_BACKOFF_CAP, max(0.5, self.backoff * 2))
         self.down_until = time.monotonic() + self.backoff
-        logger.warning(
-            "Redis %s (%s); %d writes waiting; trying again in %.1fs",
+        # (at close, the closing logs one line when it starts trying and one
+        # when it ends: not one per try)
+        logger.log(
+            logging.DEBUG if self.closing else logging.WARNING,
+            "Redis %s (%s); %d writes waiting; trying again in %.1fs (an outage is waited "
+            "out; check that Redis runs if this goes on)",
             "is no master (a failover): connections dropped" if failover
             else "has too few replicas" if isinstance(exc, NotReplicated) else "unreachable",
             exc, len(self.outbox), self.backoff, extra={"spider": self.spider},
@@ -236,6 +246,17 @@ class Backoff:
     def probing(self) -> bool:
         """Whether an outage's backoff runs now."""
         return self.unreachable and time.monotonic() < self.down_until
+
+    def _still_down(self, seconds: float, exc: BaseException) -> None:
+        """Redis has been unreachable for ``seconds`` (the probe's thread):
+        say what the worker waits for, and how to stop it."""
+        logger.warning(
+            "Redis at %s unreachable for %.0f s (%s): this worker waits for it, whatever "
+            "MAX_IDLE_TIME_BEFORE_CLOSE (an outage is waited out; nothing is lost). Check "
+            "that Redis runs there and that REDIS_URL names it; Ctrl-C or SIGTERM stops "
+            "the worker", redis_location(self.crawler.settings), seconds, exc,
+            extra={"spider": self.spider},
+        )
 
     def ping(self) -> None:
         """``PING`` Redis (the probe of :class:`RedisHealth`, in its thread)."""

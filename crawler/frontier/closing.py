@@ -74,6 +74,8 @@ class Closing:
         self.holder = holder
         self.lease_timeout = lease_timeout
         self.flush = flush
+        #: The close said it waits for Redis (once per close).
+        self._told = False
 
     @property
     def stats(self) -> Any:
@@ -115,6 +117,10 @@ class Closing:
         """Resolve a call in doubt, give back the leases held, send the
         outbox; try until ``deadline`` (``time.monotonic()``). Returns
         whether everything was sent."""
+        started = time.monotonic()
+        self.session.closing = True
+        if self.session.unreachable:
+            self._tell(deadline)
         # A call in doubt first: the leases it took are given back too.
         while self.session.in_doubt is not None and time.monotonic() < deadline:
             self.session.down_until = 0.0
@@ -128,11 +134,33 @@ class Closing:
             self.session.down_until = 0.0
             if not self.flush():
                 self._pause_until(deadline)
-        return self.session.in_doubt is None and not self.outbox
+        done = self.session.in_doubt is None and not self.outbox
+        if done and self._told:
+            logger.info(
+                "Redis answered at close after %.1f s: the frontier's writes are sent",
+                time.monotonic() - started, extra={"spider": self.spider},
+            )
+        return done
 
     def _pause_until(self, deadline: float) -> None:
-        """Sleep the backoff (0.5 s without one), at most 1 s, until ``deadline``."""
+        """Sleep the backoff (0.5 s without one), at most 1 s, until
+        ``deadline``; the first time, say that the close waits for Redis."""
+        self._tell(deadline)
         time.sleep(max(0.0, min(1.0, self.session.backoff or 0.5, deadline - time.monotonic())))
+
+    def _tell(self, deadline: float) -> None:
+        """Say, once per close, that the close waits for Redis until
+        ``deadline`` (when it has something to send)."""
+        if self._told or not (self.outbox or self.session.in_doubt is not None):
+            return
+        self._told = True
+        logger.warning(
+            "Redis unreachable at close: trying for up to %.0f s more to send %d frontier "
+            "writes (nothing to do: if Redis stays away, the leases they would "
+            "acknowledge expire and are crawled again)",
+            max(0.0, deadline - time.monotonic()), len(self.outbox),
+            extra={"spider": self.spider},
+        )
 
     def give_back_at_forced_stop(self) -> None:
         """The reactor stops before :meth:`close` ran (a second SIGTERM or

@@ -45,6 +45,7 @@ password, or none to either. The sentinels are asked no more than
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.backoff import NoBackoff
@@ -85,8 +86,6 @@ from crawler.config import (
 from crawler.frontier.protocol import refusal
 
 if TYPE_CHECKING:
-    import logging
-
     from redis import Redis
     from redis.commands.core import Script
     from scrapy.crawler import Crawler
@@ -115,6 +114,21 @@ __all__ = [
 #: seconds. ``REDIS_PARAMS`` is merged over them, not instead of them: its
 #: keys win, these fill the rest. Seconds.
 FAIL_FAST_PARAMS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
+
+
+class _NoMaintNotice(logging.Filter):
+    """Drops redis-py's DEBUG line ``Failed to enable maintenance
+    notifications: unknown subcommand 'MAINT_NOTIFICATIONS'``, logged on
+    every new connection to a server without them (any Redis before Redis
+    8's, and open-source Redis: a Redis Enterprise feature; redis-py
+    issue #3852). It asks nothing of the user; redis-py's other records of
+    ``redis.connection`` pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to enable maintenance notifications")
+
+
+logging.getLogger("redis.connection").addFilter(_NoMaintNotice())
 
 
 #: Replies of a server that is no master (or not yet one): ``READONLY``

@@ -247,7 +247,12 @@ class DeadLetters:
             worker=self.worker,
         )
         self._queue(record, slot_of(request))
-        logger.warning("Dead letter for %s: %s", request.url, reason)
+        name = getattr(self.spider, "name", None) or "SPIDER"
+        logger.warning(
+            "Dead letter for %s: %s (scrapy deadletters list %s: the dead letters; "
+            "scrapy deadletters requeue %s: crawl them again once the cause is fixed)",
+            request.url, reason, name, name,
+        )
 
     def entry(self, data: bytes, lease_id: str, exc: Exception, site: str | None = None) -> None:
         """A leased entry that is no request here (``exc`` says why): a dead
@@ -256,7 +261,11 @@ class DeadLetters:
         its Request class made importable), and its lease acknowledged, both
         on the shard it was leased from (shard 0 when unknown)."""
         reason = f"undecodable frontier entry: {type(exc).__name__}: {exc}"
-        logger.error("%s", reason, extra={"spider": self.spider})
+        name = getattr(self.spider, "name", None) or "SPIDER"
+        logger.error(
+            "%s: kept as a dead letter (make its request class importable, then "
+            "scrapy deadletters requeue %s)", reason, name, extra={"spider": self.spider},
+        )
         record = new_record(reason, site=site, entry=data.decode("latin-1"),
                             last_error=repr(exc), worker=self.worker)
         shard = self.lease_shards.pop(lease_id, 0)

@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between the end of a failed probe and the start of the next.
 PROBE_INTERVAL = 0.5
+#: Seconds between two reminders that Redis is still unreachable.
+STILL_DOWN_EVERY = 30.0
 
 
 def _reactor() -> Any:
@@ -75,15 +77,25 @@ class RedisHealth:
     :param on_failure: called, on the failing call's thread, whenever any
         component meets an unreachable Redis (the scheduler forgets its
         local fingerprints: Redis may come back from an older snapshot).
+    :param still_down: called, from the probe's thread, with the seconds
+        since the outage began and the probe's error, every
+        :data:`STILL_DOWN_EVERY` seconds while probes fail (the scheduler
+        logs what it waits for and how to stop it).
     """
 
     def __init__(
         self, ping: Callable[[], object], answered: Callable[[], None],
         on_failure: Callable[[], None] | None = None,
+        still_down: Callable[[float, BaseException], None] | None = None,
     ) -> None:
         self._ping = ping
         self._answered_cb = answered
         self._on_failure = on_failure
+        self._still_down = still_down
+        #: time.monotonic() when the outage began (None: none), and when
+        #: it was last said to go on
+        self._down_since: float | None = None
+        self._told_at = 0.0
         #: A Redis call met an unreachable Redis, and none succeeded since.
         self.failing = False
         #: A ``PING`` sent since the last failure was answered.
@@ -102,12 +114,15 @@ class RedisHealth:
         ``on_failure`` (any thread), then gates the reactor's calls."""
         if self._on_failure is not None:
             self._on_failure()
+        if self._down_since is None:
+            self._down_since = self._told_at = time.monotonic()
         self.failing = True
         self._answered.clear()
 
     def recovered(self) -> None:
         """A Redis call succeeded."""
         self.failing = False
+        self._down_since = None
         self._answered.clear()
 
     def may_call(self) -> bool:
@@ -134,6 +149,12 @@ class RedisHealth:
         except Exception as exc:
             if not redis_answered(exc):
                 logger.debug("Redis probe failed: %s", exc)
+                now = time.monotonic()
+                since = self._down_since
+                if (self._still_down is not None and since is not None
+                        and now - self._told_at >= STILL_DOWN_EVERY):
+                    self._told_at = now
+                    self._still_down(now - since, exc)
                 return
             # Redis answered with a refusal (a password rotated, an ACL):
             # the calls go ahead and meet it, a configuration error.

@@ -91,7 +91,7 @@ from crawler.frontier.connection import (
     report_redis_failure,
 )
 from crawler.frontier.shards import node_pipelines
-from crawler.frontier.store import _Lua
+from crawler.frontier.store import BAD_VALUE_HINT, _Lua
 from crawler.keys import shard_count, shard_prefixes, spider_name_of, workers_key
 
 if TYPE_CHECKING:
@@ -510,7 +510,8 @@ class FrontierHousekeeping:
         config = FrontierConfig.of(crawler)
         interval = config.housekeeping_interval
         if interval <= 0:
-            raise NotConfigured("FRONTIER_HOUSEKEEPING_INTERVAL is 0")
+            logger.info("Frontier housekeeping off: FRONTIER_HOUSEKEEPING_INTERVAL is 0")
+            raise NotConfigured  # (switched off on purpose: no WARNING)
         housekeeper = Housekeeper(
             get_redis(settings),
             spider_name_of(crawler),  # the instance's, at open (spider_opened)
@@ -563,7 +564,7 @@ class FrontierHousekeeping:
         for text in swept.problems:
             if text not in self._problems:
                 self._problems.add(text)
-                logger.warning("Bad value in Redis: %s", text)
+                logger.warning("Bad value in Redis: %s%s", text, BAD_VALUE_HINT)
         if swept.workers or swept.dead_trimmed or swept.sites:
             logger.debug(
                 "Housekeeping: %d worker records, %d dead letters, %d sites forgotten",

@@ -35,6 +35,7 @@ from scrapy import signals
 from twisted.internet.threads import deferToThread
 
 from crawler.frontier.audit import REPAIR_COMMAND, repair_damage
+from crawler.frontier.store import BAD_VALUE_HINT
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -135,7 +136,8 @@ class Reports:
             if text not in self._problems:
                 self._problems.add(text)
                 self.stats.inc_value("frontier/problems")
-                logger.warning("Bad value in Redis: %s", text, extra={"spider": self.spider})
+                logger.warning("Bad value in Redis: %s%s", text, BAD_VALUE_HINT,
+                               extra={"spider": self.spider})
 
     def damaged(self, damaged: Sequence[Damage], shard: int) -> None:
         """Repair each value a call to ``shard`` left as it is (a script

@@ -72,12 +72,13 @@ from crawler.frontier.store import Committed, Lease, NotDue
 from crawler.frontier.wakeup import WakeUp
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
     from typing import Self
 
     from scrapy.crawler import Crawler
 
     from crawler.frontier.queue import LeasedPriorityQueue
+    from crawler.frontier.stuck import Stuck
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,9 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
     seen_max: int
     outbox_delay: float
     eviction: EvictionWatch
+    #: The worker closes for idleness with requests that only wait
+    #: (:meth:`stuck`, :meth:`let_go`): nothing more is leased.
+    letting_go: bool = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -417,7 +421,7 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         them (:attr:`evicted`): the crawl is closing, and what this worker
         holds is given back then.
         """
-        if self.eviction.evicted is not None:
+        if self.eviction.evicted is not None or self.letting_go:
             return None
         request = self._next_request()
         if request is None:
@@ -515,7 +519,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
         """Whether any request is queued, waiting for a retry or leased, anywhere.
 
         True while Redis is unreachable or writes are waiting to be sent, so
-        a worker never closes for idleness during an outage. While requests
+        a worker never closes for idleness during an outage; False once the
+        worker lets go of requests that only wait (:meth:`let_go`). While requests
         are pending, it logs, once per change, the leases of silent (dead)
         workers it waits for and when they expire
         (:class:`~crawler.frontier.waiting.LeaseWaitLog`).
@@ -524,6 +529,8 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
 
         if self.book.ready or not may_call_redis(self.crawler) or not self.flush_outbox():
             return True
+        if self.letting_go:
+            return False  # what waits in Redis is left to later workers
         try:
             pending = self.queue.shards.pending() > 0
         except UNREACHABLE as exc:
@@ -538,6 +545,34 @@ class FrontierScheduler(Scheduler):  # type: ignore[misc]
                 self._lease_waits = waits
             waits.check()  # never raises
         return pending
+
+    def stuck(
+        self, far: float | None = None, unanswered: Collection[str] = (),
+    ) -> Stuck | None:
+        """What the crawl's pending requests wait for, when nothing can be
+        done with them now (:func:`crawler.frontier.stuck.survey`): nothing
+        leased anywhere, and every one on a site of ``unanswered`` (its
+        robots.txt did not answer this worker) or due in more than ``far``
+        seconds (default :data:`~crawler.frontier.stuck.FAR_WAIT`). None when some can be
+        served now or soon, when this worker holds any or has writes
+        unsent, and while Redis cannot be reached (an outage is waited out).
+        """
+        from crawler.frontier.stuck import FAR_WAIT, survey  # noqa: PLC0415
+
+        if self.book.ready or not may_call_redis(self.crawler) or not self.flush_outbox():
+            return None
+        try:
+            return survey(self.queue.shards, FAR_WAIT if far is None else far, unanswered)
+        except UNREACHABLE as exc:
+            self.session.failed(exc)
+            return None
+
+    def let_go(self) -> None:
+        """The worker closes for idleness although requests are pending
+        (they only wait: :meth:`stuck`): lease nothing more, and report
+        nothing pending once what this worker holds is sent, so that the
+        engine closes the spider. The requests stay in Redis."""
+        self.letting_go = True
 
     def __len__(self) -> int:
         return len(self.queue)

@@ -28,6 +28,7 @@ from crawler.frontier.health import may_call_redis, note_redis_failure, redis_is
 from crawler.frontier.intake import IntakeKeys, SeedIntake
 from crawler.frontier.seeds import BadSeed, parse_seed
 from crawler.frontier.sites import tag_seed
+from crawler.frontier.stuck import ROBOTS_WAIT_META, Stuck
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -99,6 +100,16 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
     * With ``MAX_IDLE_TIME_BEFORE_CLOSE`` > 0 the worker closes once it has had
       no request, response or seed for that many seconds *and* has nothing
       queued or in flight, and no seed is in an intake batch anywhere.
+      Idle means nothing it can do now: requests that only wait for a
+      robots.txt are given up at the limit (the robots.txt middleware's
+      ``give_up_waits``: they go back to Redis), and requests still pending
+      do not keep it open when none is leased anywhere and each is on a site
+      whose robots.txt did not answer this worker or due in more than
+      :data:`~crawler.frontier.stuck.FAR_WAIT` (60) seconds; it then logs
+      one WARNING saying what waits and why, and leaves them in Redis for
+      a later worker (:mod:`crawler.frontier.stuck`). A request sent back
+      to wait for robots.txt is no activity. Redis out of reach never
+      counts as idle (an outage is waited out).
       scrapy-redis starts that clock when the module is imported, which
       closes busy crawls early. A paused crawl (``scrapy frontier pause``,
       :mod:`crawler.control`) is not idle; its clock starts again when it
@@ -136,6 +147,9 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
         self._blocking: asyncio.Future[bool] | None = None
         self._next_upkeep = 0.0
         self._told_no_commit = False
+        #: What the pending requests wait for, when the worker closes idle
+        #: with requests that nothing can serve now.
+        self._stuck: Stuck | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -217,7 +231,9 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
 
     # -- activity ------------------------------------------------------------
 
-    def _touch(self, *args: Any, **kwargs: Any) -> None:
+    def _touch(self, *args: Any, request: Request | None = None, **kwargs: Any) -> None:
+        if request is not None and request.meta.get(ROBOTS_WAIT_META):
+            return  # sent back to wait for robots.txt: no progress
         self._last_activity = time.monotonic()
 
     def _room_freed(self, *args: Any, **kwargs: Any) -> None:
@@ -260,10 +276,36 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
             or self._committed
             or self._taking is not None
             or time.monotonic() - self._last_activity < self.max_idle_time
-            or self._busy()
         ):
             return False
+        engine = self.crawler.engine
+        gates = self._robots_gates()
+        if any(gate.waits_only(engine.downloader.active, self.max_idle_time) for gate in gates):
+            # All this worker does is wait for robots.txt (a host that does
+            # not answer): give up; its requests go back to Redis to wait.
+            for gate in gates:
+                gate.give_up_waits()
+            return False
+        self._stuck = None
+        if engine.downloader.active or not engine.scraper.slot.is_idle():
+            return False
+        slot = getattr(engine, "_slot", None)
+        if slot is not None and slot.scheduler.has_pending_requests():
+            stuck = getattr(slot.scheduler, "stuck", None)
+            unanswered = {site for gate in gates for site in gate.unanswered()}
+            self._stuck = None if stuck is None else stuck(unanswered=unanswered)
+            if self._stuck is None:
+                return False
         return intake.pending() == 0
+
+    def _robots_gates(self) -> list[Any]:
+        """The downloader middlewares that hold requests while their site's
+        robots.txt is fetched (those with ``waits_only``, ``give_up_waits``
+        and ``unanswered``: :class:`crawler.politeness.SharedRobotsTxtMiddleware`)."""
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        middlewares = getattr(getattr(downloader, "middleware", None), "middlewares", ())
+        return [m for m in middlewares
+                if all(hasattr(m, a) for a in ("give_up_waits", "waits_only", "unanswered"))]
 
     def _closing(self) -> bool:
         """Whether the engine is closing the spider (``scrapy frontier
@@ -371,7 +413,8 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                     else "unreachable"
                 )
                 logger.warning(
-                    "Redis %s while reading seeds (%s); retrying in %.1fs",
+                    "Redis %s while reading seeds (%s); retrying in %.1fs (check that Redis runs "
+                    "if this goes on)",
                     what, exc, backoff, extra={"spider": self},
                 )
                 if not refused:
@@ -379,10 +422,22 @@ class FrontierSpider(RedisSpider):  # type: ignore[misc]
                 # Not past the next refresh of the batches this worker holds.
                 await asyncio.sleep(min(backoff, self._upkeep_interval))
         if not self._closed and not self._closing():
-            logger.info(
-                "Idle for %ss with nothing to do: closing", self.max_idle_time,
-                extra={"spider": self},
-            )
+            if self._stuck is not None:
+                scheduler = self._scheduler()
+                if scheduler is not None and hasattr(scheduler, "let_go"):
+                    scheduler.let_go()
+                logger.warning(
+                    "Closing after %ss idle (MAX_IDLE_TIME_BEFORE_CLOSE): %s. Nothing is "
+                    "lost: a worker started later takes them up when they are due "
+                    "(scrapy frontier status %s shows them)",
+                    self.max_idle_time, self._stuck.describe(), self.name,
+                    extra={"spider": self},
+                )
+            else:
+                logger.info(
+                    "Idle for %ss with nothing to do: closing", self.max_idle_time,
+                    extra={"spider": self},
+                )
         return
         yield  # an async generator that yields nothing
 

@@ -133,6 +133,12 @@ __all__ = [
     "frontier_prefix", "holder_of",
 ]
 
+#: Appended to each "Bad value in Redis" warning: what to do about it.
+BAD_VALUE_HINT = (
+    " (a key written by hand, or by another program or version? fix or delete it; "
+    "the crawl goes on meanwhile)"
+)
+
 logger = logging.getLogger(__name__)
 
 #: Priorities from -PRIORITY_LIMIT to PRIORITY_LIMIT keep their order; the
@@ -759,7 +765,7 @@ class Frontier:
             args=[self._delay_header({"site": site, "delay_ms": delay_ms})],
         ))
         for problem in done.problems:
-            logger.warning("Bad value in Redis: %s", problem)
+            logger.warning("Bad value in Redis: %s%s", problem, BAD_VALUE_HINT)
         return done.removed, done.moved
 
     def repair(self, kind: str, field: str) -> list[str]:
