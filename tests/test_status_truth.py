@@ -80,7 +80,7 @@ def test_per_worker_pages_and_items_add_up_to_what_two_workers_stored(
 
     table = scrapy(env, "frontier", "status", "quotes")
     assert "finished" in table.stdout and "no: closed (finished)" in table.stdout
-    assert "documents in MongoDB (all spiders)" in table.stdout
+    assert "documents in MongoDB, in these spiders' collections" in table.stdout
 
 
 def _json_commands() -> list[list[str]]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import socket
 import sys
 import time
@@ -481,7 +482,7 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
         if workers is not None:
             parts.append(workers)
     if "mongodb" in status.servers and "mongodb" not in status.errors and status.items:
-        title = "documents in MongoDB (all spiders)"
+        title = "documents in MongoDB, in these spiders' collections"
         items = Table(title=title, title_justify="left", min_width=len(title))
         items.add_column("collection")
         items.add_column("documents", justify="right")
@@ -489,6 +490,21 @@ def render(status: ClusterStatus, *, errors: bool = True) -> RenderableType:
             items.add_row(collection, str(count))
         parts.append(items)
     return Group(*parts)
+
+
+#: Columns of the tables written off a terminal (piped, redirected), where
+#: rich would use 80 and cut the heartbeat and live columns; ``COLUMNS`` in
+#: the environment wins, as rich's own rule.
+PLAIN_WIDTH = 160
+
+
+def _console() -> Console:
+    """rich's console for stdout: the terminal's width on a terminal, else
+    ``COLUMNS`` or :data:`PLAIN_WIDTH`."""
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(width=PLAIN_WIDTH)
+    return console
 
 
 class Command(EnvironmentCommand):
@@ -914,7 +930,7 @@ class Command(EnvironmentCommand):
             sys.stdout.write(json.dumps(data) + "\n")
             sys.stdout.flush()
         else:
-            Console().print(render(status, errors=False))
+            _console().print(render(status, errors=False))
 
     def _watch(self, reader: StatusReader, opts: argparse.Namespace) -> None:
         """Print a reading every ``--interval`` seconds until Ctrl-C.
@@ -924,7 +940,7 @@ class Command(EnvironmentCommand):
         stops): one plain-text snapshot each, flushed, no escape codes.
         Errors are part of each reading, so the watch goes on through them.
         """
-        console = Console()
+        console = _console()
         if opts.json or not console.is_terminal:
             first = True
             while True:
