@@ -237,13 +237,16 @@ class SpiderStatus:
         no set does): a Bloom filter cannot count its URLs (an estimate
         would take ``BITCOUNT`` of the whole bitmap, megabytes, holding
         Redis up at every reading).
-    :ivar items: collection -> documents this spider added to it (summed
-        over its workers and runs: the cluster stats
-        ``mongo/added/<collection>``, :data:`crawler.storage.ADDED_STAT_PREFIX`),
-        dict items included (in the collection named after the spider).
-        Only this spider's: a collection two spiders write lists, under each,
-        the documents that one added; a document another spider updates
-        later counts for the spider that added it.
+    :ivar items: collection -> documents of this spider in it, for each
+        collection it wrote (the cluster stats ``mongo/added/<collection>``,
+        :data:`crawler.storage.ADDED_STAT_PREFIX`, name them), dict items
+        included (in the collection named after the spider). A collection
+        no other spider read here wrote: the documents it holds (MongoDB's
+        count, so a worker killed before its stats reached Redis takes
+        nothing away). A collection two spiders write: under each, the
+        documents that one added (summed over its workers and runs; a
+        document another spider updates later counts for the spider that
+        added it).
     :ivar feeds: feed URI (password masked) -> items written to feeds of
         that URI by the crawl's workers (``-O``, ``FEEDS``), summed over the
         workers and over every run of the crawl (totals: a feed written again
@@ -446,6 +449,29 @@ def _raise_first(replies: list[Any]) -> None:
             raise reply
 
 
+def _spider_outputs(status: ClusterStatus) -> None:
+    """Fill each spider's ``feeds`` and ``items`` (see :class:`SpiderStatus`)
+    from its cluster stats and ``status.items``, MongoDB's counts."""
+    writers: dict[str, int] = {}
+    for spider in status.spiders.values():
+        spider.feeds = {
+            stat.removeprefix(FEED_STAT_PREFIX): count
+            for stat, count in sorted(spider.stats.items())
+            if stat.startswith(FEED_STAT_PREFIX)
+        }
+        spider.items = {
+            stat.removeprefix(ADDED_STAT_PREFIX): count
+            for stat, count in sorted(spider.stats.items())
+            if stat.startswith(ADDED_STAT_PREFIX)
+        }
+        for collection in spider.items:
+            writers[collection] = writers.get(collection, 0) + 1
+    for spider in status.spiders.values():
+        for collection in spider.items:
+            if writers[collection] == 1 and collection in status.items:
+                spider.items[collection] = status.items[collection]
+
+
 class StatusReader:
     """Reads :class:`ClusterStatus` from Redis and MongoDB.
 
@@ -565,17 +591,7 @@ class StatusReader:
                 status.items = self._count_items(sorted(collections))
             except PyMongoError as exc:
                 status.errors["mongodb"] = f"{self.mongo_at}: {_short(exc)}"
-        for spider in status.spiders.values():
-            spider.feeds = {
-                stat.removeprefix(FEED_STAT_PREFIX): count
-                for stat, count in sorted(spider.stats.items())
-                if stat.startswith(FEED_STAT_PREFIX)
-            }
-            spider.items = {
-                stat.removeprefix(ADDED_STAT_PREFIX): count
-                for stat, count in sorted(spider.stats.items())
-                if stat.startswith(ADDED_STAT_PREFIX)
-            }
+        _spider_outputs(status)
         return status
 
     def _read_redis(self, spider: SpiderStatus, now: float) -> None:
