@@ -972,6 +972,18 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
             logger.info("%s asks for Crawl-delay: %ss; all workers keep to it", site, delay)
 
 
+class _Turn:
+    """The responses of one site that adjust its delay, one at a time:
+    ``lock`` is held by the one adjusting, ``users`` counts it and those
+    waiting (the entry is dropped at 0)."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class AdaptiveSlowdownMiddleware:
     """Slow a site down for every worker when it pushes back.
 
@@ -1007,6 +1019,8 @@ class AdaptiveSlowdownMiddleware:
         #: site -> (extra delay this worker last wrote, ms; time.monotonic() then)
         self._slow: dict[str, tuple[float, float]] = {}
         self._sweep_at = RULES_SWEEP_MIN
+        #: site -> the turn of its responses in progress (adjusted one at a time)
+        self._turns: dict[str, _Turn] = {}
 
     @property
     def redis(self) -> Redis:
@@ -1034,29 +1048,63 @@ class AdaptiveSlowdownMiddleware:
             raise NotConfigured  # (switched off on purpose: no WARNING)
         return cls(crawler)
 
-    def process_response(self, request: Request, response: Response) -> Any:
+    async def process_response(self, request: Request, response: Response) -> Response:
         """Adjust the extra delay of the request's site (its download slot)
-        from this response."""
+        from this response; the response goes on either way.
+
+        The Redis calls run in the reactor's thread pool (:func:`_off_reactor`),
+        one response of a site at a time in this worker (a 429 doubles what
+        the one before it wrote). A response that changes nothing (the site
+        not slowed here, answered in time) makes no call. While Redis is
+        unreachable (the health gate of health.py is closed) the response
+        waits one probe interval (``PROBE_INTERVAL``, 0.5 s) for the gate to
+        reopen, then goes on unadjusted (best effort: the next response of
+        the site adjusts its delay); once the spider closes, at once.
+        """
         site = slot_of(request)
+        latency = float(request.meta.get("download_latency") or 0.0)
+        pushed_back = response.status in (429, 503)
+        if not pushed_back and latency <= self.latency and site not in self._slow:
+            return response  # not slowed by this worker, and nothing to slow
+        if not may_call_redis(self.crawler):
+            if spider_closing(self.crawler):
+                return response
+            await asyncio.sleep(PROBE_INTERVAL)
+            if not may_call_redis(self.crawler):
+                return response
+        turn = self._turns.get(site)
+        if turn is None:
+            turn = self._turns[site] = _Turn()
+        turn.users += 1
+        try:
+            async with turn.lock:
+                await self._adjust(site, pushed_back, latency)
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._turns[site]
+        return response
+
+    async def _adjust(self, site: str, pushed_back: bool, latency: float) -> None:
+        """Compute and store the new extra delay (ms) of ``site``; Redis out
+        of reach is logged, never raised."""
         known = self._slow.get(site)
         now = time.monotonic()
-        latency = float(request.meta.get("download_latency") or 0.0)
-        if not may_call_redis(self.crawler):
-            # Redis down, or the spider closing (health.py): best effort,
-            # skipped rather than block the reactor; the next response
-            # of the site adjusts its delay.
-            return response
+        fresh = known is not None and now - known[1] < self.local_max
+        slow = known[0] if known is not None and fresh else 0.0
         try:
-            pushed_back = response.status in (429, 503)
-            fresh = known is not None and now - known[1] < self.local_max
-            slow = known[0] if known is not None and fresh else 0.0
-            if known is not None and not fresh and not pushed_back:
-                # Not heard from for long: housekeeping may have forgotten
-                # the site (its mark deleted), or others slowed it further.
-                slow = _number(self.frontier.for_site(site).slow_of(site))
+            if pushed_back or (known is not None and not fresh):
+                # A push back doubles what Redis holds (others may have
+                # slowed the site further). Not heard from for long:
+                # housekeeping may have forgotten the site (its mark
+                # deleted), or others slowed it further.
+                stored = _number(await _off_reactor(self._frontier_of(site).slow_of, site))
+                if pushed_back:
+                    slow = max(stored, slow)
+                else:
+                    slow = stored
             if pushed_back:
-                current = _number(self.frontier.for_site(site).slow_of(site))
-                new = min(self.max, max(self.start, 2 * max(current, slow)))
+                new = min(self.max, max(self.start, 2 * slow))
                 assert self.crawler.stats is not None
                 self.crawler.stats.inc_value("frontier/adaptive/slowed")
             elif latency > self.latency:
@@ -1065,12 +1113,8 @@ class AdaptiveSlowdownMiddleware:
                 new = slow * 0.75 if slow * 0.75 >= 50 else 0.0
             else:
                 self._slow.pop(site, None)
-                return response
-            self.frontier.for_site(site).set_slow(site, round(new))
-            if new:
-                self._remember(site, new, now)
-            else:
-                self._slow.pop(site, None)
+                return
+            await _off_reactor(self._frontier_of(site).set_slow, site, round(new))
         except UNREACHABLE as exc:
             # Slowing down is best effort: the response goes on either way.
             logger.warning(
@@ -1078,7 +1122,15 @@ class AdaptiveSlowdownMiddleware:
                 "response; check that Redis runs if this goes on)", site, exc,
             )
             note_redis_failure(self.crawler)
-        return response
+            return
+        if new:
+            self._remember(site, new, now)
+        else:
+            self._slow.pop(site, None)
+
+    def _frontier_of(self, site: str) -> Frontier:
+        """The shard of the frontier that holds ``site``."""
+        return self.frontier.for_site(site)
 
     def _remember(self, site: str, delay: float, now: float) -> None:
         """Keep ``delay`` (ms) as this worker's copy of the site's; copies

@@ -10,6 +10,7 @@ the parsed robots.txt rules: ``tests/test_robots_compact.py``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -537,7 +538,7 @@ def crawler_for(redis_url: str, **settings: Any) -> Crawler:
 def answer(mw: AdaptiveSlowdownMiddleware, url: str, status: int) -> None:
     """``mw`` sees a response of ``status`` to a request of ``url``."""
     request = Request(url)
-    mw.process_response(request, Response(url, status=status))
+    asyncio.run(mw.process_response(request, Response(url, status=status)))
 
 
 def test_a_forgotten_slow_mark_is_not_written_back_by_a_workers_memory(

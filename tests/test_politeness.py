@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import pymongo
@@ -13,7 +16,7 @@ from scrapy.utils.test import get_crawler
 
 from crawler.politeness import AdaptiveSlowdownMiddleware
 from devtools.replay import Hit, Page, generated_site
-from tests.workers import crawl
+from tests.workers import PROJECT_DIR, crawl
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -146,7 +149,7 @@ def test_429_and_503_slow_a_site_for_every_worker(redis_url: str) -> None:
     request = Request("http://a.example/")
 
     def answer(status: int) -> float:
-        mw.process_response(request, Response(request.url, status=status))
+        asyncio.run(mw.process_response(request, Response(request.url, status=status)))
         return float(rds.hget("{t}:slow", "a.example") or 0)
 
     assert answer(429) == 1000
@@ -155,3 +158,24 @@ def test_429_and_503_slow_a_site_for_every_worker(redis_url: str) -> None:
     # Another worker's 429 doubles what is in Redis, not what it knew.
     rds.hset("{t}:slow", "a.example", 8000)
     assert answer(429) == 16000
+
+
+@pytest.mark.workers
+def test_the_adaptive_slowdown_makes_no_redis_call_on_the_reactor_thread(redis_url: str) -> None:
+    """On a running reactor, every Redis command the slowdown sends runs in
+    the reactor's thread pool (recorded per command by a hook on redis-py's
+    connection), and it still slows the site as on no reactor; two 429s of
+    a site answered at once double its delay twice (one at a time)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.slowdown_threads", redis_url],
+        cwd=PROJECT_DIR, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert "error" not in out, out["error"]
+    assert out["on_reactor"] is True
+    assert out["a"] == [1000, 2000, 1500]
+    assert out["b"] == 2000
+    names = [name for _, name in out["commands"]]
+    assert "HGET" in names and "HSET" in names, names
+    assert all(thread != out["reactor"] for thread, _ in out["commands"]), out["commands"]

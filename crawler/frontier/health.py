@@ -12,8 +12,12 @@ graceful stop, one socket timeout per call. So, while the reactor runs:
 * once the spider is closing (a graceful stop, an idle close), only the
   scheduler's bounded close calls Redis (:func:`may_call_redis`).
 
-Best-effort callers (the adaptive slowdown, the seed reader) skip their
-call and try again later; the scheduler keeps its writes in its outbox.
+Best-effort callers (the seed reader) skip their call and try again later;
+the scheduler keeps its writes in its outbox. The politeness middlewares
+(:mod:`crawler.politeness`) run their Redis calls in the reactor's thread
+pool, and while the gate is closed wait for it a probe interval
+(:data:`PROBE_INTERVAL`) at a time (the adaptive slowdown once, then goes
+on without its call).
 Outside a running reactor (a scheduler driven by a test, a command), calls
 are synchronous as before: nothing is gated.
 """

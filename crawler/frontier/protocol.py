@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _encode_string
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from crawler.frontier.lifecycle import LEASED, SUSPECT
@@ -148,6 +149,9 @@ PAYLOADS: dict[str, tuple[str, ...]] = {
     "sites": ("site",),
 }
 
+#: (group name, fields per record) of :data:`PAYLOADS`, in order.
+_WIDTHS: tuple[tuple[str, int], ...] = tuple((n, len(f)) for n, f in PAYLOADS.items())
+
 _BEGIN = "-- BEGIN protocol (crawler/frontier/protocol.py: lua_binding)"
 _END = "-- END protocol"
 
@@ -160,12 +164,13 @@ def shard_keys(prefix: str, marker: str = "") -> list[str]:
 
 def lua_binding() -> str:
     """The block of ``lua/lib.lua`` that binds a call's keys and payload
-    layout by name: ``local K = {wait = KEYS[1], ...}`` in
+    layout by name: ``local K = {wait = KEYS[1], ...}`` (``KEYS`` read
+    through a local: one global lookup per call, not one per key) in
     :data:`SHARD_KEYS` order, ``PROTOCOL``, and ``PAYLOADS`` (group name,
     width, name, width..., in :data:`PAYLOADS` order). A test checks that ``lib.lua``
     holds exactly this text."""
     n = len(SHARD_KEYS)
-    lines = [_BEGIN, "local PROTOCOL = " + str(VERSION), "local K = {"]
+    lines = [_BEGIN, "local PROTOCOL = " + str(VERSION), "local KEYS = KEYS", "local K = {"]
     lines += [f"  {name} = KEYS[{i}]," for i, (name, _) in enumerate(SHARD_KEYS, 1)]
     lines += [f"  {name} = KEYS[{n + i}]," for i, name in enumerate(EXTRA_KEYS, 1)]
     lines += ["}", f"local N_KEYS = {n + len(EXTRA_KEYS)}", "local PAYLOADS = {"]
@@ -183,30 +188,53 @@ def lua_binding_in(source: str) -> str | None:
     return source[start : end + len(_END)] + "\n"
 
 
+def _json_scalar(value: Any) -> str:
+    """``value`` as JSON text: ints, bools and strings written directly
+    (they are most options), anything else by :func:`json.dumps`."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is str:
+        return _encode_string(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _json_members(values: dict[str, Any]) -> str:
+    """The members of a JSON object (no braces) of ``values``, less the
+    None ones. The names are the code's own (option and group names: no
+    character JSON escapes)."""
+    return ",".join(
+        f'"{name}":{_json_scalar(value)}' for name, value in values.items() if value is not None
+    )
+
+
 class _Header:
     """A header's constant part, encoded once: ``{"v":1,"op":...,"o":{...``
     with the options every call of a frontier shares."""
 
-    __slots__ = ("_head",)
+    __slots__ = ("_head", "_open")
 
     def __init__(self, op: str, constant: dict[str, Any]) -> None:
         body = json.dumps(constant, separators=(",", ":"))[1:-1]
         self._head = f'{{"v":{VERSION},"op":"{op}","o":{{{body}'
+        #: whether the constant options are none (the next one needs no comma)
+        self._open = not body
 
     def __call__(self, options: dict[str, Any] | None = None,
                  ops: dict[str, int] | None = None) -> str:
-        """The header with ``options`` added to the constant ones, and the
-        payload counts ``ops``."""
+        """The header with ``options`` added to the constant ones (None
+        values left out), and the payload counts ``ops``."""
         text = self._head
         if options:
-            options = {k: v for k, v in options.items() if v is not None}
-        if options:
-            more = json.dumps(options, separators=(",", ":"))[1:-1]
-            text += ("," if text[-1] != "{" else "") + more
-        text += "}"
+            more = _json_members(options)
+            if more:
+                text += more if self._open else "," + more
         if ops:
-            text += ',"ops":' + json.dumps(ops, separators=(",", ":"))
-        return text + "}"
+            return text + '},"ops":{' + ",".join(
+                f'"{name}":{n:d}' for name, n in ops.items()) + "}}"
+        return text + "}}"
 
 
 def header(op: str, constant: dict[str, Any] | None = None) -> _Header:
@@ -222,7 +250,7 @@ def payloads(ops: dict[str, Sequence[Sequence[Any]]]) -> tuple[dict[str, int], l
     :data:`PAYLOADS` order; empty groups are left out."""
     counts: dict[str, int] = {}
     flat: list[Any] = []
-    for name, width in ((n, len(f)) for n, f in PAYLOADS.items()):
+    for name, width in _WIDTHS:
         records = ops.get(name)
         if not records:
             continue
@@ -351,9 +379,9 @@ def committed_of(reply: Sequence[Any]) -> Committed:
     )
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A request handed to this worker until it is acknowledged.
+class Lease(NamedTuple):
+    """A request handed to this worker until it is acknowledged (a named
+    tuple: a call's replies make many, cheaply).
 
     :ivar data: the encoded request.
     :ivar site: the site it belongs to.

@@ -147,6 +147,10 @@ logger = logging.getLogger(__name__)
 #: double only below 2^21 (see ``lua/lib.lua``).
 PRIORITY_LIMIT = 1_000_000
 
+#: Holders whose call keys a :class:`Frontier` keeps built (a worker's calls
+#: name one holder; past this many, the kept ones are dropped and built again).
+HOLDER_KEYS_KEPT = 64
+
 
 class _Lua:
     """One Lua script of ``lua/``, callable directly or on a pipeline.
@@ -375,6 +379,8 @@ class Frontier:
         self._repair = _Lua(redis, "repair.lua", lib=True)
         #: KEYS of a call without a holder (protocol.shard_keys)
         self._keys = protocol.shard_keys(self.prefix)
+        #: holder -> KEYS of its calls (:meth:`_holder_keys`)
+        self._keys_of: dict[str, list[str]] = {}
         self._lease_header = protocol.header("lease", {
             "max_deliveries": max_deliveries, "lease_ms": self.lease_timeout_ms,
             "delay_ms": self.default_delay_ms, "cap": default_concurrency,
@@ -424,7 +430,8 @@ class Frontier:
         """
         bloom = self.bloom
         holder, seq = batch.marker or ("", None)
-        keys = self._keys if not holder else protocol.shard_keys(self.prefix, holder)
+        keys = self._keys if not holder else self._holder_keys(holder)
+        shared = keys  # (copied before a Bloom bitmap is added)
         pushes: list[tuple[Any, ...]] = []
         bitmaps: dict[str, int] = {}
         for p in batch.pushes:
@@ -433,7 +440,7 @@ class Frontier:
                 key, offsets = bloom.locate(p.fingerprint)
                 index = bitmaps.get(key)
                 if index is None:  # a bitmap is one of KEYS, named by its index
-                    if keys is self._keys:
+                    if keys is shared:
                         keys = list(keys)
                     keys.append(key)
                     index = bitmaps[key] = len(keys)
@@ -457,6 +464,16 @@ class Frontier:
         args.insert(0, self._commit_header({"seq": seq}, ops))
         reply = self._commit(keys=keys, args=args, client=client)
         return None if client is not None else protocol.committed_of(reply)
+
+    def _holder_keys(self, holder: str) -> list[str]:
+        """:func:`protocol.shard_keys` of ``holder``'s calls, built once per
+        holder (at most :data:`HOLDER_KEYS_KEPT` are kept; never modified)."""
+        keys = self._keys_of.get(holder)
+        if keys is None:
+            if len(self._keys_of) >= HOLDER_KEYS_KEPT:
+                self._keys_of.clear()
+            keys = self._keys_of[holder] = protocol.shard_keys(self.prefix, holder)
+        return keys
 
     def pipeline(self) -> Any:
         """A non-transactional pipeline to the node that holds this crawl's

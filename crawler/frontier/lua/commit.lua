@@ -79,12 +79,9 @@
 -- put in K.ready joined then), else "" (so a worker that pushed a better
 -- priority than it knew on this shard learns when that site joined, for
 -- first in, first out across shards).
-local H, refused = open_call('commit')
+local H, refused = policy_open_call('commit')
 if not H then return refused end
 local O = H.o
-K.cap = tonumber(O.cap)
-K.gate = O.gate == true
-K.join = O.join == true
 local leases, ldata, retries, dead = K.leases, K.ldata, K.retries, K.dead
 local size = tonumber(O.bloom)
 local bloom = size ~= nil

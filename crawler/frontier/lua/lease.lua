@@ -176,12 +176,9 @@
 -- worker's repair. A call without lease ids leases nothing: it
 -- moves due sites and does its housekeeping, and tells that priority and
 -- the wait (a peek).
-local H, refused = open_call('lease')
+local H, refused = policy_open_call('lease')
 if not H then return refused end
 local O = H.o
-K.cap = tonumber(O.cap)
-K.gate = O.gate == true
-K.join = O.join == true
 local leases, ldata, retries, dead = K.leases, K.ldata, K.retries, K.dead
 local max_deliveries = tonumber(O.max_deliveries) or 0
 local batch = tonumber(O.housekeeping)

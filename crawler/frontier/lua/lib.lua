@@ -251,6 +251,7 @@ end
 -- fields per record (see open_call).
 -- BEGIN protocol (crawler/frontier/protocol.py: lua_binding)
 local PROTOCOL = 1
+local KEYS = KEYS
 local K = {
   wait = KEYS[1],
   leases = KEYS[2],
@@ -300,10 +301,11 @@ local PAYLOADS = {
   'sites', 1,
 }
 -- END protocol
--- Besides the keys, the script that runs fills in K.P (the key prefix
--- "{s}:", for messages only: no key is built from it), K.cap (default
+-- Besides the keys, K holds K.P (the key prefix "{s}:", for messages
+-- only: no key is built from it), and for lease and commit K.cap (default
 -- concurrency), K.gate (true when robots.txt is obeyed), K.join (true when
--- join times are kept in K.joined), K.now (ms).
+-- join times are kept in K.joined) (policy_open_call) and K.now (ms, set
+-- by the script).
 K.P = string.sub(K.wait or '', 1, -5)
 
 -- The header of this call (ARGV[1], a JSON object: protocol.py), checked:
@@ -349,6 +351,19 @@ local function open_call(op)
       ' payload values, its header counts ' .. (i - 2) .. ': nothing was written')
   end
   h.first = first
+  return h
+end
+
+-- open_call(op) for a script that paces and caps sites (lease, commit):
+-- also fills in K.cap, K.gate and K.join from the header's options (cap,
+-- gate, join). Returns the header, or nil and the error reply.
+local function policy_open_call(op)
+  local h, refused = open_call(op)
+  if not h then return nil, refused end
+  local o = h.o
+  K.cap = tonumber(o.cap)
+  K.gate = o.gate == true
+  K.join = o.join == true
   return h
 end
 
