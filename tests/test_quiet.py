@@ -218,7 +218,7 @@ def test_what_waits_is_said_in_one_line() -> None:
         "s1 (1 failed attempt; next try in 2 s) and 3 more sites")
     other = Stuck(requests=1, sites={"c.example"}, robots=[RobotsWait("c.example", 0, 0.0)])
     assert other.describe() == (
-        "1 request of 1 site wait in Redis: robots.txt did not answer for c.example "
+        "1 request of 1 site waits in Redis: robots.txt did not answer for c.example "
         "(another worker's fetch has not answered)")
 
 

@@ -185,7 +185,7 @@ def test_the_crawl_state_follows_workers_work_left_and_flags(
     rds.delete("dicts:start_urls")
     _, status = _status(redis_url, mongo_uri, mongo_db)
     assert status.spiders["dicts"].state == "idle"
-    assert "1 live workers wait for seeds" in _table(status)
+    assert "1 live worker waits for seeds" in _table(status)
 
     _closed(ext, "shutdown")
     _, status = _status(redis_url, mongo_uri, mongo_db)

@@ -353,14 +353,15 @@ def _state_detail(spider: SpiderStatus) -> str:
     """Why the crawl is in its state (:func:`crawler.status.crawl_state`),
     after the control key."""
     live, left = len(spider.live_workers), spider.work_left
+    workers = f"{live} live worker{'s' * (live != 1)}"
     if spider.control in (PAUSED, STOPPED):
-        return f"; set by scrapy frontier {spider.control}; {live} live workers, {left} left"
+        return f"; set by scrapy frontier {spider.control}; {workers}, {left} left"
     if spider.state == IDLE and not live:
         return "; not started: seed it (scrapy seed) and start workers"
     later = f"; {spider.revisits} revisits scheduled" if spider.revisits else ""
     details = {
-        ACTIVE: f"; {live} live workers, {left} seeds and requests left",
-        IDLE: f"; {live} live workers wait for seeds, nothing left",
+        ACTIVE: f"; {workers}, {left} seeds and requests left",
+        IDLE: f"; {workers} {'waits' if live == 1 else 'wait'} for seeds, nothing left",
         STOPPED: f"; no live worker, {left} seeds and requests left: start workers to go on",
         FINISHED: f"; no live worker, nothing left{later}",
     }

@@ -82,7 +82,8 @@ class Stuck:
         n_sites = len(self.sites) or len(self.robots)
         head = (
             f"{self.requests} request{'s' * (self.requests != 1)} of {n_sites} "
-            f"site{'s' * (n_sites != 1)} wait in Redis"
+            f"site{'s' * (n_sites != 1)} "
+            f"{'waits' if self.requests == 1 else 'wait'} in Redis"
         )
         why = []
         if self.robots:
