@@ -241,8 +241,8 @@ def test_a_redis_outage_is_said_again_every_30_s_while_probes_fail(
         said.set()
 
     probe = health.RedisHealth(ping, lambda: None, still_down=still_down)
-    probe.probe()  # no outage yet: a failed probe says nothing
-    time.sleep(0.1)
+    probe.probe()
+    assert not said.wait(0.1)  # no outage yet: a failed probe says nothing
     probe.failed()
     time.sleep(health.PROBE_INTERVAL)
     probe.probe()
