@@ -540,8 +540,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
 
     def unanswered(self) -> set[str]:
         """Sites whose robots.txt did not answer this worker (its fetch timed
-        out, or it or a wait for another worker's fetch was given up:
-        :meth:`give_up_waits`) and whose rules it has not learnt since."""
+        out, or was given up: :meth:`give_up_waits`) and whose rules it has
+        not learnt since. A wait for another worker's fetch, given up, does
+        not count: that fetch may still answer, and the worker waits for its
+        outcome (an unanswered fetch is recorded in Redis by its fetcher)."""
         return set(self._unanswered)
 
     def give_up_waits(self) -> int:
@@ -624,7 +626,6 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware, RobotsGate):
                 # A fetch that long, or a lock set by hand without expiry.
                 return _Wait(self.retry_base, 0, "another worker holds its lock")
             if started <= self._give_up_at:
-                self._unanswered.add(site)  # (no answer within this worker's idle limit)
                 return _Wait(self.retry_base, 0, "another worker fetches it")
             await asyncio.sleep(0.1)
         renew = asyncio.ensure_future(self._renew(lock))

@@ -9,8 +9,8 @@ later worker), and say so in one line (:meth:`Stuck.describe`).
 Pending work only waits when no request is leased anywhere (a leased one
 may yield new work) and every site with queued work, and every retry, is
 either on a site whose robots.txt did not answer this worker (its fetch
-timed out or was given up at the idle limit, or its wait for another
-worker's fetch was), or not due for more than :data:`FAR_WAIT` seconds
+timed out or was given up at the idle limit; a wait for another worker's
+fetch does not count), or not due for more than :data:`FAR_WAIT` seconds
 (a site whose robots.txt answers 5xx is waited for while its next try is
 sooner).
 
