@@ -215,7 +215,10 @@ class StatusCollector(Collector):
         for server in ("redis", "mongodb"):
             error, before = errors.get(server), self._errors.get(server)
             if error is not None and (before is None or _kind(error) != _kind(before)):
-                logger.warning("could not read %s: %s (crawler_up is 0)", _NAMES[server], error)
+                logger.warning(
+                    "could not read %s: %s (crawler_up is 0; the exporter tries again at the "
+                    "next scrape: check that the server runs)", _NAMES[server], error,
+                )
             elif error is None and before is not None:
                 logger.info("%s can be read again", _NAMES[server])
         self._errors = dict(errors)

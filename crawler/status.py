@@ -755,7 +755,8 @@ class StatusReader:
             try:
                 record = json.loads(raw)
             except (UnicodeDecodeError, json.JSONDecodeError):
-                logger.warning("Skipped a worker record that is not JSON: %r", raw[:100])
+                logger.warning("Skipped a worker record that is not JSON: %r (not written by a "
+                               "worker; housekeeping forgets it, or delete its field)", raw[:100])
                 continue
             if not isinstance(record, dict):
                 continue

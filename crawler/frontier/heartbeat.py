@@ -184,7 +184,8 @@ class Heartbeats:
             scheduler_logger.warning(
                 "No heartbeat thread (its Redis client failed: %s): a callback that blocks "
                 "the reactor for longer than FRONTIER_LEASE_TIMEOUT loses this worker's "
-                "leases", exc, extra={"spider": spider},
+                "leases (restart the worker once Redis answers to get one)", exc,
+                extra={"spider": spider},
             )
             return
         self.thread = HeartbeatThread(shards.frontiers, client, self.holder, self.interval)
