@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import re
 import select
 import socket
 import threading
@@ -60,6 +61,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
+
+from crawler.frontier import protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -151,9 +154,20 @@ class Rule:
             if name == b"EVALSHA" and args:
                 return args[0].lower() in self.shas
             if name == b"EVAL" and args:
-                return self.script in args[0]
+                return self.script in named_source(args[0])
             return False
         return True
+
+
+def named_source(source: bytes) -> bytes:
+    """A loaded shard script's text with its keys by name again, as its files
+    read (``KEYS[n]`` back to ``K.<name>``: the reverse of
+    :func:`crawler.frontier.luasource.shard_source`), so that ``script=`` may
+    be a script file's text. Other sources are returned as they are."""
+    if b"\nlocal K = {}\n" not in source:
+        return source
+    names = {n: name.encode() for name, n in protocol.key_numbers().items()}
+    return re.sub(rb"KEYS\[(\d+)\]", lambda m: b"K." + names[int(m.group(1))], source)
 
 
 @dataclass
@@ -590,7 +604,9 @@ class FaultProxy:
             self._conns.pop(conn.number, None)
 
     def _learn(self, sha: bytes, source: bytes) -> None:
-        """Record a script's source (lock held)."""
+        """Record a script's source (lock held), as its files read
+        (:func:`named_source`)."""
+        source = named_source(source)
         self._scripts[sha] = source
         for rule in self._rules:
             if rule.script is not None and rule.script in source:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from redis.cluster import RedisCluster
 from scrapy import Request, Spider
 from scrapy.settings import Settings
 
+from crawler.frontier.luasource import script_source
 from crawler.keys import CLUSTER_SHARDS, shard_of, shard_prefixes, site_prefix
 from crawler.metrics import StatusCollector
 from crawler.status import StatusReader
@@ -18,6 +18,9 @@ from tests import scheduler_harness as harness
 from tests.test_shards import _assert_stored_once, bytes_per_master, served_sites
 from tests.test_shards_ops import _Quotes, _scrapy
 from tests.workers import crawl, start_worker, wait_workers, worker_env
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def _crawl_stored_once(
@@ -283,7 +286,6 @@ def test_one_master_forgot_the_commit_script_the_lease_of_its_shard_is_sent_agai
     shard there ran before its commit and found nothing. The failed commits
     are sent again once, and the lease after them: the request comes out of
     that same next_request; every request is leased once."""
-    lua = Path(__file__).resolve().parent.parent / "crawler" / "frontier" / "lua"
     rc = RedisCluster.from_url(redis_cluster_url)
     try:
         scheduler, _ = harness.open_scheduler(
@@ -302,7 +304,7 @@ def test_one_master_forgot_the_commit_script_the_lease_of_its_shard_is_sent_agai
         master = next(n for n in rc.get_primaries() if n.name == forgetful)
         client = rc.get_redis_connection(master)
         client.script_flush()
-        client.script_load((lua / "lib.lua").read_text() + "\n" + (lua / "lease.lua").read_text())
+        client.script_load(script_source("lease.lua"))
         got = scheduler.next_request()
         assert got is not None and got.url == f"https://{target}/top"
         errors = client.info("errorstats")

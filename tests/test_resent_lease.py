@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from scrapy import Request
 
+from crawler.frontier.luasource import script_source
 from tests import scheduler_harness as harness
 from tests.test_shards_faults import _open, _Spider, proxy  # noqa: F401
 
@@ -24,8 +25,7 @@ LUA = Path(__file__).resolve().parent.parent / "crawler" / "frontier" / "lua"
 
 def _forget_all_but_lease(rds: redis.Redis) -> None:
     rds.script_flush()
-    lib = (LUA / "lib.lua").read_text() + "\n"
-    rds.script_load(lib + (LUA / "lease.lua").read_text())
+    rds.script_load(script_source("lease.lua"))
 
 
 def _arrange(via: FaultProxy, rds: redis.Redis, shards: int) -> FrontierScheduler:
@@ -106,8 +106,7 @@ def test_lease_noscript_while_commits_ran(
     assert scheduler.next_request() is None
     assert scheduler.enqueue_request(Request("https://late.example/a"))
     rds.script_flush()
-    lib = (LUA / "lib.lua").read_text() + "\n"
-    rds.script_load(lib + (LUA / "commit.lua").read_text())
+    rds.script_load(script_source("commit.lua"))
     commit = (LUA / "commit.lua").read_text()
     before_c = len(proxy.commands(script=commit))
     request = harness.wait_for_request(scheduler, 3.0)

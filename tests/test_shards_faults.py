@@ -16,6 +16,7 @@ from scrapy import Request, Spider
 
 from crawler.commands.deadletters import MOVING, dead_letters, requeue
 from crawler.frontier.connection import no_retries
+from crawler.frontier.luasource import script_source
 from crawler.frontier.serializer import entry_fields
 from crawler.frontier.shards import FrontierShards
 from crawler.keys import shard_of, shard_prefixes
@@ -173,8 +174,7 @@ def test_scripts_forgotten_before_a_round_trip_of_every_shard_each_call_runs_onc
     leased, later = _writes_for_every_shard(scheduler)
     rds.script_flush()
     if kept is not None:
-        lib = (LUA / "lib.lua").read_text() + "\n"
-        rds.script_load(lib + (LUA / kept).read_text())
+        rds.script_load(script_source(kept))
     commit = (LUA / "commit.lua").read_text()
     before = len(proxy.commands(script=commit))
     got = harness.lease_all(scheduler)
@@ -208,8 +208,7 @@ def test_a_lease_that_ran_before_a_resent_commit_is_sent_again(
     assert scheduler.next_request() is None  # every shard found empty
     assert scheduler.enqueue_request(Request("https://late.example/a"))
     rds.script_flush()
-    lib = (LUA / "lib.lua").read_text() + "\n"
-    rds.script_load(lib + (LUA / "lease.lua").read_text())
+    rds.script_load(script_source("lease.lua"))
     request = scheduler.next_request()
     assert request is not None and request.url == "https://late.example/a"
     assert not scheduler.outbox.ops and scheduler.session.in_doubt is None

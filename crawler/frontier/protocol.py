@@ -70,6 +70,7 @@ __all__ = [
     "fields",
     "forgot_of",
     "header",
+    "key_numbers",
     "leases_of",
     "lua_binding",
     "refusal",
@@ -177,6 +178,13 @@ def lua_binding() -> str:
     lines += [f"  '{name}', {len(f)}," for name, f in PAYLOADS.items()]
     lines += ["}", _END]
     return "\n".join(lines) + "\n"
+
+
+def key_numbers() -> dict[str, int]:
+    """Each key's name -> its place in a shard call's ``KEYS`` (1-based):
+    :data:`SHARD_KEYS`, then :data:`EXTRA_KEYS` (the binding's ``K``)."""
+    names = [name for name, _ in SHARD_KEYS] + list(EXTRA_KEYS)
+    return {name: i for i, name in enumerate(names, 1)}
 
 
 def lua_binding_in(source: str) -> str | None:

@@ -107,7 +107,6 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, overload
 
 from redis import StrictRedis
@@ -115,6 +114,7 @@ from redis.client import Pipeline
 
 from crawler.frontier import protocol
 from crawler.frontier.lifecycle import lease_state
+from crawler.frontier.luasource import script_source
 from crawler.frontier.policy import Policy, SiteInputs
 from crawler.frontier.protocol import Committed, Lease, NotDue
 from crawler.keys import frontier_prefix
@@ -157,7 +157,9 @@ class _Lua:
 
     The shard scripts get ``lib.lua`` (their shared helpers, and the
     binding of :func:`crawler.frontier.protocol.shard_keys` by name)
-    prepended, so each is still one atomic call. Called directly, it is
+    prepended, so each is still one atomic call: the part of it they use,
+    with the keys bound by number
+    (:func:`crawler.frontier.luasource.shard_source`). Called directly, it is
     redis-py's :class:`~redis.commands.core.Script` (``EVALSHA``, loading the
     script when Redis lacks it). Queued on a pipeline of a standalone Redis,
     it is a bare ``EVALSHA``: redis-py's Script objects make every pipeline
@@ -168,10 +170,7 @@ class _Lua:
     """
 
     def __init__(self, redis: Redis, name: str, *, lib: bool = False) -> None:
-        folder = resources.files("crawler.frontier").joinpath("lua")
-        self.source = (folder.joinpath("lib.lua").read_text() + "\n" if lib else "") + (
-            folder.joinpath(name).read_text()
-        )
+        self.source = script_source(name, lib=lib)
         self.script: Script = redis.register_script(self.source)
         self.bare_pipelines = isinstance(redis, StrictRedis)
 
