@@ -4,15 +4,15 @@
 #               that start no worker process, cluster or whole-system run)
 #   make test   sets up and runs the whole test suite, with ruff and mypy (CI)
 #   make docs   builds the documentation site (also part of make lint)
-# Both create the virtualenv .venv and install what is missing, redis-server
-# and faketime included (from Debian's packages).
+# Both create the virtualenv .venv and install what is missing, redis-server,
+# faketime and valgrind included (from Debian's packages).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo check test lint docs redis-server faketime
+.PHONY: demo check test lint docs redis-server faketime valgrind
 
 $(VENV)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ redis-server:
 faketime:
 	@command -v faketime >/dev/null || { \
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }
+
+# valgrind, for figure i of bench.compare (callgrind counts Redis's
+# instructions per call; tests/test_bench.py).
+valgrind:
+	@command -v valgrind >/dev/null || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q valgrind; }
 
 demo: redis-server $(VENV)/.runtime
 	$(PY) -m devtools.demo
@@ -53,5 +59,5 @@ FAST := not workers and not cluster and not slow
 check: redis-server faketime lint
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(FAST)"
 
-test: redis-server faketime lint
+test: redis-server faketime valgrind lint
 	$(PY) -m pytest -n 2 --dist loadfile

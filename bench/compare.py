@@ -19,6 +19,13 @@ Figures:
   requests per call, ``--sites`` sites): less noisy than a/d, which time
   the client too. This checkout's ``bench/script_cost.py`` is run in each
   checkout (only APIs every version has), so older ones need not have it.
+* ``i``: :func:`bench.call_cost.call_instructions`, the instructions
+  Redis executes per push, lease and ack call (``--batch`` requests per
+  call, ``--sites`` sites), counted by callgrind on a ``redis-server`` run
+  under ``valgrind`` (:func:`bench.call_cost.callgrind_redis`, started for
+  this figure instead of the plain one): the same from run to run whatever
+  the machine's load, so one run per checkout tells a change of 1%. This
+  checkout's ``bench/call_cost.py`` is run in each checkout, as for ``s``.
 * ``m``: :func:`bench.pages_memory.pages_request_memory`, Redis bytes per
   queued request of the ``pages`` spider's own requests (and of every
   request it schedules, redirects included) as a crawl of the
@@ -57,6 +64,7 @@ from typing import Any
 
 import redis
 
+from bench.call_cost import callgrind_redis
 from devtools.embedded import RedisServer
 from devtools.replay import default_warc_path
 
@@ -82,6 +90,11 @@ _RUN = {
 
 
 def _source(figure: str) -> str:
+    if figure == "i":
+        return (Path(__file__).with_name("call_cost.py").read_text() + "\n"
+                "import json, sys\n"
+                "print(json.dumps(call_instructions(sys.argv[1], int(sys.argv[9]), sys.argv[10],"
+                " batch=int(sys.argv[5]), sites=int(sys.argv[6]))))\n")
     if figure == "m":
         return (Path(__file__).with_name("pages_memory.py").read_text() + "\n"
                 "import json, sys\n"
@@ -103,25 +116,43 @@ def _run(
     """
     args = [sys.executable, "-c", _source(figure), redis_url, str(opts.pages),
             str(opts.clients), str(opts.seconds), str(opts.batch), str(opts.sites),
-            str(min_replicas), str(opts.warc.resolve())]
+            str(min_replicas), str(opts.warc.resolve()), *opts.callgrind]
     done = subprocess.run(args, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{figure} in {checkout} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _server(stack: contextlib.ExitStack, opts: argparse.Namespace) -> str:
+    """Start the server every run uses (figure i: under callgrind, its pid
+    and dump folder put in ``opts.callgrind``; with ``--min-replicas``, a
+    replica beside it, in sync); its URL."""
+    opts.callgrind = []
+    if opts.figure == "i":
+        url, pid, folder = stack.enter_context(callgrind_redis())
+        opts.callgrind = [str(pid), str(folder)]
+        return url
+    server = stack.enter_context(RedisServer())
+    if opts.min_replicas is not None:
+        replica = stack.enter_context(RedisServer(
+            args=["--replicaof", server.host, str(server.port)]))
+        wait_in_sync(replica)
+    return server.url
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; 0 on success."""
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=sorted([*_RUN, "m", "s"]))
+    parser.add_argument("figure", choices=sorted([*_RUN, "i", "m", "s"]))
     parser.add_argument("checkouts", nargs="+", type=Path, help="project directories")
     parser.add_argument("--repeat", type=int, default=5, help="runs per checkout (default 5)")
     parser.add_argument("--pages", type=int, default=5000, help="a: site size (default 5000)")
     parser.add_argument("--clients", type=int, default=4, help="d: processes (default 4)")
     parser.add_argument("--seconds", type=float, default=2.0, help="d: seconds (default 2.0)")
-    parser.add_argument("--batch", type=int, default=16, help="s: requests per call (default 16)")
-    parser.add_argument("--sites", type=int, default=1, help="s: sites (default 1)")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="s, i: requests per call (default 16)")
+    parser.add_argument("--sites", type=int, default=1, help="s, i: sites (default 1)")
     parser.add_argument("--warc", type=Path, default=default_warc_path(),
                         help="m: the capture crawled (default: the quotes.toscrape.com one)")
     parser.add_argument("--min-replicas", type=int, nargs="+", default=None, metavar="N",
@@ -135,14 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     if opts.min_replicas is not None and (opts.figure != "d" or max(opts.min_replicas) > 1):
         parser.error("--min-replicas: figure d only, values 0 or 1 (one replica)")
     runs: dict[str, list[Any]] = {name: [] for name, _, _ in variants}
-    with RedisServer() as server, contextlib.ExitStack() as stack:
-        if opts.min_replicas is not None:
-            replica = stack.enter_context(RedisServer(
-                args=["--replicaof", server.host, str(server.port)]))
-            wait_in_sync(replica)
+    with contextlib.ExitStack() as stack:
+        url = _server(stack, opts)
         for i in range(opts.repeat):
             for name, checkout, n in variants:
-                value = _run(opts.figure, checkout.resolve(), server.url, opts, n)
+                value = _run(opts.figure, checkout.resolve(), url, opts, n)
                 runs[name].append(value)
                 print(f"run {i + 1} {name}: {value}", file=sys.stderr, flush=True)
     out: dict[str, dict[str, Any]] = {}
@@ -153,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             out[name] = {"runs": values, "median": ours,
                          "memory": statistics.median(m for _, m in values),
                          "ratio": round(ours / memory, 3)}
-    elif opts.figure == "s":
+    elif opts.figure in ("s", "i"):
         for name, values in runs.items():
             out[name] = {"runs": values, "median": {
                 part: statistics.median(v[part] for v in values) for part in values[0]}}

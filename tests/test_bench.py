@@ -93,3 +93,21 @@ def test_compare_weighs_the_pages_spiders_requests_in_redis() -> None:
     own, every = result["median"]["own"], result["median"]["all"]
     assert own["queued"] > 0 and every["queued"] > own["queued"]
     assert 0 < own["queue_hash"] <= own["all_keys"] <= 80
+
+
+@pytest.mark.slow
+@pytest.mark.workers
+def test_compare_counts_the_same_redis_instructions_per_call_run_after_run() -> None:
+    """``python -m bench.compare i``: Redis's instructions per push, lease
+    and ack call under callgrind, the same within 1% in two runs."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "i", ".", "--repeat", "2", "--batch", "4"],
+        cwd=PROJECT_DIR, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    [result] = json.loads(done.stdout).values()
+    first, second = result["runs"]
+    assert set(first) == {"push", "lease", "ack"}
+    for part, n in first.items():
+        assert n > 10_000
+        assert abs(second[part] - n) <= n / 100, (part, n, second[part])
