@@ -21,16 +21,18 @@ Redis runs only what a script needs:
 * **Keys by number.** ``K.<key>`` of a shard key becomes ``KEYS[<n>]``
   (its place in :func:`crawler.frontier.protocol.shard_keys`) in the
   loaded code, and the binding's ``K`` is made empty (it keeps the call's
-  own fields: ``K.P``, ``K.cap``, ``K.now``...). The files keep the names, and the test of
-  :func:`crawler.frontier.protocol.lua_binding` still checks the binding
-  block of ``lib.lua``.
+  own fields: ``K.P``, ``K.cap``, ``K.now``...). The files keep the names,
+  and the test of :func:`crawler.frontier.protocol.lua_binding` still
+  checks the binding block of ``lib.lua``.
 
-The result is one script as before (one atomic call, one SHA). What a call
-costs before and after is in BENCHMARKS.md ("The cost of a call").
+The result is one script as before (one atomic call, one SHA).
+``python -m bench.compare i`` counts what a call costs in Redis
+instructions (``bench/call_cost.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import resources
 from itertools import pairwise
@@ -107,7 +109,8 @@ def statements(lib: str) -> list[tuple[str, frozenset[str]]]:
     out = []
     for (a, b), pos in zip(pairwise(bounds), starts, strict=True):
         text = lib[a:b]
-        first = lib[pos : lib.find("\n", pos) if "\n" in lib[pos:] else len(lib)]
+        eol = lib.find("\n", pos)
+        first = lib[pos : eol if eol >= 0 else len(lib)]
         declared: set[str] = set()
         m = _LOCAL.match(first)
         if m:
@@ -152,10 +155,12 @@ def shard_source(lib: str, script: str, keys: dict[str, int]) -> str:
     return pattern.sub(lambda m: f"KEYS[{keys[m.group(1)]}]", source)
 
 
+@functools.cache
 def script_source(name: str, *, lib: bool = True) -> str:
     """The text Redis loads for ``lua/<name>``: with ``lib``, the shard
     script's :func:`shard_source` (``lib.lua``'s part it uses, keys by
-    number); else the file as it is.
+    number); else the file as it is. Built once per process (about 4 ms a
+    script).
 
     :raises FileNotFoundError: if there is no such script.
     """
