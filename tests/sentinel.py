@@ -28,8 +28,11 @@ __all__ = ["DOWN_AFTER_MS", "SERVICE", "SentinelGroup"]
 
 #: The service name the sentinels monitor the master under.
 SERVICE = "frontier"
-#: ms without a reply after which a sentinel takes the master for down.
-DOWN_AFTER_MS = 1000
+#: ms without a reply after which a sentinel takes a server for down. A
+#: sentinel PINGs each server once a second: three pings, so that one late
+#: reply on a loaded machine does not fail a just-promoted master over again
+#: (to the old master restarted empty as its replica).
+DOWN_AFTER_MS = 3000
 #: ms before the sentinels try a failover again (and within which a
 #: replica is reconfigured).
 FAILOVER_TIMEOUT_MS = 3000
@@ -177,15 +180,16 @@ class SentinelGroup:
     # -- faults -------------------------------------------------------------
 
     def kill_master_and_wait_for_promotion(self, timeout: float = 30) -> _AuthRedis:
-        """SIGKILL the master; wait until the sentinels name the replica and
-        the replica says it is master. Returns the new master."""
+        """SIGKILL the master; wait until every sentinel names the replica
+        as master with no failover in progress, and the replica says it is
+        master. Returns the new master."""
         old = self.server_at(self.master_address())
         assert old is not None, "the sentinels name no server of the group"
         new = self.replica if old is self.master else self.master
         old.kill()
 
         def promoted() -> bool:
-            if self.master_address() != (new.host, new.port):
+            if not self._sentinels_agree_on(new):
                 return False
             client = new.client()
             try:
@@ -205,7 +209,19 @@ class SentinelGroup:
             del args[at : at + 3]
         args += ["--replicaof", of.host, str(of.port)]
         server.start()
-        wait_for(lambda: self._in_sync(server), 15, "the restarted server to sync")
+        try:
+            wait_for(lambda: self._in_sync(server), 15, "the restarted server to sync")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tails()}") from None
+
+    def log_tails(self) -> str:
+        """The tail of each process's log, each under a line naming it."""
+        named = [("master", self.master), ("replica", self.replica)]
+        named += [(f"sentinel {i}", sentinel) for i, sentinel in enumerate(self.sentinels)]
+        return "\n".join(
+            f"--- {name} ({server.host}:{server.port}):\n{server._log_tail()}"
+            for name, server in named
+        )
 
     def _in_sync(self, replica: _AuthRedis | None = None) -> bool:
         client = (replica or self.replica).client()
@@ -215,6 +231,27 @@ class SentinelGroup:
             return False
         finally:
             client.close()
+
+    def _sentinels_agree_on(self, master: _AuthRedis) -> bool:
+        """True when every running sentinel names ``master`` and runs no
+        failover of it."""
+        for sentinel in self.sentinels:
+            if not sentinel.running:
+                continue
+            client = sentinel.client()
+            try:
+                state = client.sentinel_master(SERVICE)
+                if not isinstance(state, dict):
+                    return False
+                if (state["ip"], int(state["port"])) != (master.host, master.port):
+                    return False
+                if "failover_in_progress" in str(state.get("flags", "")):
+                    return False
+            except (redis.exceptions.RedisError, KeyError):
+                return False
+            finally:
+                client.close()
+        return True
 
     def _sentinels_see_all(self) -> bool:
         for sentinel in self.sentinels:
