@@ -4,7 +4,7 @@ binary run with ``--sentinel`` and a configuration file it rewrites).
 
 The sentinels judge a silent master down after :data:`DOWN_AFTER_MS` and
 may fail over again after :data:`FAILOVER_TIMEOUT_MS`, so that a failover
-takes a couple of seconds in tests. Every process and temporary directory
+takes about four seconds in tests. Every process and temporary directory
 is removed on exit (:meth:`SentinelGroup.close`).
 """
 
