@@ -11,7 +11,7 @@ is removed on exit (:meth:`SentinelGroup.close`).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import redis
 import redis.exceptions
@@ -232,39 +232,40 @@ class SentinelGroup:
         finally:
             client.close()
 
-    def _sentinels_agree_on(self, master: _AuthRedis) -> bool:
-        """True when every running sentinel names ``master`` and runs no
-        failover of it."""
+    def _master_states(self) -> list[dict[str, Any]] | None:
+        """Each running sentinel's ``SENTINEL MASTER`` reply for
+        :data:`SERVICE`, or None while one of them does not answer."""
+        states = []
         for sentinel in self.sentinels:
             if not sentinel.running:
                 continue
             client = sentinel.client()
             try:
                 state = client.sentinel_master(SERVICE)
-                if not isinstance(state, dict):
-                    return False
-                if (state["ip"], int(state["port"])) != (master.host, master.port):
-                    return False
-                if "failover_in_progress" in str(state.get("flags", "")):
-                    return False
-            except (redis.exceptions.RedisError, KeyError):
-                return False
+            except redis.exceptions.RedisError:
+                return None
             finally:
                 client.close()
-        return True
+            if not isinstance(state, dict):
+                return None
+            states.append(state)
+        return states
+
+    def _sentinels_agree_on(self, master: _AuthRedis) -> bool:
+        """True when every running sentinel names ``master`` and runs no
+        failover of it."""
+        states = self._master_states()
+        return states is not None and all(
+            (state["ip"], int(state["port"])) == (master.host, master.port)
+            and "failover_in_progress" not in state["flags"]
+            for state in states
+        )
 
     def _sentinels_see_all(self) -> bool:
-        for sentinel in self.sentinels:
-            client = sentinel.client()
-            try:
-                state = client.sentinel_masters()[SERVICE]
-                if int(state["num-slaves"]) < 1:
-                    return False
-                if int(state["num-other-sentinels"]) < len(self.sentinels) - 1:
-                    return False
-            except (redis.exceptions.RedisError, KeyError):
-                return False
-            finally:
-                client.close()
-        return True
+        states = self._master_states()
+        return states is not None and all(
+            int(state["num-slaves"]) >= 1
+            and int(state["num-other-sentinels"]) >= len(self.sentinels) - 1
+            for state in states
+        )
 
